@@ -1,0 +1,6 @@
+//! `agentbox`: the operator's command line. Everything lives in the library; this only hands
+//! over the process arguments and environment.
+
+fn main() -> std::process::ExitCode {
+    agentbox_cli::run(std::env::args_os(), &agentbox_policy::config::ProcessEnv)
+}

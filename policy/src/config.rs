@@ -1,0 +1,1329 @@
+//! `agentbox.toml`: the one configuration file every daemon and the CLI read.
+//!
+//! Loading happens in two phases. A raw serde layer with `deny_unknown_fields` everywhere
+//! mirrors the file exactly (the key names of `packaging/agentbox.example.toml` are a contract:
+//! keys may be added, never renamed); then [`Config::from_raw`] validates it into typed values
+//! so that no daemon ever sees, say, a `remote` model without a `base_url`. Every error names
+//! the offending key by its full dotted path (`launcher.limits.pidz`), because an operator
+//! reading a systemd journal has nothing else to go on.
+//!
+//! The process environment is reached only through [`HostEnv`], so tests never mutate the real
+//! environment.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::env::validate_allowlist;
+use crate::path::{RootPath, validate_root};
+
+/// Where the configuration is looked up when no `--config` is given and `$AGENTBOX_CONFIG` is
+/// unset.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/agentbox/agentbox.toml";
+
+/// The data directory of a root install when the file does not name one.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/agentbox";
+
+/// Model ids appear in URL paths (`/backends/{model}/start`, `/check/{model}`) and in file
+/// names, so they are kept to a conservative, path-safe alphabet.
+const MODEL_ID_MAX: usize = 64;
+
+/// Errors from reading or validating `agentbox.toml`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file that was tried.
+        path: PathBuf,
+        /// Why reading failed.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or its shape does not match (unknown key, wrong type,
+    /// missing key).
+    #[error("config {source_name}{}: {message}", fmt_key(key))]
+    Parse {
+        /// The file name (or `<string>`), for the message.
+        source_name: String,
+        /// The dotted path of the offending key, when known.
+        key: Option<String>,
+        /// 1-based line of the error, when known.
+        line: Option<usize>,
+        /// What is wrong.
+        message: String,
+    },
+    /// The file parsed but a value breaks a rule.
+    #[error("config {source_name}: {key}: {reason}")]
+    Invalid {
+        /// The file name (or `<string>`), for the message.
+        source_name: String,
+        /// The dotted path of the offending key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}
+
+fn fmt_key(key: &Option<String>) -> String {
+    match key {
+        Some(k) => format!(": {k}"),
+        None => String::new(),
+    }
+}
+
+impl ConfigError {
+    /// The dotted key the error is about, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Read { .. } => None,
+            ConfigError::Parse { key, .. } => key.as_deref(),
+            ConfigError::Invalid { key, .. } => Some(key),
+        }
+    }
+}
+
+/// What the loader needs from the host: environment variables and the effective uid.
+pub trait HostEnv {
+    /// The value of an environment variable, if set and valid UTF-8.
+    fn var(&self, key: &str) -> Option<String>;
+    /// The effective uid of this process.
+    fn euid(&self) -> u32;
+}
+
+/// The real process environment.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessEnv;
+
+impl HostEnv for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok()
+    }
+    fn euid(&self) -> u32 {
+        rustix::process::geteuid().as_raw()
+    }
+}
+
+/// A fixed environment, for tests and for callers that already captured one.
+#[derive(Debug, Clone, Default)]
+pub struct FixedEnv {
+    /// The variables.
+    pub vars: BTreeMap<String, String>,
+    /// The effective uid to report.
+    pub euid: u32,
+}
+
+impl HostEnv for FixedEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        self.vars.get(key).cloned()
+    }
+    fn euid(&self) -> u32 {
+        self.euid
+    }
+}
+
+/// The config file to read: `--config PATH` if given, then `$AGENTBOX_CONFIG`, then
+/// [`DEFAULT_CONFIG_PATH`].
+pub fn config_path(cli: Option<&Path>, env: &dyn HostEnv) -> PathBuf {
+    if let Some(p) = cli {
+        return p.to_path_buf();
+    }
+    match env.var("AGENTBOX_CONFIG") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        Some(_) | None => PathBuf::from(DEFAULT_CONFIG_PATH),
+    }
+}
+
+// === raw layer: exactly the file ===
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    data_dir: Option<String>,
+    #[serde(default = "default_service_user")]
+    service_user: String,
+    #[serde(default = "default_agent_id")]
+    agent_uid: u32,
+    #[serde(default = "default_agent_id")]
+    agent_gid: u32,
+    #[serde(default)]
+    launcher: RawLauncher,
+    #[serde(default)]
+    gateway: RawGateway,
+    #[serde(default)]
+    bridge: RawBridge,
+    #[serde(default)]
+    models: BTreeMap<String, RawModel>,
+}
+
+fn default_service_user() -> String {
+    "agentbox".to_owned()
+}
+fn default_agent_id() -> u32 {
+    64000
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLauncher {
+    #[serde(default)]
+    repo_roots: Vec<String>,
+    #[serde(default = "default_venv_root")]
+    venv_root: String,
+    #[serde(default = "default_claude_bin")]
+    claude_bin: String,
+    #[serde(default)]
+    env_allowlist: Vec<String>,
+    #[serde(default)]
+    limits: Limits,
+}
+
+impl Default for RawLauncher {
+    fn default() -> Self {
+        RawLauncher {
+            repo_roots: Vec::new(),
+            venv_root: default_venv_root(),
+            claude_bin: default_claude_bin(),
+            env_allowlist: Vec::new(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+fn default_venv_root() -> String {
+    "/opt/agentbox/venvs".to_owned()
+}
+fn default_claude_bin() -> String {
+    "/usr/local/bin/claude".to_owned()
+}
+
+/// Sandbox limits (`[launcher.limits]`). Every value must be positive.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Memory limit of one sandbox's cgroup, MiB.
+    pub memory_mb: u64,
+    /// Maximum number of processes in one sandbox's cgroup.
+    pub pids: u64,
+    /// CPU quota of one sandbox, in whole CPUs.
+    pub cpus: u32,
+    /// Size cap of the sandbox's `/tmp` tmpfs, MiB.
+    pub tmp_mb: u64,
+    /// Size cap of the sandbox's home tmpfs, MiB.
+    pub home_mb: u64,
+    /// Largest `timeout_s` an agent request may ask for.
+    pub max_agent_timeout_s: u64,
+    /// Largest `timeout_s` a check request may ask for.
+    pub max_check_timeout_s: u64,
+    /// Cap on each captured stdout/stderr file, KiB.
+    pub output_cap_kb: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mb: 8192,
+            pids: 512,
+            cpus: 4,
+            tmp_mb: 2048,
+            home_mb: 1024,
+            max_agent_timeout_s: 14400,
+            max_check_timeout_s: 3600,
+            output_cap_kb: 20480,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGateway {
+    #[serde(default = "default_ollama_url")]
+    ollama_url: String,
+    #[serde(default = "default_bridge_url")]
+    bridge_url: String,
+    #[serde(default = "default_max_body_mb")]
+    max_body_mb: u64,
+}
+
+impl Default for RawGateway {
+    fn default() -> Self {
+        RawGateway {
+            ollama_url: default_ollama_url(),
+            bridge_url: default_bridge_url(),
+            max_body_mb: default_max_body_mb(),
+        }
+    }
+}
+
+fn default_ollama_url() -> String {
+    "http://127.0.0.1:11434".to_owned()
+}
+fn default_bridge_url() -> String {
+    "http://127.0.0.1:8790".to_owned()
+}
+fn default_max_body_mb() -> u64 {
+    32
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBridge {
+    #[serde(default = "default_bridge_listen")]
+    listen: String,
+    #[serde(default = "default_token_env")]
+    token_env: String,
+    #[serde(default = "default_max_body_mb")]
+    max_body_mb: u64,
+}
+
+impl Default for RawBridge {
+    fn default() -> Self {
+        RawBridge {
+            listen: default_bridge_listen(),
+            token_env: default_token_env(),
+            max_body_mb: default_max_body_mb(),
+        }
+    }
+}
+
+fn default_bridge_listen() -> String {
+    "127.0.0.1:8790".to_owned()
+}
+fn default_token_env() -> String {
+    "AGENTBOX_BRIDGE_TOKEN".to_owned()
+}
+
+/// The raw model table: every key any backend may use, checked against the backend afterwards.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    backend: BackendKind,
+    upstream_model: String,
+    port: Option<u16>,
+    command: Option<Vec<String>>,
+    context_tokens: Option<u64>,
+    max_output_tokens: Option<u64>,
+    provider: Option<Provider>,
+    base_url: Option<String>,
+    key_env: Option<String>,
+    price_input_per_mtok: Option<f64>,
+    price_output_per_mtok: Option<f64>,
+    price_cache_read_per_mtok: Option<f64>,
+    price_cache_write_per_mtok: Option<f64>,
+}
+
+/// Which kind of backend serves a model (`backend = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// A local vLLM server started by the launcher.
+    Vllm,
+    /// A local Ollama server.
+    Ollama,
+    /// A remote provider reached through the llm-bridge.
+    Remote,
+}
+
+impl BackendKind {
+    /// The name used in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Vllm => "vllm",
+            BackendKind::Ollama => "ollama",
+            BackendKind::Remote => "remote",
+        }
+    }
+}
+
+/// The wire format a remote provider speaks (`provider = "..."`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    /// OpenAI Chat Completions: the bridge translates.
+    Openai,
+    /// Anthropic Messages: the bridge passes through.
+    Anthropic,
+}
+
+impl Provider {
+    /// The name used in the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+}
+
+// === validated layer: what daemons use ===
+
+/// A validated `agentbox.toml`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Root of `run/`, `sockets/`, `tasks/` and `state/`. `$AGENTBOX_DATA` overrides the file.
+    pub data_dir: PathBuf,
+    /// The service user that owns `data_dir` and may call the control sockets.
+    pub service_user: String,
+    /// The uid sandboxed processes run as; owns nothing on the host.
+    pub agent_uid: u32,
+    /// The gid sandboxed processes run as.
+    pub agent_gid: u32,
+    /// `[launcher]`.
+    pub launcher: LauncherConfig,
+    /// `[gateway]`.
+    pub gateway: GatewayConfig,
+    /// `[bridge]`.
+    pub bridge: BridgeConfig,
+    /// The model catalogue, by agentbox model id.
+    pub models: BTreeMap<ModelId, Model>,
+}
+
+/// `[launcher]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LauncherConfig {
+    /// The only places the git helpers may act in. Absolute, normalized, not nested in each
+    /// other.
+    pub repo_roots: Vec<RootPath>,
+    /// Where request venvs must live.
+    pub venv_root: RootPath,
+    /// The Claude Code binary bound read-only into agent sandboxes.
+    pub claude_bin: PathBuf,
+    /// Environment keys a request may pass into a sandbox.
+    pub env_allowlist: Vec<String>,
+    /// Sandbox limits.
+    pub limits: Limits,
+}
+
+/// `[gateway]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GatewayConfig {
+    /// Ollama's base URL (its `/v1/messages` is used).
+    pub ollama_url: url::Url,
+    /// The llm-bridge's base URL, for remote models.
+    pub bridge_url: url::Url,
+    /// Largest request body accepted on a task socket, bytes.
+    pub max_body_bytes: u64,
+}
+
+/// `[bridge]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BridgeConfig {
+    /// The TCP address the bridge listens on.
+    pub listen: SocketAddr,
+    /// The environment variable holding the bridge's own bearer token.
+    pub token_env: String,
+    /// Largest request body accepted, bytes.
+    pub max_body_bytes: u64,
+}
+
+/// An agentbox model id: the table name in `[models.<id>]`.
+///
+/// `^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`, and not made only of dots, because ids appear in URL
+/// paths and file names.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(transparent)]
+pub struct ModelId(String);
+
+/// Why a model id was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid model id {0:?}: expected 1-64 of [A-Za-z0-9._-], starting with a letter or digit")]
+pub struct ModelIdError(pub String);
+
+impl ModelId {
+    /// Checks `s` against the model id rule.
+    pub fn parse(s: &str) -> Result<ModelId, ModelIdError> {
+        let bytes = s.as_bytes();
+        let ok_first = bytes.first().is_some_and(u8::is_ascii_alphanumeric);
+        let ok_rest = bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if ok_first && ok_rest && bytes.len() <= MODEL_ID_MAX {
+            Ok(ModelId(s.to_owned()))
+        } else {
+            Err(ModelIdError(s.to_owned()))
+        }
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ModelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        ModelId::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// One catalogue entry, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Model {
+    /// The agentbox id (the table name).
+    pub id: ModelId,
+    /// The model name sent upstream in place of whatever the agent asked for.
+    pub upstream_model: String,
+    /// Context window, when configured.
+    pub context_tokens: Option<u64>,
+    /// Cap for `max_tokens` of requests to this model, when configured.
+    pub max_output_tokens: Option<u64>,
+    /// Prices for cost budgets; `None` means cost budgets cannot be used with this model.
+    pub prices: Option<Prices>,
+    /// Where the model is served.
+    pub backend: Backend,
+}
+
+/// Where a model is served, with exactly the settings that backend needs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    /// A local vLLM server, started by the launcher on demand.
+    Vllm {
+        /// vLLM listens on `127.0.0.1:<port>`.
+        port: u16,
+        /// argv of the server; `command[0]` is the program.
+        command: Vec<String>,
+    },
+    /// The local Ollama server at `gateway.ollama_url`.
+    Ollama,
+    /// A remote provider behind the llm-bridge.
+    Remote {
+        /// The provider's wire format.
+        provider: Provider,
+        /// The provider's base URL.
+        base_url: url::Url,
+        /// The environment variable (read by the bridge only) holding the provider key.
+        key_env: String,
+    },
+}
+
+impl Backend {
+    /// The backend kind, as in the file.
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Backend::Vllm { .. } => BackendKind::Vllm,
+            Backend::Ollama => BackendKind::Ollama,
+            Backend::Remote { .. } => BackendKind::Remote,
+        }
+    }
+}
+
+/// USD per million tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Prices {
+    /// Uncached input tokens.
+    pub input_per_mtok: f64,
+    /// Output tokens.
+    pub output_per_mtok: f64,
+    /// Cache-read input tokens. Defaults to the input price: a budget may overestimate spend,
+    /// never underestimate it.
+    pub cache_read_per_mtok: f64,
+    /// Cache-creation input tokens. Defaults to 1.25 × input, Anthropic's highest write price,
+    /// for the same reason.
+    pub cache_write_per_mtok: f64,
+}
+
+impl Prices {
+    /// The cost in USD of the given token counts.
+    pub fn cost_usd(&self, input: u64, output: u64, cache_read: u64, cache_write: u64) -> f64 {
+        // Token counts stay far below 2^53, so the float conversion is exact.
+        #[allow(clippy::cast_precision_loss)]
+        let per = |n: u64, price: f64| n as f64 * price / 1_000_000.0;
+        per(input, self.input_per_mtok)
+            + per(output, self.output_per_mtok)
+            + per(cache_read, self.cache_read_per_mtok)
+            + per(cache_write, self.cache_write_per_mtok)
+    }
+}
+
+impl Config {
+    /// Reads and validates the file at `path`, then applies `$AGENTBOX_DATA`.
+    pub fn load(path: &Path, env: &dyn HostEnv) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Config::from_toml_str(&text, &path.display().to_string(), env)
+    }
+
+    /// Parses and validates TOML text; `source_name` names it in errors.
+    pub fn from_toml_str(
+        text: &str,
+        source_name: &str,
+        env: &dyn HostEnv,
+    ) -> Result<Config, ConfigError> {
+        let raw = parse_raw(text, source_name)?;
+        Config::from_raw(raw, source_name, env)
+    }
+
+    /// Looks a model up by its agentbox id.
+    pub fn model(&self, id: &str) -> Option<&Model> {
+        let id = ModelId::parse(id).ok()?;
+        self.models.get(&id)
+    }
+
+    fn from_raw(
+        raw: RawConfig,
+        source_name: &str,
+        env: &dyn HostEnv,
+    ) -> Result<Config, ConfigError> {
+        let invalid = |key: &str, reason: String| ConfigError::Invalid {
+            source_name: source_name.to_owned(),
+            key: key.to_owned(),
+            reason,
+        };
+        let root = |key: &str, value: &str| -> Result<PathBuf, ConfigError> {
+            validate_root(value)
+                .map(Into::into)
+                .map_err(|e| invalid(key, e.to_string()))
+        };
+
+        let data_dir = match env.var("AGENTBOX_DATA").filter(|v| !v.is_empty()) {
+            Some(over) => root("AGENTBOX_DATA (environment)", &over)?,
+            None => match raw.data_dir {
+                Some(d) => root("data_dir", &d)?,
+                None => default_data_dir(env),
+            },
+        };
+
+        if !is_user_name(&raw.service_user) {
+            return Err(invalid(
+                "service_user",
+                format!("{:?} is not a valid user name", raw.service_user),
+            ));
+        }
+        // Uid/gid 0 would make the sandbox root on the host; 65534 is `nobody`, shared with
+        // unrelated services.
+        for (key, id) in [("agent_uid", raw.agent_uid), ("agent_gid", raw.agent_gid)] {
+            if id == 0 || id == 65534 || id == u32::MAX {
+                return Err(invalid(key, format!("{id} cannot be the agent identity")));
+            }
+        }
+
+        let launcher = validate_launcher(raw.launcher, &invalid, &root)?;
+        let gateway = GatewayConfig {
+            ollama_url: http_url(&raw.gateway.ollama_url)
+                .map_err(|r| invalid("gateway.ollama_url", r))?,
+            bridge_url: http_url(&raw.gateway.bridge_url)
+                .map_err(|r| invalid("gateway.bridge_url", r))?,
+            max_body_bytes: mib("gateway.max_body_mb", raw.gateway.max_body_mb, &invalid)?,
+        };
+        let bridge = BridgeConfig {
+            listen: raw.bridge.listen.parse().map_err(|_| {
+                invalid(
+                    "bridge.listen",
+                    format!("{:?} is not an ip:port address", raw.bridge.listen),
+                )
+            })?,
+            token_env: env_name(&raw.bridge.token_env)
+                .map_err(|r| invalid("bridge.token_env", r))?,
+            max_body_bytes: mib("bridge.max_body_mb", raw.bridge.max_body_mb, &invalid)?,
+        };
+
+        let mut models = BTreeMap::new();
+        let mut vllm_ports: BTreeMap<u16, ModelId> = BTreeMap::new();
+        for (name, rm) in raw.models {
+            let key = format!("models.{name}");
+            let id = ModelId::parse(&name).map_err(|e| invalid(&key, e.to_string()))?;
+            let model = validate_model(id.clone(), rm, &key, &invalid)?;
+            if let Backend::Vllm { port, .. } = &model.backend
+                && let Some(other) = vllm_ports.insert(*port, id.clone())
+            {
+                return Err(invalid(
+                    &format!("{key}.port"),
+                    format!("port {port} is already used by models.{other}"),
+                ));
+            }
+            models.insert(id, model);
+        }
+
+        Ok(Config {
+            data_dir,
+            service_user: raw.service_user,
+            agent_uid: raw.agent_uid,
+            agent_gid: raw.agent_gid,
+            launcher,
+            gateway,
+            bridge,
+            models,
+        })
+    }
+}
+
+fn parse_raw(text: &str, source_name: &str) -> Result<RawConfig, ConfigError> {
+    let parse_err = |key: Option<String>, err: &toml::de::Error| ConfigError::Parse {
+        source_name: source_name.to_owned(),
+        key,
+        line: err.span().map(|s| line_of(text, s.start)),
+        message: match err.span() {
+            Some(s) => format!("line {}: {}", line_of(text, s.start), err.message()),
+            None => err.message().to_owned(),
+        },
+    };
+    let de = toml::Deserializer::parse(text).map_err(|e| parse_err(None, &e))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let key = (path != ".").then_some(path);
+        parse_err(key, e.inner())
+    })
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset).map_or(0, |t| t.matches('\n').count()) + 1
+}
+
+fn default_data_dir(env: &dyn HostEnv) -> PathBuf {
+    if env.euid() == 0 {
+        return PathBuf::from(DEFAULT_DATA_DIR);
+    }
+    let abs = |v: Option<String>| v.filter(|p| p.starts_with('/')).map(PathBuf::from);
+    if let Some(xdg) = abs(env.var("XDG_DATA_HOME")) {
+        return xdg.join("agentbox");
+    }
+    match abs(env.var("HOME")) {
+        Some(home) => home.join(".local/share/agentbox"),
+        None => PathBuf::from(DEFAULT_DATA_DIR),
+    }
+}
+
+fn validate_launcher(
+    raw: RawLauncher,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+    root: &dyn Fn(&str, &str) -> Result<PathBuf, ConfigError>,
+) -> Result<LauncherConfig, ConfigError> {
+    let root_path = |key: &str, value: &str| -> Result<RootPath, ConfigError> {
+        validate_root(value).map_err(|e| invalid(key, e.to_string()))
+    };
+    let mut repo_roots = Vec::with_capacity(raw.repo_roots.len());
+    for (i, r) in raw.repo_roots.iter().enumerate() {
+        repo_roots.push(root_path(&format!("launcher.repo_roots[{i}]"), r)?);
+    }
+    // Nested roots would make "which root is this repo under" ambiguous and usually mean a typo
+    // that widens the allowlist.
+    for (i, a) in repo_roots.iter().enumerate() {
+        for b in repo_roots.iter().skip(i + 1) {
+            if a.as_path().starts_with(b) || b.as_path().starts_with(a) {
+                return Err(invalid(
+                    "launcher.repo_roots",
+                    format!("{a} and {b} overlap"),
+                ));
+            }
+        }
+    }
+    let venv_root = root_path("launcher.venv_root", &raw.venv_root)?;
+    let claude_bin = root("launcher.claude_bin", &raw.claude_bin)?;
+    validate_allowlist(&raw.env_allowlist)
+        .map_err(|e| invalid("launcher.env_allowlist", e.to_string()))?;
+    let mut seen = BTreeSet::new();
+    for k in &raw.env_allowlist {
+        if !seen.insert(k) {
+            return Err(invalid(
+                "launcher.env_allowlist",
+                format!("{k} is listed twice"),
+            ));
+        }
+    }
+    let l = &raw.limits;
+    let positive = [
+        ("memory_mb", l.memory_mb),
+        ("pids", l.pids),
+        ("cpus", u64::from(l.cpus)),
+        ("tmp_mb", l.tmp_mb),
+        ("home_mb", l.home_mb),
+        ("max_agent_timeout_s", l.max_agent_timeout_s),
+        ("max_check_timeout_s", l.max_check_timeout_s),
+        ("output_cap_kb", l.output_cap_kb),
+    ];
+    for (k, v) in positive {
+        if v == 0 {
+            return Err(invalid(
+                &format!("launcher.limits.{k}"),
+                "must be greater than 0".to_owned(),
+            ));
+        }
+    }
+    if l.memory_mb > (1 << 24) || l.tmp_mb > (1 << 24) || l.home_mb > (1 << 24) {
+        return Err(invalid(
+            "launcher.limits",
+            "sizes above 16 TiB are not plausible".to_owned(),
+        ));
+    }
+    Ok(LauncherConfig {
+        repo_roots,
+        venv_root,
+        claude_bin,
+        env_allowlist: raw.env_allowlist,
+        limits: raw.limits,
+    })
+}
+
+fn validate_model(
+    id: ModelId,
+    rm: RawModel,
+    key: &str,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<Model, ConfigError> {
+    let k = |field: &str| format!("{key}.{field}");
+    let backend_name = rm.backend.as_str();
+    let forbid = |field: &str, present: bool| -> Result<(), ConfigError> {
+        if present {
+            Err(invalid(
+                &k(field),
+                format!("not used by backend \"{backend_name}\""),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let require = |field: &str| {
+        invalid(
+            &k(field),
+            format!("required for backend \"{backend_name}\""),
+        )
+    };
+
+    if rm.upstream_model.trim().is_empty() || rm.upstream_model.chars().any(char::is_control) {
+        return Err(invalid(
+            &k("upstream_model"),
+            "must be a non-empty name without control characters".to_owned(),
+        ));
+    }
+
+    let backend = match rm.backend {
+        BackendKind::Vllm => {
+            forbid("provider", rm.provider.is_some())?;
+            forbid("base_url", rm.base_url.is_some())?;
+            forbid("key_env", rm.key_env.is_some())?;
+            let port = rm.port.ok_or_else(|| require("port"))?;
+            if port == 0 {
+                return Err(invalid(&k("port"), "must be 1-65535".to_owned()));
+            }
+            let command = rm.command.ok_or_else(|| require("command"))?;
+            if command.first().is_none_or(|c| c.is_empty())
+                || command.iter().any(|a| a.contains('\0'))
+            {
+                return Err(invalid(
+                    &k("command"),
+                    "must be a non-empty argv without NUL bytes".to_owned(),
+                ));
+            }
+            Backend::Vllm { port, command }
+        }
+        BackendKind::Ollama => {
+            forbid("port", rm.port.is_some())?;
+            forbid("command", rm.command.is_some())?;
+            forbid("provider", rm.provider.is_some())?;
+            forbid("base_url", rm.base_url.is_some())?;
+            forbid("key_env", rm.key_env.is_some())?;
+            Backend::Ollama
+        }
+        BackendKind::Remote => {
+            forbid("port", rm.port.is_some())?;
+            forbid("command", rm.command.is_some())?;
+            let provider = rm.provider.ok_or_else(|| require("provider"))?;
+            let base_url = rm.base_url.ok_or_else(|| require("base_url"))?;
+            let base_url = http_url(&base_url).map_err(|r| invalid(&k("base_url"), r))?;
+            let key_env = rm.key_env.ok_or_else(|| require("key_env"))?;
+            let key_env = env_name(&key_env).map_err(|r| invalid(&k("key_env"), r))?;
+            Backend::Remote {
+                provider,
+                base_url,
+                key_env,
+            }
+        }
+    };
+
+    for (field, v) in [
+        ("context_tokens", rm.context_tokens),
+        ("max_output_tokens", rm.max_output_tokens),
+    ] {
+        if v == Some(0) {
+            return Err(invalid(&k(field), "must be greater than 0".to_owned()));
+        }
+    }
+    if let (Some(ctx), Some(out)) = (rm.context_tokens, rm.max_output_tokens)
+        && out > ctx
+    {
+        return Err(invalid(
+            &k("max_output_tokens"),
+            format!("{out} exceeds context_tokens {ctx}"),
+        ));
+    }
+
+    let price = |field: &str, v: Option<f64>| -> Result<Option<f64>, ConfigError> {
+        match v {
+            Some(p) if !p.is_finite() || p < 0.0 => Err(invalid(
+                &k(field),
+                format!("{p} is not a price (finite, >= 0)"),
+            )),
+            other => Ok(other),
+        }
+    };
+    let input = price("price_input_per_mtok", rm.price_input_per_mtok)?;
+    let output = price("price_output_per_mtok", rm.price_output_per_mtok)?;
+    let cache_read = price("price_cache_read_per_mtok", rm.price_cache_read_per_mtok)?;
+    let cache_write = price("price_cache_write_per_mtok", rm.price_cache_write_per_mtok)?;
+    let prices = match (input, output) {
+        (Some(i), Some(o)) => Some(Prices {
+            input_per_mtok: i,
+            output_per_mtok: o,
+            cache_read_per_mtok: cache_read.unwrap_or(i),
+            cache_write_per_mtok: cache_write.unwrap_or(i * 1.25),
+        }),
+        (None, None) => {
+            if cache_read.is_some() || cache_write.is_some() {
+                return Err(invalid(
+                    &k("price_input_per_mtok"),
+                    "cache prices need input and output prices".to_owned(),
+                ));
+            }
+            None
+        }
+        (Some(_), None) => {
+            return Err(invalid(
+                &k("price_output_per_mtok"),
+                "required with price_input_per_mtok".to_owned(),
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(
+                &k("price_input_per_mtok"),
+                "required with price_output_per_mtok".to_owned(),
+            ));
+        }
+    };
+
+    Ok(Model {
+        id,
+        upstream_model: rm.upstream_model,
+        context_tokens: rm.context_tokens,
+        max_output_tokens: rm.max_output_tokens,
+        prices,
+        backend,
+    })
+}
+
+fn mib(
+    key: &str,
+    v: u64,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<u64, ConfigError> {
+    if v == 0 || v > 4096 {
+        return Err(invalid(key, format!("{v} is outside 1-4096")));
+    }
+    Ok(v * 1024 * 1024)
+}
+
+fn http_url(s: &str) -> Result<url::Url, String> {
+    let u = url::Url::parse(s).map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(format!("{s:?} must be http or https"));
+    }
+    if u.host().is_none() {
+        return Err(format!("{s:?} has no host"));
+    }
+    // Credentials in a URL end up in logs; keys belong in `key_env`.
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(format!("{s:?} must not carry credentials"));
+    }
+    if u.query().is_some() || u.fragment().is_some() {
+        return Err(format!("{s:?} must not have a query or fragment"));
+    }
+    Ok(u)
+}
+
+fn env_name(s: &str) -> Result<String, String> {
+    let b = s.as_bytes();
+    let ok = b
+        .first()
+        .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_');
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("{s:?} is not an environment variable name"))
+    }
+}
+
+fn is_user_name(s: &str) -> bool {
+    // The portable POSIX user name set, as useradd accepts it by default.
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 32
+        && (b[0].is_ascii_lowercase() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../packaging/agentbox.example.toml");
+
+    fn root_env() -> FixedEnv {
+        FixedEnv {
+            vars: BTreeMap::new(),
+            euid: 0,
+        }
+    }
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml_str(text, "test.toml", &root_env())
+    }
+
+    fn err_key(text: &str) -> String {
+        let e = parse(text).expect_err("config should be refused");
+        e.key()
+            .unwrap_or_else(|| panic!("error without key: {e}"))
+            .to_owned()
+    }
+
+    #[test]
+    fn example_config_loads_with_every_backend() {
+        let c = parse(EXAMPLE).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/var/lib/agentbox"));
+        assert_eq!(c.agent_uid, 64000);
+        assert_eq!(
+            c.launcher.repo_roots,
+            vec![validate_root("/srv/repos").unwrap()]
+        );
+        assert_eq!(c.launcher.limits, Limits::default());
+        assert_eq!(c.gateway.max_body_bytes, 32 << 20);
+        assert_eq!(
+            c.bridge.listen,
+            "127.0.0.1:8790".parse::<SocketAddr>().unwrap()
+        );
+        let q = c.model("qwen-coder").unwrap();
+        assert_eq!(
+            q.backend,
+            Backend::Vllm {
+                port: 8001,
+                command: vec![
+                    "vllm".into(),
+                    "serve".into(),
+                    "Qwen/Qwen3-Coder-30B-A3B-Instruct".into(),
+                    "--port".into(),
+                    "8001".into()
+                ]
+            }
+        );
+        assert_eq!(q.max_output_tokens, Some(8192));
+        assert_eq!(c.model("qwen-ollama").unwrap().backend, Backend::Ollama);
+        let g = c.model("gpt-5").unwrap();
+        assert!(
+            matches!(&g.backend, Backend::Remote { provider: Provider::Openai, key_env, .. } if key_env == "OPENAI_API_KEY")
+        );
+        let p = g.prices.unwrap();
+        assert_eq!(
+            (p.input_per_mtok, p.output_per_mtok, p.cache_read_per_mtok),
+            (1.25, 10.0, 1.25)
+        );
+        assert!(matches!(
+            c.model("sonnet").unwrap().backend,
+            Backend::Remote {
+                provider: Provider::Anthropic,
+                ..
+            }
+        ));
+        assert!(c.model("nope").is_none());
+        assert!(c.model("../x").is_none());
+    }
+
+    #[test]
+    fn empty_file_gets_documented_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.service_user, "agentbox");
+        assert_eq!(c.launcher.venv_root.as_str(), "/opt/agentbox/venvs");
+        assert!(c.launcher.repo_roots.is_empty());
+        assert!(c.models.is_empty());
+        assert_eq!(c.gateway.ollama_url.as_str(), "http://127.0.0.1:11434/");
+    }
+
+    #[test]
+    fn unknown_keys_are_named_by_full_path() {
+        assert_eq!(err_key("bogus = 1"), "bogus");
+        assert_eq!(
+            err_key("[launcher]\nrepo_rootz = []"),
+            "launcher.repo_rootz"
+        );
+        assert_eq!(
+            err_key("[launcher.limits]\npidz = 3"),
+            "launcher.limits.pidz"
+        );
+        assert_eq!(err_key("[gateway]\nmax_body = 3"), "gateway.max_body");
+        assert_eq!(err_key("[bridge]\nport = 3"), "bridge.port");
+        assert_eq!(
+            err_key("[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nprice = 1.0"),
+            "models.m.price"
+        );
+        let e = parse("\n\n[launcher.limits]\npidz = 3").unwrap_err();
+        assert!(e.to_string().contains("launcher.limits.pidz"), "{e}");
+        assert!(e.to_string().contains("line 4"), "{e}");
+    }
+
+    #[test]
+    fn wrong_types_and_bad_toml_are_errors() {
+        assert_eq!(err_key("agent_uid = \"x\""), "agent_uid");
+        assert_eq!(
+            err_key("[launcher.limits]\npids = -1"),
+            "launcher.limits.pids"
+        );
+        assert_eq!(
+            err_key("[models.m]\nbackend = \"docker\"\nupstream_model = \"x\""),
+            "models.m.backend"
+        );
+        assert!(matches!(
+            parse("data_dir = "),
+            Err(ConfigError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn backend_specific_keys_are_checked() {
+        let m = |body: &str| format!("[models.m]\nupstream_model = \"u\"\n{body}");
+        assert_eq!(
+            err_key(&m("backend = \"vllm\"\ncommand = [\"vllm\"]")),
+            "models.m.port"
+        );
+        assert_eq!(
+            err_key(&m("backend = \"vllm\"\nport = 8001")),
+            "models.m.command"
+        );
+        assert_eq!(
+            err_key(&m("backend = \"vllm\"\nport = 8001\ncommand = []")),
+            "models.m.command"
+        );
+        assert_eq!(
+            err_key(&m("backend = \"vllm\"\nport = 0\ncommand = [\"v\"]")),
+            "models.m.port"
+        );
+        assert_eq!(
+            err_key(&m("backend = \"ollama\"\nport = 1")),
+            "models.m.port"
+        );
+        assert_eq!(
+            err_key(&m("backend = \"ollama\"\nprovider = \"openai\"")),
+            "models.m.provider"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"remote\"\nbase_url = \"https://x\"\nkey_env = \"K\""
+            )),
+            "models.m.provider"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"remote\"\nprovider = \"openai\"\nkey_env = \"K\""
+            )),
+            "models.m.base_url"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://x\""
+            )),
+            "models.m.key_env"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"ftp://x\"\nkey_env = \"K\""
+            )),
+            "models.m.base_url"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://u:p@x\"\nkey_env = \"K\""
+            )),
+            "models.m.base_url"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://x\"\nkey_env = \"K-1\""
+            )),
+            "models.m.key_env"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"remote\"\nprovider = \"grok\"\nbase_url = \"https://x\"\nkey_env = \"K\""
+            )),
+            "models.m.provider"
+        );
+        assert_eq!(
+            err_key(&m(
+                "backend = \"ollama\"\ncontext_tokens = 10\nmax_output_tokens = 20"
+            )),
+            "models.m.max_output_tokens"
+        );
+        assert_eq!(
+            err_key("[models.m]\nbackend = \"ollama\"\nupstream_model = \" \""),
+            "models.m.upstream_model"
+        );
+    }
+
+    #[test]
+    fn prices_come_in_pairs_and_are_finite() {
+        let m = |body: &str| {
+            format!("[models.m]\nbackend = \"ollama\"\nupstream_model = \"u\"\n{body}")
+        };
+        assert_eq!(
+            err_key(&m("price_input_per_mtok = 1.0")),
+            "models.m.price_output_per_mtok"
+        );
+        assert_eq!(
+            err_key(&m("price_output_per_mtok = 1.0")),
+            "models.m.price_input_per_mtok"
+        );
+        assert_eq!(
+            err_key(&m(
+                "price_input_per_mtok = -1.0\nprice_output_per_mtok = 1.0"
+            )),
+            "models.m.price_input_per_mtok"
+        );
+        assert_eq!(
+            err_key(&m(
+                "price_input_per_mtok = nan\nprice_output_per_mtok = 1.0"
+            )),
+            "models.m.price_input_per_mtok"
+        );
+        assert_eq!(
+            err_key(&m("price_cache_read_per_mtok = 1.0")),
+            "models.m.price_input_per_mtok"
+        );
+        let c = parse(&m("price_input_per_mtok = 3.0\nprice_output_per_mtok = 15.0\nprice_cache_read_per_mtok = 0.3")).unwrap();
+        let p = c.model("m").unwrap().prices.unwrap();
+        assert_eq!(p.cache_read_per_mtok, 0.3);
+        assert_eq!(p.cache_write_per_mtok, 3.75);
+        let usd = p.cost_usd(1_000_000, 1_000_000, 1_000_000, 1_000_000);
+        assert!((usd - (3.0 + 15.0 + 0.3 + 3.75)).abs() < 1e-9, "{usd}");
+    }
+
+    #[test]
+    fn model_ids_are_path_safe() {
+        for good in ["gpt-5", "qwen-coder", "claude-sonnet-4.5", "A_b", "x"] {
+            assert!(ModelId::parse(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            ".",
+            "..",
+            "-x",
+            ".hidden",
+            "a/b",
+            "a b",
+            "a\n",
+            "é",
+            &"a".repeat(65),
+        ] {
+            assert!(ModelId::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            err_key("[models.\"a/b\"]\nbackend = \"ollama\"\nupstream_model = \"u\""),
+            "models.a/b"
+        );
+    }
+
+    #[test]
+    fn duplicate_vllm_ports_are_refused() {
+        let t = "[models.a]\nbackend = \"vllm\"\nupstream_model = \"u\"\nport = 9000\ncommand = [\"v\"]\n\
+                 [models.b]\nbackend = \"vllm\"\nupstream_model = \"u\"\nport = 9000\ncommand = [\"v\"]";
+        assert_eq!(err_key(t), "models.b.port");
+    }
+
+    #[test]
+    fn paths_and_identities_are_validated() {
+        assert_eq!(err_key("data_dir = \"relative\""), "data_dir");
+        assert_eq!(err_key("data_dir = \"/var/lib/../etc\""), "data_dir");
+        assert_eq!(err_key("data_dir = \"/var/lib/agentbox/\""), "data_dir");
+        assert_eq!(
+            err_key("[launcher]\nrepo_roots = [\"/srv/repos\", \"/srv//x\"]"),
+            "launcher.repo_roots[1]"
+        );
+        assert_eq!(
+            err_key("[launcher]\nrepo_roots = [\"/srv/repos\", \"/srv/repos/a\"]"),
+            "launcher.repo_roots"
+        );
+        assert_eq!(
+            err_key("[launcher]\nvenv_root = \"venvs\""),
+            "launcher.venv_root"
+        );
+        assert_eq!(err_key("agent_uid = 0"), "agent_uid");
+        assert_eq!(err_key("agent_gid = 65534"), "agent_gid");
+        assert_eq!(err_key("service_user = \"Root Admin\""), "service_user");
+        assert_eq!(
+            err_key("[launcher.limits]\npids = 0"),
+            "launcher.limits.pids"
+        );
+        assert_eq!(err_key("[gateway]\nmax_body_mb = 0"), "gateway.max_body_mb");
+        assert_eq!(
+            err_key("[gateway]\nollama_url = \"localhost:11434\""),
+            "gateway.ollama_url"
+        );
+        assert_eq!(err_key("[bridge]\nlisten = \"localhost\""), "bridge.listen");
+        assert_eq!(err_key("[bridge]\ntoken_env = \"\""), "bridge.token_env");
+    }
+
+    #[test]
+    fn env_allowlist_refuses_injection_keys() {
+        for key in ["LD_PRELOAD", "NODE_OPTIONS", "BASH_ENV", "GIT_DIR"] {
+            let t = format!("[launcher]\nenv_allowlist = [\"{key}\"]");
+            assert_eq!(err_key(&t), "launcher.env_allowlist", "{key}");
+        }
+        assert_eq!(
+            err_key("[launcher]\nenv_allowlist = [\"A\", \"A\"]"),
+            "launcher.env_allowlist"
+        );
+    }
+
+    #[test]
+    fn data_dir_override_and_defaults() {
+        let mut env = root_env();
+        env.vars.insert("AGENTBOX_DATA".into(), "/tmp/abx".into());
+        let c = Config::from_toml_str("data_dir = \"/srv/data\"", "t", &env).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/abx"));
+        env.vars.insert("AGENTBOX_DATA".into(), "tmp/abx".into());
+        let e = Config::from_toml_str("", "t", &env).unwrap_err();
+        assert_eq!(e.key(), Some("AGENTBOX_DATA (environment)"));
+
+        let user = FixedEnv {
+            vars: [("HOME".to_owned(), "/home/u".to_owned())].into(),
+            euid: 1000,
+        };
+        let c = Config::from_toml_str("", "t", &user).unwrap();
+        assert_eq!(c.data_dir, PathBuf::from("/home/u/.local/share/agentbox"));
+        let xdg = FixedEnv {
+            vars: [("XDG_DATA_HOME".to_owned(), "/x".to_owned())].into(),
+            euid: 1000,
+        };
+        assert_eq!(
+            Config::from_toml_str("", "t", &xdg).unwrap().data_dir,
+            PathBuf::from("/x/agentbox")
+        );
+    }
+
+    #[test]
+    fn config_path_precedence() {
+        let mut env = root_env();
+        assert_eq!(config_path(None, &env), PathBuf::from(DEFAULT_CONFIG_PATH));
+        env.vars.insert("AGENTBOX_CONFIG".into(), "/e.toml".into());
+        assert_eq!(config_path(None, &env), PathBuf::from("/e.toml"));
+        assert_eq!(
+            config_path(Some(Path::new("/c.toml")), &env),
+            PathBuf::from("/c.toml")
+        );
+    }
+
+    #[test]
+    fn load_reports_missing_file() {
+        let e = Config::load(Path::new("/nonexistent/agentbox.toml"), &root_env()).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }));
+        assert!(e.to_string().contains("/nonexistent/agentbox.toml"));
+    }
+}

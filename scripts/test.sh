@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command (README "Quick start"; `.ci/run` calls exactly this). On a fresh machine of
+# this kind it installs what the tests need, then runs every gate and every test:
+#   - bubblewrap from Debian (the sandbox; later issues test against it for real),
+#   - the pinned real agent CLIs from npm into a cache dir (scripts/install-clients.sh),
+#   - cargo-nextest if the toolchain lacks it,
+# then fmt, clippy (warnings are errors), the nextest suite and the doc tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v git >/dev/null || need_apt+=(git)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: missing ${need_apt[*]} and not root: install them first" >&2
+    exit 1
+  fi
+  echo "test.sh: installing ${need_apt[*]} from Debian" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install --locked cargo-nextest
+fi
+
+AGENTBOX_CLIENTS_DIR=$(scripts/install-clients.sh)
+export AGENTBOX_CLIENTS_DIR
+echo "test.sh: agent CLIs in $AGENTBOX_CLIENTS_DIR" >&2
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+cargo nextest run --workspace --locked --no-fail-fast "$@"
+cargo test --workspace --doc --locked
