@@ -1,0 +1,133 @@
+//! Running the `fakellm` binary as a child process for a test: script and log in a temp dir,
+//! TCP port 0 or a unix socket, killed on drop.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{HarnessError, Service};
+
+/// A running fakellm.
+#[derive(Debug)]
+pub struct FakeLlm {
+    service: Service,
+    address: String,
+    log: PathBuf,
+    socket: Option<PathBuf>,
+    // Declared last so the process is gone before its files are removed.
+    _dir: tempfile::TempDir,
+}
+
+impl FakeLlm {
+    /// Starts `bin` (pass `env!("CARGO_BIN_EXE_fakellm")`) on `127.0.0.1:0` with `script`.
+    ///
+    /// # Errors
+    /// When fakellm cannot start or refuses the script.
+    pub fn start(bin: &Path, script: &Value) -> Result<Self, HarnessError> {
+        Self::start_inner(bin, script, false)
+    }
+
+    /// Like [`FakeLlm::start`] but listening on a unix socket in its temp dir.
+    ///
+    /// # Errors
+    /// When fakellm cannot start or refuses the script.
+    pub fn start_unix(bin: &Path, script: &Value) -> Result<Self, HarnessError> {
+        Self::start_inner(bin, script, true)
+    }
+
+    fn start_inner(bin: &Path, script: &Value, unix: bool) -> Result<Self, HarnessError> {
+        let dir = tempfile::Builder::new()
+            .prefix("fakellm-")
+            .tempdir()
+            .map_err(|source| HarnessError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let script_path = dir.path().join("script.json");
+        let log = dir.path().join("requests.jsonl");
+        std::fs::write(&script_path, script.to_string()).map_err(|source| HarnessError::Io {
+            path: script_path.clone(),
+            source,
+        })?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--script").arg(&script_path).arg("--log").arg(&log);
+        let socket = unix.then(|| dir.path().join("llm.sock"));
+        match &socket {
+            Some(s) => cmd.arg("--unix").arg(s),
+            None => cmd.arg("--listen").arg("127.0.0.1:0"),
+        };
+        let (service, address) = Service::start("fakellm", cmd, Duration::from_secs(20), |l| {
+            l.strip_prefix("listening on ").map(str::to_owned)
+        })?;
+        Ok(Self {
+            service,
+            address,
+            log,
+            socket,
+            _dir: dir,
+        })
+    }
+
+    /// `127.0.0.1:PORT`, or `unix:PATH`.
+    #[must_use]
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// `http://127.0.0.1:PORT` (no trailing slash, no `/v1`).
+    #[must_use]
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// The unix socket, when started with [`FakeLlm::start_unix`].
+    #[must_use]
+    pub fn socket(&self) -> Option<&Path> {
+        self.socket.as_deref()
+    }
+
+    /// The JSONL request log.
+    #[must_use]
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// Every request logged so far, in arrival order.
+    ///
+    /// # Errors
+    /// When the log cannot be read or a line is not JSON.
+    pub fn requests(&self) -> Result<Vec<Value>, HarnessError> {
+        let text = match std::fs::read_to_string(&self.log) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+            Err(source) => {
+                return Err(HarnessError::Io {
+                    path: self.log.clone(),
+                    source,
+                });
+            }
+        };
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|source| HarnessError::Json {
+                    what: self.log.display().to_string(),
+                    source,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        !self.service.has_exited()
+    }
+
+    /// Its stderr so far.
+    #[must_use]
+    pub fn stderr(&self) -> String {
+        self.service.stderr()
+    }
+}

@@ -1,0 +1,86 @@
+//! Helpers shared by the integration tests: processes that are killed with their whole process
+//! group when the test ends, the `fakellm` process wrapper, locating the real agent CLIs, and
+//! HTTP/SSE helpers (including plain HTTP/1.1 over a unix socket, which reqwest cannot do).
+
+mod clients;
+mod fake;
+mod http;
+mod process;
+
+pub use clients::{client_bin, clients_dir, workspace_root};
+pub use fake::FakeLlm;
+pub use http::{SseFrame, UnixResponse, parse_sse, unix_request};
+pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What a harness helper can fail with; messages carry what a failing test needs to diagnose.
+#[derive(Debug, thiserror::Error)]
+pub enum HarnessError {
+    /// A process could not be started.
+    #[error("cannot start {what}: {source}")]
+    Spawn {
+        /// Which program.
+        what: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A service did not print its ready line in time, or exited first.
+    #[error(
+        "{what} did not become ready within {timeout:?}: {reason}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    )]
+    NotReady {
+        /// Which program.
+        what: String,
+        /// How long we waited.
+        timeout: Duration,
+        /// Why we stopped waiting.
+        reason: String,
+        /// Its stdout so far.
+        stdout: String,
+        /// Its stderr so far.
+        stderr: String,
+    },
+    /// A command ran past its deadline and was killed.
+    #[error(
+        "{what} timed out after {timeout:?} and was killed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    )]
+    Timeout {
+        /// Which program.
+        what: String,
+        /// The deadline.
+        timeout: Duration,
+        /// Its stdout.
+        stdout: String,
+        /// Its stderr.
+        stderr: String,
+    },
+    /// The real agent CLIs could not be located or installed.
+    #[error("real agent CLIs unavailable: {0}")]
+    Clients(String),
+    /// A file the harness needed could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A log line or response was not the JSON it should be.
+    #[error("bad JSON in {what}: {source}")]
+    Json {
+        /// Where.
+        what: String,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+    /// An HTTP exchange over a unix socket failed.
+    #[error("HTTP over {socket}: {message}")]
+    UnixHttp {
+        /// The socket path.
+        socket: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+}

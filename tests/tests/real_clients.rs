@@ -1,0 +1,390 @@
+//! The real agent CLIs (installed by `scripts/install-clients.sh`) driven through a scripted
+//! multi-step task against `fakellm`: the model asks for a file write, the client performs it,
+//! sends the tool result back, and the model finishes. This is what proves fakellm is faithful
+//! enough for the end-to-end tests of the gateway, bridge and blackbox server.
+//!
+//! A missing client fails the test with the install hint; it is never skipped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentbox_tests::harness::{FakeLlm, Service, client_bin, run_captured, wait_group_gone};
+use serde_json::{Value, json};
+
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn fakellm_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_fakellm"))
+}
+
+fn bin_or_fail(name: &str) -> PathBuf {
+    client_bin(name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A temp dir with an empty `workspace/` and a `home/` for the client's state.
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new(prefix: &str) -> Self {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+        for sub in ["workspace", "home", "tmp"] {
+            std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        Self { dir }
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.path().join("workspace")
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    fn tmp(&self) -> PathBuf {
+        self.dir.path().join("tmp")
+    }
+}
+
+/// The message requests fakellm saw (count_tokens and probes left out).
+fn message_requests(fake: &FakeLlm) -> Vec<Value> {
+    fake.requests()
+        .unwrap()
+        .into_iter()
+        .filter(|r| {
+            let p = r["path"].as_str().unwrap_or("");
+            p.starts_with("/v1/messages") && !p.starts_with("/v1/messages/count_tokens")
+                || p.starts_with("/v1/chat/completions")
+        })
+        .collect()
+}
+
+fn summarize_log(fake: &FakeLlm) -> String {
+    fake.requests()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            format!(
+                "#{} {} {} model={} served_by={}",
+                r["seq"], r["method"], r["path"], r["body"]["model"], r["served_by"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn claude_code_writes_a_file_through_fakellm() {
+    let claude = bin_or_fail("claude");
+    let scratch = Scratch::new("claude-e2e-");
+    let target = scratch.workspace().join("hello.txt");
+    let content = "hello from fakellm\nsecond line ✓\n";
+    let tool_id = "toolu_agentbox_write_1";
+    let fake = FakeLlm::start(
+        fakellm_bin(),
+        &json!({
+            // Side requests (title, quota probe, small-model calls) carry no tools; answer them
+            // without spending the scripted turn.
+            "rules": [{"match": {"has_tools": false}, "text": "ok"}],
+            "steps": [
+                {"match": {"has_tools": true},
+                 "tool_calls": [{"id": tool_id, "name": "Write",
+                                 "input": {"file_path": target, "content": content}}],
+                 "usage": {"input_tokens": 100, "output_tokens": 20}},
+                {"match": {"has_tools": true, "body_contains": "tool_result"},
+                 "text": "done",
+                 "usage": {"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 50}}
+            ]
+        }),
+    )
+    .unwrap();
+
+    let mut cmd = tokio::process::Command::new(&claude);
+    cmd.current_dir(scratch.workspace())
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", scratch.home())
+        .env("CLAUDE_CONFIG_DIR", scratch.home().join(".claude"))
+        .env("TMPDIR", scratch.tmp())
+        .env("ANTHROPIC_BASE_URL", fake.base_url())
+        .env("ANTHROPIC_AUTH_TOKEN", "test-token")
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        // bypassPermissions refuses to run as root unless told it is sandboxed; tests run as
+        // root on CI and the temp workspace is the only thing it may touch.
+        .env("IS_SANDBOX", "1")
+        .args(["-p", "Create hello.txt in the current directory."])
+        .args(["--output-format", "stream-json", "--verbose"])
+        .args(["--model", "claude-sonnet-4-5"])
+        .args(["--permission-mode", "bypassPermissions"]);
+    let started = Instant::now();
+    let out = run_captured("claude", cmd, CLIENT_TIMEOUT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n--- fakellm log ---\n{}", summarize_log(&fake)));
+    eprintln!("claude -p took {:?}", started.elapsed());
+    let diag = || {
+        format!(
+            "{}\n--- fakellm log ---\n{}",
+            out.describe(),
+            summarize_log(&fake)
+        )
+    };
+    assert!(out.status.success(), "claude failed: {}", diag());
+
+    let events: Vec<Value> = out
+        .stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?}: {e}")))
+        .collect();
+    let result = events
+        .iter()
+        .rev()
+        .find(|e| e["type"] == "result")
+        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    assert_eq!(result["is_error"], false, "{}", diag());
+    assert_eq!(result["subtype"], "success", "{}", diag());
+    assert_eq!(result["result"], "done", "{}", diag());
+    assert_eq!(result["num_turns"], 2, "{}", diag());
+
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap_or_else(|e| panic!("{e}: {}", diag())),
+        content
+    );
+
+    let requests = message_requests(&fake);
+    let first = &requests[0];
+    assert!(
+        first["path"]
+            .as_str()
+            .unwrap()
+            .starts_with("/v1/messages?beta=true")
+    );
+    assert_eq!(first["headers"]["authorization"], "Bearer test-token");
+    assert_eq!(first["headers"]["anthropic-version"], "2023-06-01");
+    assert_eq!(first["body"]["stream"], true);
+    let tools: Vec<&str> = first["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(tools.contains(&"Write"), "tools offered: {tools:?}");
+
+    let second = requests
+        .iter()
+        .find(|r| r["served_by"] == "step 1")
+        .unwrap_or_else(|| panic!("no second turn: {}", diag()));
+    let results: Vec<&Value> = second["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|b| b["type"] == "tool_result")
+        .collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(results[0]["tool_use_id"], tool_id);
+    assert_ne!(results[0]["is_error"], true, "{:?}", results[0]);
+    assert!(
+        requests.iter().all(|r| r["served_by"] != "exhausted"),
+        "{}",
+        diag()
+    );
+}
+
+#[tokio::test]
+async fn opencode_writes_a_file_through_fakellm() {
+    let opencode = bin_or_fail("opencode");
+    let scratch = Scratch::new("opencode-e2e-");
+    let target = scratch.workspace().join("hello.txt");
+    let content = "hello from fakellm\nsecond line ✓\n";
+    let call_id = "call_agentbox_write_1";
+    let fake = FakeLlm::start(
+        fakellm_bin(),
+        &json!({
+            // opencode asks its small model for a session title, without tools, concurrently
+            // with the first turn.
+            "rules": [{"match": {"has_tools": false}, "text": "Write hello file"}],
+            "steps": [
+                {"match": {"has_tools": true},
+                 "tool_calls": [{"id": call_id, "name": "write",
+                                 "input": {"filePath": target, "content": content}}],
+                 "usage": {"input_tokens": 100, "output_tokens": 20}},
+                {"match": {"has_tools": true, "body_contains": "\"tool_call_id\""},
+                 "text": "done",
+                 "usage": {"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 50}}
+            ]
+        }),
+    )
+    .unwrap();
+
+    let config = json!({
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"fake": {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": "fakellm",
+            "options": {"baseURL": format!("{}/v1", fake.base_url()), "apiKey": "test-key"},
+            "models": {"fake-model": {"name": "Fake", "tools": true,
+                                      "limit": {"context": 131_072, "output": 8192}}}
+        }},
+        "model": "fake/fake-model",
+        "small_model": "fake/fake-model",
+        "permission": {"*": "allow"},
+        "autoupdate": false,
+        "share": "disabled"
+    });
+    let home = scratch.home();
+    let mut cmd = std::process::Command::new(&opencode);
+    cmd.current_dir(scratch.workspace())
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &home)
+        .env("XDG_CONFIG_HOME", home.join(".config"))
+        .env("XDG_DATA_HOME", home.join(".local/share"))
+        .env("XDG_CACHE_HOME", home.join(".cache"))
+        .env("XDG_STATE_HOME", home.join(".local/state"))
+        .env("TMPDIR", scratch.tmp())
+        .env("OPENCODE_CONFIG_CONTENT", config.to_string())
+        .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+        .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+        .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+        .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
+        // opencode starts a background `npm install @opencode-ai/plugin` into its config dir;
+        // it is optional (failure is a logged warning) and would otherwise fetch ~60 MB.
+        .env("npm_config_offline", "true")
+        .args(["serve", "--port", "0", "--hostname", "127.0.0.1"]);
+    let started = Instant::now();
+    let (mut server, url) = Service::start("opencode serve", cmd, Duration::from_secs(60), |l| {
+        l.split_once("listening on ")
+            .map(|(_, u)| u.trim().to_owned())
+    })
+    .unwrap();
+    let pgid = server.pid();
+
+    let http = reqwest::Client::builder()
+        .timeout(CLIENT_TIMEOUT)
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ok = http
+            .get(format!("{url}/global/health"))
+            .send()
+            .await
+            .ok()
+            .filter(|r| r.status().is_success());
+        if let Some(r) = ok {
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["healthy"], true);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "opencode never healthy: {}",
+            server.describe()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let session: Value = http
+        .post(format!("{url}/session"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sid = session["id"].as_str().expect("session id").to_owned();
+    let turn_started = Instant::now();
+    let reply = http
+        .post(format!("{url}/session/{sid}/message"))
+        .json(&json!({
+            "parts": [{"type": "text", "text": "Create hello.txt in the current directory."}],
+            "model": {"providerID": "fake", "modelID": "fake-model"}
+        }))
+        .send()
+        .await;
+    let diag = |server: &Service| {
+        format!(
+            "{}\n--- fakellm log ---\n{}",
+            server.describe(),
+            summarize_log(&fake)
+        )
+    };
+    let reply = reply.unwrap_or_else(|e| panic!("prompt failed: {e}\n{}", diag(&server)));
+    assert!(
+        reply.status().is_success(),
+        "{}: {}",
+        reply.status(),
+        diag(&server)
+    );
+    let reply: Value = reply.json().await.unwrap();
+    eprintln!(
+        "opencode: start to healthy+turn {:?}, turn {:?}",
+        started.elapsed(),
+        turn_started.elapsed()
+    );
+    assert!(
+        reply["info"].get("error").is_none(),
+        "{reply}\n{}",
+        diag(&server)
+    );
+    let texts: Vec<&str> = reply["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "text")
+        .filter_map(|p| p["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["done"], "{reply}");
+    assert_eq!(reply["info"]["tokens"]["output"], 2, "{reply}");
+
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap_or_else(|e| panic!("{e}: {}", diag(&server))),
+        content
+    );
+
+    let requests = message_requests(&fake);
+    let first = requests
+        .iter()
+        .find(|r| r["served_by"] == "step 0")
+        .expect("first turn");
+    assert_eq!(first["headers"]["authorization"], "Bearer test-key");
+    assert_eq!(first["body"]["stream"], true);
+    let write_tool = first["body"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "write")
+        .unwrap_or_else(|| panic!("no write tool in {}", first["body"]["tools"]));
+    let params = &write_tool["function"]["parameters"]["properties"];
+    assert!(params.get("filePath").is_some() && params.get("content").is_some());
+
+    let second = requests
+        .iter()
+        .find(|r| r["served_by"] == "step 1")
+        .unwrap_or_else(|| panic!("no second turn: {}", diag(&server)));
+    let tool_msgs: Vec<&Value> = second["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tool_msgs.len(), 1, "{tool_msgs:?}");
+    assert_eq!(tool_msgs[0]["tool_call_id"], call_id);
+    assert!(
+        requests.iter().all(|r| r["served_by"] != "exhausted"),
+        "{}",
+        diag(&server)
+    );
+
+    server.stop();
+    // Nothing of opencode's may outlive the test.
+    let left = wait_group_gone(pgid, Duration::from_secs(5));
+    assert!(left.is_empty(), "opencode processes survived: {left:?}");
+}
