@@ -1,0 +1,568 @@
+//! Typed OpenAI Responses API bodies (`POST /v1/responses`): the request, the response object
+//! and every streamed event. Codex only speaks this API, so the blackbox proxy serves it and
+//! translates to chat completions for the router.
+//!
+//! As elsewhere in this crate, unknown fields land in `extra` and unknown item, part and event
+//! types in `Other`, so a body survives parse and re-serialize. One normalization: an input
+//! message written in the short form `{"role":..., "content":...}` (no `type`) is read as a
+//! message item and written back with `"type": "message"`.
+
+use serde::de::{Deserializer, Error as _};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Number, Value};
+
+pub use crate::serde_util::TextOrList;
+use crate::serde_util::const_tag;
+
+/// Unknown fields of an object, kept in arrival order.
+pub type Extra = Map<String, Value>;
+
+/// `POST /v1/responses` request body.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ResponsesRequest {
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<TextOrList<InputItem>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<ResponsesTool>>,
+    /// `"auto"`, `"none"`, `"required"` or an object naming a tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_response_id: Option<String>,
+    /// `text`, `include`, `prompt_cache_key`, `metadata`, ...
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `reasoning` of a request.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ReasoningConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponsesTool {
+    Function {
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        description: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parameters: Option<Value>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strict: Option<bool>,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    /// `custom` (free-form tools such as Codex's `apply_patch`), `web_search`, `local_shell`,
+    /// ...
+    #[serde(untagged)]
+    Other(Extra),
+}
+
+/// One item of a request's `input` list.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum InputItem {
+    Message(MessageItem),
+    FunctionCall(FunctionCallItem),
+    FunctionCallOutput(FunctionCallOutputItem),
+    Reasoning(ReasoningItem),
+    /// `custom_tool_call`, `local_shell_call`, `item_reference`, ...
+    #[serde(untagged)]
+    Other(Extra),
+}
+
+impl<'de> Deserialize<'de> for InputItem {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut map = Extra::deserialize(deserializer)?;
+        let kind = match map.remove("type") {
+            Some(Value::String(kind)) => kind,
+            None if map.contains_key("role") => "message".to_owned(),
+            Some(other) => {
+                map.insert("type".to_owned(), other);
+                return Ok(InputItem::Other(map));
+            }
+            None => return Ok(InputItem::Other(map)),
+        };
+        let value = Value::Object(map);
+        let item = match kind.as_str() {
+            "message" => serde_json::from_value(value).map(InputItem::Message),
+            "function_call" => serde_json::from_value(value).map(InputItem::FunctionCall),
+            "function_call_output" => {
+                serde_json::from_value(value).map(InputItem::FunctionCallOutput)
+            }
+            "reasoning" => serde_json::from_value(value).map(InputItem::Reasoning),
+            _ => {
+                let Value::Object(mut map) = value else {
+                    return Err(D::Error::custom("input item is not an object"));
+                };
+                map.insert("type".to_owned(), Value::String(kind));
+                return Ok(InputItem::Other(map));
+            }
+        };
+        item.map_err(D::Error::custom)
+    }
+}
+
+/// A message item, in input (`role` user, assistant, system or developer) or output (always
+/// assistant).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct MessageItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub role: String,
+    pub content: TextOrList<ContentPart>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A function call the model made.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FunctionCallItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    pub name: String,
+    #[serde(default)]
+    pub arguments: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// The result of a function call, sent back by the client.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct FunctionCallOutputItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub call_id: String,
+    pub output: TextOrList<ContentPart>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A reasoning item: summaries and, with `include: ["reasoning.encrypted_content"]`, the opaque
+/// reasoning to pass back.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ReasoningItem {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub summary: Vec<ContentPart>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Vec<ContentPart>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encrypted_content: Option<String>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// A content part of a message, a function output or a reasoning item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    InputText {
+        text: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    OutputText {
+        text: String,
+        #[serde(default)]
+        annotations: Vec<Value>,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    InputImage {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        image_url: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    Refusal {
+        refusal: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    SummaryText {
+        text: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    ReasoningText {
+        text: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    /// `input_file`, `input_audio`, ...
+    #[serde(untagged)]
+    Other(Extra),
+}
+
+/// One item of a response's `output`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputItem {
+    Message(MessageItem),
+    FunctionCall(FunctionCallItem),
+    Reasoning(ReasoningItem),
+    #[serde(untagged)]
+    Other(Extra),
+}
+
+const_tag!(
+    /// The `"object": "response"` of a response.
+    ResponseObjectTag = "response"
+);
+
+/// A response object: the non-streamed body, and the `response` of lifecycle events.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Response {
+    pub id: String,
+    #[serde(default)]
+    pub object: ResponseObjectTag,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<Number>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ResponseStatus>,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub output: Vec<OutputItem>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ResponsesUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete_details: Option<Value>,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `status` of a response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResponseStatus {
+    Completed,
+    Failed,
+    InProgress,
+    Incomplete,
+    Cancelled,
+    Queued,
+    #[serde(untagged)]
+    Other(String),
+}
+
+/// Token usage of a response. Like chat completions, `input_tokens` includes cached tokens.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ResponsesUsage {
+    #[serde(default)]
+    pub input_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_tokens_details: Option<InputTokensDetails>,
+    #[serde(default)]
+    pub output_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_tokens_details: Option<OutputTokensDetails>,
+    #[serde(default)]
+    pub total_tokens: u64,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `input_tokens_details` of a usage.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct InputTokensDetails {
+    #[serde(default)]
+    pub cached_tokens: u64,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `output_tokens_details` of a usage.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OutputTokensDetails {
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// One streamed event. Each carries `sequence_number` (kept in `extra`); the SSE `event:` line
+/// equals [`ResponseStreamEvent::event_name`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ResponseStreamEvent {
+    #[serde(rename = "response.created")]
+    Created {
+        response: Response,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.in_progress")]
+    InProgress {
+        response: Response,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.completed")]
+    Completed {
+        response: Response,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.failed")]
+    Failed {
+        response: Response,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.incomplete")]
+    Incomplete {
+        response: Response,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.output_item.added")]
+    OutputItemAdded {
+        output_index: u32,
+        item: OutputItem,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.output_item.done")]
+    OutputItemDone {
+        output_index: u32,
+        item: OutputItem,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.content_part.added")]
+    ContentPartAdded {
+        item_id: String,
+        output_index: u32,
+        content_index: u32,
+        part: ContentPart,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.content_part.done")]
+    ContentPartDone {
+        item_id: String,
+        output_index: u32,
+        content_index: u32,
+        part: ContentPart,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.output_text.delta")]
+    OutputTextDelta {
+        item_id: String,
+        output_index: u32,
+        content_index: u32,
+        delta: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.output_text.done")]
+    OutputTextDone {
+        item_id: String,
+        output_index: u32,
+        content_index: u32,
+        text: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.function_call_arguments.delta")]
+    FunctionCallArgumentsDelta {
+        item_id: String,
+        output_index: u32,
+        delta: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.function_call_arguments.done")]
+    FunctionCallArgumentsDone {
+        item_id: String,
+        output_index: u32,
+        arguments: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.reasoning_summary_text.delta")]
+    ReasoningSummaryTextDelta {
+        item_id: String,
+        output_index: u32,
+        summary_index: u32,
+        delta: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.reasoning_text.delta")]
+    ReasoningTextDelta {
+        item_id: String,
+        output_index: u32,
+        content_index: u32,
+        delta: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "error")]
+    Error {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
+        #[serde(default)]
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        param: Option<String>,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    /// `response.reasoning_summary_part.added`, `response.refusal.delta`, ... and anything
+    /// newer.
+    #[serde(untagged)]
+    Other(Extra),
+}
+
+impl ResponseStreamEvent {
+    /// The SSE event name for this event: its `type`.
+    pub fn event_name(&self) -> &str {
+        match self {
+            ResponseStreamEvent::Created { .. } => "response.created",
+            ResponseStreamEvent::InProgress { .. } => "response.in_progress",
+            ResponseStreamEvent::Completed { .. } => "response.completed",
+            ResponseStreamEvent::Failed { .. } => "response.failed",
+            ResponseStreamEvent::Incomplete { .. } => "response.incomplete",
+            ResponseStreamEvent::OutputItemAdded { .. } => "response.output_item.added",
+            ResponseStreamEvent::OutputItemDone { .. } => "response.output_item.done",
+            ResponseStreamEvent::ContentPartAdded { .. } => "response.content_part.added",
+            ResponseStreamEvent::ContentPartDone { .. } => "response.content_part.done",
+            ResponseStreamEvent::OutputTextDelta { .. } => "response.output_text.delta",
+            ResponseStreamEvent::OutputTextDone { .. } => "response.output_text.done",
+            ResponseStreamEvent::FunctionCallArgumentsDelta { .. } => {
+                "response.function_call_arguments.delta"
+            }
+            ResponseStreamEvent::FunctionCallArgumentsDone { .. } => {
+                "response.function_call_arguments.done"
+            }
+            ResponseStreamEvent::ReasoningSummaryTextDelta { .. } => {
+                "response.reasoning_summary_text.delta"
+            }
+            ResponseStreamEvent::ReasoningTextDelta { .. } => "response.reasoning_text.delta",
+            ResponseStreamEvent::Error { .. } => "error",
+            ResponseStreamEvent::Other(map) => {
+                map.get("type").and_then(Value::as_str).unwrap_or("")
+            }
+        }
+    }
+
+    /// Appends this event as one SSE frame (`event: <type>\ndata: <json>\n\n`).
+    pub fn write_sse(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(self.event_name().as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        serde_json::to_writer(&mut *out, self)?;
+        out.extend_from_slice(b"\n\n");
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn codex_style_request_round_trips() {
+        let v = json!({
+            "model": "gpt-5-codex",
+            "instructions": "You are Codex.",
+            "input": [
+                {"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},
+                {"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"s"}],"encrypted_content":"xyz"},
+                {"type":"function_call","call_id":"call_1","name":"shell","arguments":"{\"cmd\":[\"ls\"]}"},
+                {"type":"function_call_output","call_id":"call_1","output":"a\nb"},
+                {"type":"custom_tool_call","call_id":"c2","name":"apply_patch","input":"*** Begin Patch"}
+            ],
+            "tools": [
+                {"type":"function","name":"shell","parameters":{"type":"object"},"strict":false},
+                {"type":"custom","name":"apply_patch","format":{"type":"grammar"}}
+            ],
+            "tool_choice": "auto",
+            "parallel_tool_calls": false,
+            "reasoning": {"effort":"medium","summary":"auto"},
+            "store": false,
+            "stream": true,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "abc"
+        });
+        let r: ResponsesRequest = serde_json::from_value(v.clone()).unwrap();
+        let Some(TextOrList::List(items)) = &r.input else {
+            panic!("input not a list")
+        };
+        assert!(matches!(items[0], InputItem::Message(_)));
+        assert!(matches!(items[4], InputItem::Other(_)));
+        assert_eq!(serde_json::to_value(&r).unwrap(), v);
+    }
+
+    #[test]
+    fn short_form_message_gets_a_type() {
+        let item: InputItem =
+            serde_json::from_value(json!({"role":"user","content":"hi"})).unwrap();
+        assert!(matches!(item, InputItem::Message(ref m) if m.role == "user"));
+        assert_eq!(
+            serde_json::to_value(&item).unwrap(),
+            json!({"type":"message","role":"user","content":"hi"})
+        );
+    }
+
+    #[test]
+    fn stream_events_parse_and_name_themselves() {
+        let v = json!({"type":"response.output_text.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"he","sequence_number":4});
+        let e: ResponseStreamEvent = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(e.event_name(), "response.output_text.delta");
+        assert_eq!(serde_json::to_value(&e).unwrap(), v);
+        let done = json!({"type":"response.completed","sequence_number":9,"response":{
+            "id":"resp_1","object":"response","created_at":1,"status":"completed","model":"m",
+            "output":[{"type":"message","id":"msg_1","role":"assistant","status":"completed",
+                "content":[{"type":"output_text","text":"hello","annotations":[]}]}],
+            "usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":2,
+                "output_tokens_details":{"reasoning_tokens":0},"total_tokens":12}}});
+        let e: ResponseStreamEvent = serde_json::from_value(done.clone()).unwrap();
+        assert!(matches!(e, ResponseStreamEvent::Completed { .. }));
+        assert_eq!(serde_json::to_value(&e).unwrap(), done);
+        let new = json!({"type":"response.something_new","x":1});
+        let e: ResponseStreamEvent = serde_json::from_value(new.clone()).unwrap();
+        assert_eq!(e.event_name(), "response.something_new");
+        assert_eq!(serde_json::to_value(&e).unwrap(), new);
+    }
+}

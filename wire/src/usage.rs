@@ -1,0 +1,410 @@
+//! Metering Anthropic responses as they flow through the gateway, streamed or not, without
+//! holding the stream and without re-serializing a byte of it.
+//!
+//! Semantics (the metering pitfalls the gateway research lists):
+//! - `message_start.message.usage` gives input, cache read and cache creation (and a small
+//!   output count).
+//! - every `message_delta.usage` is *cumulative* for the message: its `output_tokens` replaces
+//!   the previous value, never adds to it; input and cache counts present in a `message_delta`
+//!   replace those of `message_start` (Ollama puts a length/4 estimate in `message_start` and
+//!   the real count in `message_delta`; newer API versions repeat the counts there).
+//! - a non-streamed body carries the final usage in its `usage` object.
+//!
+//! Only `message_start`, `message_delta`, `message_stop` and `error` events are parsed, each into
+//! a minimal struct that skips everything else, so the meter's cost per byte is the SSE scan.
+
+use serde::{Deserialize, Serialize};
+
+use crate::anthropic::{DeltaUsage, ErrorDetail, StopReason, Usage};
+use crate::sse::{self, EventRef};
+
+/// Token counts in Anthropic's convention: `input_tokens` excludes both cache counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct MeteredUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_input_tokens: u64,
+    pub cache_creation_input_tokens: u64,
+}
+
+impl MeteredUsage {
+    /// Everything the request consumed: input + output + cache read + cache creation (the
+    /// gateway's token budget unit).
+    pub fn total(&self) -> u64 {
+        self.input_tokens
+            .saturating_add(self.output_tokens)
+            .saturating_add(self.cache_read_input_tokens)
+            .saturating_add(self.cache_creation_input_tokens)
+    }
+
+    /// All input, cached or not (what Claude Code counts as the context size).
+    pub fn total_input(&self) -> u64 {
+        self.input_tokens
+            .saturating_add(self.cache_read_input_tokens)
+            .saturating_add(self.cache_creation_input_tokens)
+    }
+
+    fn apply_start(&mut self, u: &Usage) {
+        self.input_tokens = u.input_tokens;
+        self.output_tokens = u.output_tokens;
+        self.cache_read_input_tokens = u.cache_read_input_tokens.unwrap_or(0);
+        self.cache_creation_input_tokens = u.cache_creation_input_tokens.unwrap_or(0);
+    }
+
+    fn apply_delta(&mut self, u: &DeltaUsage) {
+        self.output_tokens = u.output_tokens;
+        if let Some(n) = u.input_tokens {
+            self.input_tokens = n;
+        }
+        if let Some(n) = u.cache_read_input_tokens {
+            self.cache_read_input_tokens = n;
+        }
+        if let Some(n) = u.cache_creation_input_tokens {
+            self.cache_creation_input_tokens = n;
+        }
+    }
+}
+
+impl From<&Usage> for MeteredUsage {
+    fn from(u: &Usage) -> Self {
+        let mut m = MeteredUsage::default();
+        m.apply_start(u);
+        m
+    }
+}
+
+/// What a finished (or abandoned) response told the meter.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MeterReport {
+    pub usage: MeteredUsage,
+    /// A `message_start` (stream) or a message body with `usage` (JSON) was seen.
+    pub saw_usage: bool,
+    /// The response completed: `message_stop` was seen, or a JSON message body parsed.
+    /// `false` means the usage may be short (client disconnect, upstream cut): settle with an
+    /// estimate if that matters.
+    pub complete: bool,
+    pub stop_reason: Option<StopReason>,
+    /// An `error` event, or an error body.
+    pub error: Option<ErrorDetail>,
+    /// Events (or the body) whose JSON did not parse, or a stream that broke the SSE size
+    /// bound; their usage, if any, is missing.
+    pub malformed: u32,
+}
+
+/// What the meter is reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyKind {
+    /// `text/event-stream`.
+    EventStream,
+    /// `application/json` (a message or an error body).
+    Json,
+}
+
+impl BodyKind {
+    /// Picks the kind from a `Content-Type` header value: event streams by media type,
+    /// everything else as JSON.
+    pub fn from_content_type(content_type: &str) -> Self {
+        let media = content_type
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        if media == "text/event-stream" {
+            BodyKind::EventStream
+        } else {
+            BodyKind::Json
+        }
+    }
+}
+
+/// Reads an Anthropic response body chunk by chunk and keeps its usage up to date.
+///
+/// For an event stream nothing is buffered beyond the current SSE line and event. A JSON body
+/// has to be parsed whole, so it is copied up to [`UsageMeter::MAX_JSON_BYTES`] and parsed by
+/// [`UsageMeter::finish`]; [`usage_from_json`] does the same for a body already in memory.
+#[derive(Debug)]
+pub struct UsageMeter {
+    kind: BodyKind,
+    decoder: sse::Decoder,
+    json: Vec<u8>,
+    /// Metering gave up on this body (size bound); the report stands as it was.
+    stopped: bool,
+    report: MeterReport,
+}
+
+#[derive(Deserialize)]
+struct StartEvent {
+    message: StartMessage,
+}
+
+#[derive(Deserialize)]
+struct StartMessage {
+    #[serde(default)]
+    usage: Usage,
+}
+
+#[derive(Deserialize)]
+struct DeltaEvent {
+    #[serde(default)]
+    delta: DeltaBody,
+    #[serde(default)]
+    usage: Option<DeltaUsage>,
+}
+
+#[derive(Deserialize, Default)]
+struct DeltaBody {
+    #[serde(default)]
+    stop_reason: Option<StopReason>,
+}
+
+#[derive(Deserialize)]
+struct ErrorEvent {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct JsonBody {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    stop_reason: Option<StopReason>,
+    #[serde(default)]
+    error: Option<ErrorDetail>,
+}
+
+impl UsageMeter {
+    /// Bound on the copy of a JSON body (Anthropic's own request limit is 32 MB; responses are
+    /// far smaller).
+    pub const MAX_JSON_BYTES: usize = 32 << 20;
+
+    pub fn new(kind: BodyKind) -> Self {
+        Self {
+            kind,
+            decoder: sse::Decoder::new(),
+            json: Vec::new(),
+            stopped: false,
+            report: MeterReport::default(),
+        }
+    }
+
+    /// A meter for an event stream.
+    pub fn event_stream() -> Self {
+        Self::new(BodyKind::EventStream)
+    }
+
+    /// A meter for a JSON body.
+    pub fn json() -> Self {
+        Self::new(BodyKind::Json)
+    }
+
+    /// Reads the next chunk of the body, exactly as it is forwarded.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if self.stopped {
+            return;
+        }
+        match self.kind {
+            BodyKind::EventStream => {
+                let report = &mut self.report;
+                if self
+                    .decoder
+                    .feed_with(chunk, |e| on_event(report, e))
+                    .is_err()
+                {
+                    // Stop metering this stream rather than buffer without bound; what was
+                    // metered so far stands.
+                    report.malformed += 1;
+                    self.stopped = true;
+                }
+            }
+            BodyKind::Json => {
+                if self.json.len() + chunk.len() > Self::MAX_JSON_BYTES {
+                    self.stopped = true;
+                    self.json = Vec::new();
+                    self.report.malformed += 1;
+                    return;
+                }
+                self.json.extend_from_slice(chunk);
+            }
+        }
+    }
+
+    /// The usage seen so far (for an event stream, live; for JSON, zero until
+    /// [`UsageMeter::finish`]).
+    pub fn usage(&self) -> MeteredUsage {
+        self.report.usage
+    }
+
+    /// Everything seen so far, without ending the meter.
+    pub fn report(&self) -> &MeterReport {
+        &self.report
+    }
+
+    /// Ends the body (completely or not) and returns the report.
+    pub fn finish(mut self) -> MeterReport {
+        if self.kind == BodyKind::Json && !self.stopped {
+            self.report = usage_from_json(&self.json);
+        }
+        self.report
+    }
+}
+
+fn on_event(report: &mut MeterReport, e: EventRef<'_>) {
+    // Anthropic names every event; a frame without a name is classified by its JSON `type`
+    // so a data-only upstream is still metered.
+    let name = if e.event.is_empty() || e.event == "message" {
+        sniff_type(e.data)
+    } else {
+        e.event
+    };
+    match name {
+        "message_start" => match serde_json::from_str::<StartEvent>(e.data) {
+            Ok(ev) => {
+                report.usage.apply_start(&ev.message.usage);
+                report.saw_usage = true;
+            }
+            Err(_) => report.malformed += 1,
+        },
+        "message_delta" => match serde_json::from_str::<DeltaEvent>(e.data) {
+            Ok(ev) => {
+                if let Some(u) = &ev.usage {
+                    report.usage.apply_delta(u);
+                    report.saw_usage = true;
+                }
+                if ev.delta.stop_reason.is_some() {
+                    report.stop_reason = ev.delta.stop_reason;
+                }
+            }
+            Err(_) => report.malformed += 1,
+        },
+        "message_stop" => report.complete = true,
+        "error" => match serde_json::from_str::<ErrorEvent>(e.data) {
+            Ok(ev) => report.error = Some(ev.error),
+            Err(_) => report.malformed += 1,
+        },
+        _ => {}
+    }
+}
+
+/// The `type` of a data-only frame, read without parsing the JSON when `type` is its first key
+/// (as Anthropic and every compatible server write it).
+fn sniff_type(data: &str) -> &'static str {
+    const NAMES: [&str; 4] = ["message_start", "message_delta", "message_stop", "error"];
+    let first_key_value = data
+        .trim_start()
+        .strip_prefix('{')
+        .map(str::trim_start)
+        .and_then(|s| s.strip_prefix("\"type\""))
+        .map(str::trim_start)
+        .and_then(|s| s.strip_prefix(':'))
+        .map(str::trim_start)
+        .and_then(|s| s.strip_prefix('"'));
+    let kind: Option<std::borrow::Cow<'_, str>> = match first_key_value {
+        Some(rest) => rest.split('"').next().map(std::borrow::Cow::Borrowed),
+        None => {
+            #[derive(Deserialize)]
+            struct Typed {
+                #[serde(rename = "type")]
+                kind: Option<String>,
+            }
+            serde_json::from_str::<Typed>(data)
+                .ok()
+                .and_then(|t| t.kind)
+                .map(std::borrow::Cow::Owned)
+        }
+    };
+    kind.and_then(|k| NAMES.into_iter().find(|n| *n == k))
+        .unwrap_or("")
+}
+
+/// Meters a whole non-streamed body: a message (its `usage`) or an error body (no usage).
+pub fn usage_from_json(body: &[u8]) -> MeterReport {
+    let mut report = MeterReport::default();
+    match serde_json::from_slice::<JsonBody>(body) {
+        Ok(parsed) if parsed.kind.as_deref() == Some("error") => {
+            report.error = parsed.error;
+            report.complete = true;
+        }
+        Ok(parsed) => {
+            if let Some(u) = &parsed.usage {
+                report.usage = MeteredUsage::from(u);
+                report.saw_usage = true;
+            }
+            report.stop_reason = parsed.stop_reason;
+            report.complete = parsed.usage.is_some();
+        }
+        Err(_) => report.malformed += 1,
+    }
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STREAM: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"x\",\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":10,\"cache_creation_input_tokens\":3,\"cache_read_input_tokens\":100,\"output_tokens\":1}}}\n\nevent: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\nevent: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\nevent: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":7}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":9}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+    #[test]
+    fn stream_usage_is_cumulative_not_summed() {
+        let mut m = UsageMeter::event_stream();
+        m.feed(STREAM.as_bytes());
+        let r = m.finish();
+        assert_eq!(
+            r.usage,
+            MeteredUsage {
+                input_tokens: 10,
+                output_tokens: 9,
+                cache_read_input_tokens: 100,
+                cache_creation_input_tokens: 3
+            }
+        );
+        assert_eq!(r.usage.total(), 122);
+        assert!(r.complete && r.saw_usage);
+        assert_eq!(r.stop_reason, Some(StopReason::EndTurn));
+    }
+
+    #[test]
+    fn data_only_frames_are_still_metered() {
+        let stripped: String = STREAM
+            .lines()
+            .filter(|l| !l.starts_with("event:"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let mut m = UsageMeter::event_stream();
+        m.feed(stripped.as_bytes());
+        let r = m.finish();
+        assert_eq!(r.usage.output_tokens, 9);
+        assert_eq!(r.usage.input_tokens, 10);
+        assert!(r.complete);
+    }
+
+    #[test]
+    fn json_body_and_error_body() {
+        let mut m = UsageMeter::json();
+        let body = br#"{"id":"m","type":"message","role":"assistant","content":[],"model":"x","stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":5,"output_tokens":2,"cache_read_input_tokens":1}}"#;
+        m.feed(&body[..10]);
+        m.feed(&body[10..]);
+        let r = m.finish();
+        assert_eq!(r.usage.total(), 8);
+        assert!(r.complete);
+        let e = usage_from_json(
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+        );
+        assert_eq!(e.usage.total(), 0);
+        assert!(e.error.is_some());
+    }
+
+    #[test]
+    fn content_type_picks_the_kind() {
+        assert_eq!(
+            BodyKind::from_content_type("text/event-stream; charset=utf-8"),
+            BodyKind::EventStream
+        );
+        assert_eq!(
+            BodyKind::from_content_type("application/json"),
+            BodyKind::Json
+        );
+    }
+}
