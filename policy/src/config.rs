@@ -276,6 +276,8 @@ struct RawBridge {
     token_env: String,
     #[serde(default = "default_max_body_mb")]
     max_body_mb: u64,
+    #[serde(default = "default_body_timeout_s")]
+    body_timeout_s: u64,
 }
 
 impl Default for RawBridge {
@@ -284,8 +286,13 @@ impl Default for RawBridge {
             listen: default_bridge_listen(),
             token_env: default_token_env(),
             max_body_mb: default_max_body_mb(),
+            body_timeout_s: default_body_timeout_s(),
         }
     }
+}
+
+fn default_body_timeout_s() -> u64 {
+    60
 }
 
 fn default_bridge_listen() -> String {
@@ -416,6 +423,8 @@ pub struct BridgeConfig {
     pub token_env: String,
     /// Largest request body accepted, bytes.
     pub max_body_bytes: u64,
+    /// How long a client may take to send its request body (slow clients get 408).
+    pub body_timeout: std::time::Duration,
 }
 
 /// An agentbox model id: the table name in `[models.<id>]`.
@@ -626,6 +635,15 @@ impl Config {
             token_env: env_name(&raw.bridge.token_env)
                 .map_err(|r| invalid("bridge.token_env", r))?,
             max_body_bytes: mib("bridge.max_body_mb", raw.bridge.max_body_mb, &invalid)?,
+            body_timeout: match raw.bridge.body_timeout_s {
+                0 | 3601.. => {
+                    return Err(invalid(
+                        "bridge.body_timeout_s",
+                        format!("{} is outside 1-3600", raw.bridge.body_timeout_s),
+                    ));
+                }
+                s => std::time::Duration::from_secs(s),
+            },
         };
 
         let mut models = BTreeMap::new();
@@ -1268,6 +1286,10 @@ mod tests {
         );
         assert_eq!(err_key("[bridge]\nlisten = \"localhost\""), "bridge.listen");
         assert_eq!(err_key("[bridge]\ntoken_env = \"\""), "bridge.token_env");
+        assert_eq!(
+            err_key("[bridge]\nbody_timeout_s = 0"),
+            "bridge.body_timeout_s"
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //!   the handle and its identity for later re-checks.
 //! - [`env`]: the environment allowlist for sandboxed processes.
 //! - [`sanitize`]: the Anthropic Messages request sanitizer (model rewrite, server-side tools).
+//! - [`secret`]: secrets that never print and compare in constant time.
 //! - [`config`]: `agentbox.toml`, typed, with unknown keys refused.
 
 pub mod config;
@@ -17,3 +18,4 @@ pub mod id;
 pub mod path;
 pub mod resolve;
 pub mod sanitize;
+pub mod secret;

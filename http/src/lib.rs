@@ -1,0 +1,221 @@
+//! The HTTP plumbing every agentbox daemon shares: an accept loop over a TCP or unix listener
+//! that the caller bound (so tests use port 0 and temp sockets), with a header read timeout,
+//! tracked connection tasks and graceful shutdown; the unix peer's credentials attached to
+//! every request; and reading a request body under a size limit and a deadline.
+//!
+//! We run our own loop instead of `axum::serve` because a slowloris client must not hold a
+//! connection forever (`axum::serve` has no header timeout), because shutdown must wait for
+//! in-flight requests and leak no task, and because the control sockets authenticate callers
+//! by `SO_PEERCRED`, which axum does not expose.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, header};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::ServiceExt;
+
+/// How long a client may take to send its request head.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long shutdown waits for in-flight connections before dropping them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// The credentials of the process on the other end of a unix socket, as the kernel reported
+/// them at connect time (`SO_PEERCRED`). Present in the extensions of every request served by
+/// [`serve_unix`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// The peer's effective uid.
+    pub uid: u32,
+    /// The peer's effective gid.
+    pub gid: u32,
+    /// The peer's pid, when the kernel reported one.
+    pub pid: Option<i32>,
+}
+
+/// Serves `router` on a TCP listener until `shutdown` is cancelled.
+pub async fn serve_tcp(listener: TcpListener, router: Router, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!(error = %e, "set_nodelay failed");
+                }
+                tracker.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+            }
+            Err(e) => accept_backoff(&e).await,
+        }
+    }
+    drain_connections(tracker).await;
+}
+
+/// Serves `router` on a unix listener until `shutdown` is cancelled. Every request carries the
+/// connecting process's [`PeerCred`] in its extensions; a connection whose credentials cannot be
+/// read is closed unserved, since the control sockets authorize on them.
+pub async fn serve_unix(listener: UnixListener, router: Router, shutdown: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let cred = match stream.peer_cred() {
+                    Ok(c) => PeerCred {
+                        uid: c.uid(),
+                        gid: c.gid(),
+                        pid: c.pid(),
+                    },
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read peer credentials; closing");
+                        continue;
+                    }
+                };
+                let router = router.clone();
+                let svc = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(cred);
+                    router.clone().oneshot(req.map(Body::new))
+                });
+                tracker.spawn(serve_connection(stream, svc, shutdown.clone()));
+            }
+            Err(e) => accept_backoff(&e).await,
+        }
+    }
+    drain_connections(tracker).await;
+}
+
+async fn accept_backoff(e: &std::io::Error) {
+    // EMFILE and friends: back off instead of spinning; the listener stays usable.
+    tracing::warn!(error = %e, "accept failed");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+async fn drain_connections(tracker: TaskTracker) {
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace period; dropping them");
+    }
+}
+
+async fn serve_connection<IO, S>(io: IO, service: S, shutdown: CancellationToken)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: tower::Service<
+            Request<hyper::body::Incoming>,
+            Response = axum::response::Response,
+            Error = std::convert::Infallible,
+        > + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
+    let mut conn = std::pin::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+/// Why a request body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// Over the limit (declared by `content-length` or found while reading).
+    #[error("request body exceeds {limit} bytes")]
+    TooLarge {
+        /// The limit, bytes.
+        limit: u64,
+    },
+    /// The client did not deliver the body before the deadline.
+    #[error("request body not received within {0:?}")]
+    Timeout(Duration),
+    /// The connection broke or the framing was invalid.
+    #[error("cannot read request body: {0}")]
+    Read(String),
+}
+
+/// How much of an over-limit body is read and discarded so the client, still sending, gets to
+/// read our 413 instead of a broken pipe. Past this the connection is simply closed.
+pub const DRAIN_MAX: u64 = 64 << 20;
+
+/// Reads a request body of at most `limit` bytes within `timeout`. A declared
+/// `content-length` over the limit is refused without buffering; the rest of an over-limit body
+/// is drained (up to [`DRAIN_MAX`], within the same deadline) so the client sees the error.
+pub async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    timeout: Duration,
+) -> Result<Bytes, BodyError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let deadline = tokio::time::Instant::now() + timeout;
+    if declared.is_some_and(|n| n > limit) {
+        discard(body, deadline).await;
+        return Err(BodyError::TooLarge { limit });
+    }
+    let mut body = body.into_data_stream();
+    let mut buf = bytes::BytesMut::new();
+    loop {
+        let next = match tokio::time::timeout_at(deadline, body.next()).await {
+            Err(_) => return Err(BodyError::Timeout(timeout)),
+            Ok(n) => n,
+        };
+        match next {
+            None => return Ok(buf.freeze()),
+            Some(Err(e)) => return Err(BodyError::Read(e.to_string())),
+            Some(Ok(chunk)) => {
+                if (buf.len() + chunk.len()) as u64 > limit {
+                    discard_stream(body, deadline).await;
+                    return Err(BodyError::TooLarge { limit });
+                }
+                buf.extend_from_slice(&chunk);
+            }
+        }
+    }
+}
+
+async fn discard(body: Body, deadline: tokio::time::Instant) {
+    discard_stream(body.into_data_stream(), deadline).await;
+}
+
+async fn discard_stream(mut body: axum::body::BodyDataStream, deadline: tokio::time::Instant) {
+    let mut seen = 0u64;
+    while seen < DRAIN_MAX {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Ok(Some(Ok(chunk))) => seen += chunk.len() as u64,
+            Ok(Some(Err(_)) | None) | Err(_) => return,
+        }
+    }
+}
