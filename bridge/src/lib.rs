@@ -1,4 +1,123 @@
-//! The llm-bridge (`agentbox-bridge`, `127.0.0.1:8790`): the only holder of provider keys;
-//! passes Anthropic requests through or translates them to OpenAI chat completions.
+//! The llm-bridge (`agentbox-bridge`, `127.0.0.1:8790`): the only process that holds provider
+//! keys. It takes Anthropic Messages requests whose `model` is an agentbox model id, sanitizes
+//! them again, and either passes them to an Anthropic provider or translates them to OpenAI
+//! chat completions and the answer back, streaming chunk by chunk.
 //!
-//! Empty until issue 3 lands it.
+//! # Layout
+//! - [`Bridge`] (this file): the catalogue of remote models with their keys, the upstream
+//!   client, limits; built once from the config and the environment.
+//! - `routes`: the axum router: auth, `/health`, `/check/{model}`, `/v1/messages`.
+//! - `upstream`: calling a provider and mapping its errors.
+//! - the accept loop, timeouts and body limits come from `agentbox-http`.
+//! - [`error`]: every failure and its one mapping to a status and an Anthropic error body.
+//!
+//! Keys live in [`Secret`]s: no `Debug`, log line, error body or `/health` output shows them.
+
+pub mod error;
+mod routes;
+mod upstream;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentbox_policy::config::{Backend, Config, HostEnv, Provider};
+use agentbox_policy::secret::Secret;
+
+pub use error::BridgeError;
+pub use routes::router;
+
+/// Why the bridge cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The bridge's own token variable is unset or empty.
+    #[error("${0} is not set: the bridge refuses to run without its token")]
+    NoToken(String),
+    /// The HTTP client could not be built (TLS backend failure).
+    #[error("cannot build the upstream HTTP client: {0}")]
+    Client(String),
+}
+
+/// One remote model the bridge serves.
+#[derive(Debug)]
+pub struct RemoteModel {
+    /// The agentbox model id.
+    pub id: String,
+    /// The provider's wire format.
+    pub provider: Provider,
+    /// The provider's base URL, without a trailing `/`.
+    pub base_url: String,
+    /// The model name sent upstream.
+    pub upstream_model: String,
+    /// Cap for `max_tokens`, when configured.
+    pub max_output_tokens: Option<u64>,
+    /// The variable the key comes from (a name, not a secret: shown in errors).
+    pub key_env: String,
+    /// The key, when the variable is set.
+    pub key: Option<Secret>,
+}
+
+/// The bridge's state, shared by every request.
+#[derive(Debug)]
+pub struct Bridge {
+    token: Secret,
+    models: BTreeMap<String, RemoteModel>,
+    client: reqwest::Client,
+    max_body_bytes: u64,
+    body_timeout: Duration,
+}
+
+impl Bridge {
+    /// Builds the bridge from the config, reading its token and the provider keys from `env`.
+    /// A missing provider key is not fatal (that model answers "no key configured"); a missing
+    /// bridge token is.
+    pub fn from_config(config: &Config, env: &dyn HostEnv) -> Result<Arc<Bridge>, StartError> {
+        let token = env
+            .var(&config.bridge.token_env)
+            .and_then(Secret::new)
+            .ok_or_else(|| StartError::NoToken(config.bridge.token_env.clone()))?;
+        let mut models = BTreeMap::new();
+        for m in config.models.values() {
+            let Backend::Remote {
+                provider,
+                base_url,
+                key_env,
+            } = &m.backend
+            else {
+                continue;
+            };
+            models.insert(
+                m.id.to_string(),
+                RemoteModel {
+                    id: m.id.to_string(),
+                    provider: *provider,
+                    base_url: base_url.as_str().trim_end_matches('/').to_owned(),
+                    upstream_model: m.upstream_model.clone(),
+                    max_output_tokens: m.max_output_tokens,
+                    key_env: key_env.clone(),
+                    key: env.var(key_env).and_then(Secret::new),
+                },
+            );
+        }
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            // Generations can be slow, but a provider silent for this long is gone.
+            .read_timeout(Duration::from_secs(600))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| StartError::Client(e.to_string()))?;
+        Ok(Arc::new(Bridge {
+            token,
+            models,
+            client,
+            max_body_bytes: config.bridge.max_body_bytes,
+            body_timeout: config.bridge.body_timeout,
+        }))
+    }
+
+    /// The remote models, by agentbox id.
+    pub fn models(&self) -> &BTreeMap<String, RemoteModel> {
+        &self.models
+    }
+}

@@ -1,7 +1,8 @@
 //! Test support for agentbox: the scripted fake model server [`fakellm`] (also built as the
 //! `fakellm` binary) and [`harness`] helpers the integration tests under `tests/tests/` share
 //! (starting processes that die with the test, finding the real agent CLIs, HTTP over unix
-//! sockets).
+//! sockets), and [`workload`], the realistic requests tests and benchmarks send.
 
 pub mod fakellm;
 pub mod harness;
+pub mod workload;

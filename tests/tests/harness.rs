@@ -26,18 +26,11 @@ async fn run_captured_kills_the_group_on_timeout_and_keeps_output() {
         .await
         .unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(10));
-    match &err {
-        HarnessError::Timeout { stdout, stderr, .. } => {
-            assert_eq!(stdout, "started\n");
-            assert_eq!(stderr, "oops\n");
-        }
-        other @ (HarnessError::Spawn { .. }
-        | HarnessError::NotReady { .. }
-        | HarnessError::Clients(_)
-        | HarnessError::Io { .. }
-        | HarnessError::Json { .. }
-        | HarnessError::UnixHttp { .. }) => panic!("expected a timeout, got {other}"),
-    }
+    let HarnessError::Timeout { stdout, stderr, .. } = &err else {
+        panic!("expected a timeout, got {err}");
+    };
+    assert_eq!(stdout, "started\n");
+    assert_eq!(stderr, "oops\n");
     // The grandchild shares the shell's group, whose id is the shell's pid.
     let stat = std::fs::read_to_string(&pidfile).unwrap();
     let grandchild: u32 = stat.trim().parse().unwrap();

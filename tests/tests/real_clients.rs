@@ -76,56 +76,106 @@ fn summarize_log(fake: &FakeLlm) -> String {
         .join("\n")
 }
 
+/// The outcome of one headless `claude -p` run.
+struct ClaudeRun {
+    out: agentbox_tests::harness::Captured,
+    events: Vec<Value>,
+}
+
+impl ClaudeRun {
+    /// Runs the real Claude Code headless in `scratch` against `base_url` with `token`.
+    async fn run(
+        scratch: &Scratch,
+        base_url: &str,
+        token: &str,
+        model: &str,
+        prompt: &str,
+    ) -> Self {
+        let claude = bin_or_fail("claude");
+        let mut cmd = tokio::process::Command::new(&claude);
+        cmd.current_dir(scratch.workspace())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", scratch.home())
+            .env("CLAUDE_CONFIG_DIR", scratch.home().join(".claude"))
+            .env("TMPDIR", scratch.tmp())
+            .env("ANTHROPIC_BASE_URL", base_url)
+            .env("ANTHROPIC_AUTH_TOKEN", token)
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            // bypassPermissions refuses to run as root unless told it is sandboxed; tests run
+            // as root on CI and the temp workspace is the only thing it may touch.
+            .env("IS_SANDBOX", "1")
+            .args(["-p", prompt])
+            .args(["--output-format", "stream-json", "--verbose"])
+            .args(["--model", model])
+            .args(["--permission-mode", "bypassPermissions"]);
+        let started = Instant::now();
+        let out = run_captured("claude", cmd, CLIENT_TIMEOUT)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!("claude -p took {:?}", started.elapsed());
+        let events = out
+            .stdout
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        Self { out, events }
+    }
+
+    /// The final `result` event.
+    fn result(&self) -> Option<&Value> {
+        self.events.iter().rev().find(|e| e["type"] == "result")
+    }
+}
+
+/// A script for a two-step task: call `Write` on `target` with `content` (tool id `tool_id`),
+/// then answer "done" once the tool result came back (a request body containing
+/// `result_marker`: `tool_result` in Anthropic requests, `tool_call_id` in chat requests).
+fn write_then_done_script(
+    target: &Path,
+    content: &str,
+    tool_id: &str,
+    result_marker: &str,
+) -> Value {
+    json!({
+        // Side requests (title, quota probe, small-model calls) carry no tools; answer them
+        // without spending the scripted turn.
+        "rules": [{"match": {"has_tools": false}, "text": "ok"}],
+        "steps": [
+            {"match": {"has_tools": true},
+             "tool_calls": [{"id": tool_id, "name": "Write",
+                             "input": {"file_path": target, "content": content}}],
+             "usage": {"input_tokens": 100, "output_tokens": 20}},
+            {"match": {"has_tools": true, "body_contains": result_marker},
+             "text": "done",
+             "usage": {"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 50}}
+        ]
+    })
+}
+
 #[tokio::test]
 async fn claude_code_writes_a_file_through_fakellm() {
-    let claude = bin_or_fail("claude");
     let scratch = Scratch::new("claude-e2e-");
     let target = scratch.workspace().join("hello.txt");
     let content = "hello from fakellm\nsecond line ✓\n";
     let tool_id = "toolu_agentbox_write_1";
     let fake = FakeLlm::start(
         fakellm_bin(),
-        &json!({
-            // Side requests (title, quota probe, small-model calls) carry no tools; answer them
-            // without spending the scripted turn.
-            "rules": [{"match": {"has_tools": false}, "text": "ok"}],
-            "steps": [
-                {"match": {"has_tools": true},
-                 "tool_calls": [{"id": tool_id, "name": "Write",
-                                 "input": {"file_path": target, "content": content}}],
-                 "usage": {"input_tokens": 100, "output_tokens": 20}},
-                {"match": {"has_tools": true, "body_contains": "tool_result"},
-                 "text": "done",
-                 "usage": {"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 50}}
-            ]
-        }),
+        &write_then_done_script(&target, content, tool_id, "tool_result"),
     )
     .unwrap();
-
-    let mut cmd = tokio::process::Command::new(&claude);
-    cmd.current_dir(scratch.workspace())
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", scratch.home())
-        .env("CLAUDE_CONFIG_DIR", scratch.home().join(".claude"))
-        .env("TMPDIR", scratch.tmp())
-        .env("ANTHROPIC_BASE_URL", fake.base_url())
-        .env("ANTHROPIC_AUTH_TOKEN", "test-token")
-        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        .env("DISABLE_TELEMETRY", "1")
-        .env("DISABLE_AUTOUPDATER", "1")
-        // bypassPermissions refuses to run as root unless told it is sandboxed; tests run as
-        // root on CI and the temp workspace is the only thing it may touch.
-        .env("IS_SANDBOX", "1")
-        .args(["-p", "Create hello.txt in the current directory."])
-        .args(["--output-format", "stream-json", "--verbose"])
-        .args(["--model", "claude-sonnet-4-5"])
-        .args(["--permission-mode", "bypassPermissions"]);
-    let started = Instant::now();
-    let out = run_captured("claude", cmd, CLIENT_TIMEOUT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n--- fakellm log ---\n{}", summarize_log(&fake)));
-    eprintln!("claude -p took {:?}", started.elapsed());
+    let run = ClaudeRun::run(
+        &scratch,
+        &fake.base_url(),
+        "test-token",
+        "claude-sonnet-4-5",
+        "Create hello.txt in the current directory.",
+    )
+    .await;
+    let out = &run.out;
     let diag = || {
         format!(
             "{}\n--- fakellm log ---\n{}",
@@ -134,17 +184,8 @@ async fn claude_code_writes_a_file_through_fakellm() {
         )
     };
     assert!(out.status.success(), "claude failed: {}", diag());
-
-    let events: Vec<Value> = out
-        .stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("stdout line {l:?}: {e}")))
-        .collect();
-    let result = events
-        .iter()
-        .rev()
-        .find(|e| e["type"] == "result")
+    let result = run
+        .result()
         .unwrap_or_else(|| panic!("no result event: {}", diag()));
     assert_eq!(result["is_error"], false, "{}", diag());
     assert_eq!(result["subtype"], "success", "{}", diag());
@@ -195,6 +236,94 @@ async fn claude_code_writes_a_file_through_fakellm() {
         "{}",
         diag()
     );
+}
+
+/// Claude Code → agentbox-bridge (an `openai` model) → fakellm in chat-completions mode: the
+/// bridge translates every turn both ways, streamed, and the task still completes.
+#[tokio::test]
+async fn claude_code_completes_a_task_through_the_bridge_in_chat_mode() {
+    let scratch = Scratch::new("claude-bridge-");
+    let target = scratch.workspace().join("bridged.txt");
+    let content = "written through the bridge\n";
+    let tool_id = "call_bridge_write_1";
+    let fake = FakeLlm::start(
+        fakellm_bin(),
+        &write_then_done_script(&target, content, tool_id, "tool_call_id"),
+    )
+    .unwrap();
+    let token = "bridge-e2e-token";
+    let bridge = agentbox_tests::harness::BridgeProcess::start(
+        &format!(
+            "[bridge]\nlisten = \"127.0.0.1:0\"\n[models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\n\
+             base_url = \"{}/v1\"\nupstream_model = \"gpt-upstream\"\nkey_env = \"OPENAI_KEY\"\nmax_output_tokens = 8192\n",
+            fake.base_url()
+        ),
+        &[("AGENTBOX_BRIDGE_TOKEN", token), ("OPENAI_KEY", "sk-e2e")],
+    )
+    .unwrap();
+    let run = ClaudeRun::run(
+        &scratch,
+        &bridge.base_url(),
+        token,
+        "gpt",
+        "Create bridged.txt.",
+    )
+    .await;
+    let diag = || {
+        format!(
+            "{}\n--- fakellm log ---\n{}\n--- bridge ---\n{}",
+            run.out.describe(),
+            summarize_log(&fake),
+            bridge.stderr()
+        )
+    };
+    assert!(run.out.status.success(), "claude failed: {}", diag());
+    let result = run
+        .result()
+        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    assert_eq!(result["is_error"], false, "{}", diag());
+    assert_eq!(result["result"], "done", "{}", diag());
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap_or_else(|e| panic!("{e}: {}", diag())),
+        content
+    );
+
+    let requests = message_requests(&fake);
+    assert!(
+        requests.iter().all(|r| r["path"] == "/v1/chat/completions"),
+        "{}",
+        diag()
+    );
+    let first = &requests[0];
+    assert_eq!(first["headers"]["authorization"], "Bearer sk-e2e");
+    assert_eq!(first["body"]["model"], "gpt-upstream");
+    assert_eq!(first["body"]["stream"], true);
+    assert_eq!(first["body"]["stream_options"]["include_usage"], true);
+    assert!(
+        first["body"]["max_completion_tokens"].as_u64().unwrap() <= 8192,
+        "clamped: {}",
+        first["body"]
+    );
+    assert!(first["body"].get("context_management").is_none());
+    assert!(first["body"].get("thinking").is_none());
+    let second = requests
+        .iter()
+        .find(|r| r["served_by"] == "step 1")
+        .unwrap_or_else(|| panic!("no second turn: {}", diag()));
+    let tool_msgs: Vec<&Value> = second["body"]["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(tool_msgs.len(), 1, "{tool_msgs:?}");
+    assert_eq!(tool_msgs[0]["tool_call_id"], tool_id);
+    for r in &requests {
+        assert!(
+            !r.to_string().contains(token),
+            "bridge token leaked upstream"
+        );
+    }
 }
 
 #[tokio::test]

@@ -49,7 +49,9 @@
 //!   "rules":    [ENTRY, …],   // side replies: checked first, never consume steps
 //!   "fallback": ENTRY,        // when no rule matches and the next step doesn't (or none left)
 //!   "count_tokens": 1234,     // fixed count_tokens answer (default: bytes / 4)
-//!   "models": ["m1", "m2"]    // GET /v1/models (default ["fakellm"])
+//!   "models": ["m1", "m2"],   // GET /v1/models (default ["fakellm"])
+//!   "api_key": "sk-test"      // if set: every routed request must present it (x-api-key or
+//!                             // Authorization: Bearer), else 401 authentication_error
 //! }
 //! ```
 //! Each message request (either API) is answered by: the first rule whose `match` holds and

@@ -32,6 +32,10 @@ pub struct Script {
     /// Model ids listed by `GET /v1/models`; absent means `["fakellm"]`.
     #[serde(default)]
     pub models: Option<Vec<String>>,
+    /// When set, every routed request must present this key (`x-api-key` or
+    /// `Authorization: Bearer`), else 401 `authentication_error`, as a real provider does.
+    #[serde(default)]
+    pub api_key: Option<String>,
 }
 
 impl Script {

@@ -84,6 +84,7 @@ impl Server {
         let state = Arc::new(AppState {
             count_tokens: script.count_tokens,
             models,
+            api_key: script.api_key.clone(),
             dispatcher: Mutex::new(Dispatcher::new(script)),
             log,
             seq: AtomicU64::new(0),
@@ -167,6 +168,7 @@ struct AppState {
     seq: AtomicU64,
     count_tokens: Option<u64>,
     models: Vec<String>,
+    api_key: Option<String>,
 }
 
 /// The error shape a path calls for: OpenAI-style paths get `{"error":{…}}`, the rest the
@@ -313,7 +315,14 @@ fn missing_field(
 }
 
 impl AppState {
-    fn plan(&self, method: &Method, path: &str, parsed: Option<&Value>, raw: &str) -> Plan {
+    fn plan(
+        &self,
+        method: &Method,
+        path: &str,
+        headers: &axum::http::HeaderMap,
+        parsed: Option<&Value>,
+        raw: &str,
+    ) -> Plan {
         let shape = api_of_path(path);
         let Some((route, want)) = route(path) else {
             return error_plan(
@@ -329,6 +338,16 @@ impl AppState {
                 StatusCode::METHOD_NOT_ALLOWED,
                 Some("invalid_request_error"),
                 &format!("fakellm: method {method} not allowed on {path}; use {want}"),
+            );
+        }
+        if let Some(key) = &self.api_key
+            && !presents_key(headers, key)
+        {
+            return error_plan(
+                shape,
+                StatusCode::UNAUTHORIZED,
+                Some("authentication_error"),
+                "fakellm: invalid x-api-key or bearer token",
             );
         }
         if route == Route::Models {
@@ -410,6 +429,15 @@ impl AppState {
     }
 }
 
+fn presents_key(headers: &axum::http::HeaderMap, key: &str) -> bool {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    bearer == Some(key) || api_key == Some(key)
+}
+
 async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
     let seq = st.seq.fetch_add(1, Ordering::SeqCst) + 1;
     let (parts, body) = req.into_parts();
@@ -421,7 +449,13 @@ async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
         Ok(bytes) => {
             let raw = String::from_utf8_lossy(&bytes).into_owned();
             let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
-            let plan = st.plan(&parts.method, parts.uri.path(), parsed.as_ref(), &raw);
+            let plan = st.plan(
+                &parts.method,
+                parts.uri.path(),
+                &parts.headers,
+                parsed.as_ref(),
+                &raw,
+            );
             let logged = match parsed {
                 Some(v) => v,
                 None if raw.is_empty() => Value::Null,

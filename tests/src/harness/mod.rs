@@ -3,11 +3,13 @@
 //! HTTP/SSE helpers (including plain HTTP/1.1 over a unix socket, which reqwest cannot do).
 
 mod clients;
+mod daemons;
 mod fake;
 mod http;
 mod process;
 
 pub use clients::{client_bin, clients_dir, workspace_root};
+pub use daemons::{BridgeProcess, workspace_bin};
 pub use fake::FakeLlm;
 pub use http::{SseFrame, UnixResponse, parse_sse, unix_request};
 pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
@@ -56,6 +58,9 @@ pub enum HarnessError {
         /// Its stderr.
         stderr: String,
     },
+    /// One of our binaries could not be built.
+    #[error("cannot build: {0}")]
+    Build(String),
     /// The real agent CLIs could not be located or installed.
     #[error("real agent CLIs unavailable: {0}")]
     Clients(String),

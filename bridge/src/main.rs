@@ -1,0 +1,100 @@
+//! `agentbox-bridge`: reads the config and the keys, binds `bridge.listen`, serves until
+//! SIGTERM or SIGINT. Prints `listening on <addr>` on stdout once bound (port 0 picks one).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use agentbox_policy::config::{Config, ProcessEnv, config_path};
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(name = "agentbox-bridge", version, about = "The agentbox llm-bridge")]
+struct Args {
+    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let env = ProcessEnv;
+    let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agentbox-bridge: {e}");
+            return ExitCode::from(78);
+        }
+    };
+    let bridge = match agentbox_bridge::Bridge::from_config(&config, &env) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("agentbox-bridge: {e}");
+            return ExitCode::from(78);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentbox-bridge: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(config.bridge.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "agentbox-bridge: cannot listen on {}: {e}",
+                    config.bridge.listen
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        match listener.local_addr() {
+            Ok(addr) => {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "listening on {addr}");
+                let _ = out.flush();
+            }
+            Err(e) => {
+                eprintln!("agentbox-bridge: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        let shutdown = CancellationToken::new();
+        let signals = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            signals.cancel();
+        });
+        agentbox_http::serve_tcp(listener, agentbox_bridge::router(bridge), shutdown).await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot install signal handlers; stopping only on ctrl-c");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The bridge's HTTP surface: `GET /health` (open), and behind the bridge token
+//! `GET /check/{model}` and `POST /v1/messages`. Everything else is a 404 (after auth, so an
+//! unauthenticated caller learns nothing about the routes).
+
+use std::sync::Arc;
+
+use agentbox_http::BodyError;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use agentbox_policy::config::Provider;
+use agentbox_policy::sanitize;
+use agentbox_policy::secret::presented_token;
+
+use crate::Bridge;
+use crate::error::BridgeError;
+use crate::upstream;
+
+/// The bridge's router; state is the shared [`Bridge`].
+pub fn router(bridge: Arc<Bridge>) -> Router {
+    let authed = Router::new()
+        .route("/check/{model}", get(check))
+        .route("/v1/messages", post(messages))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            bridge.clone(),
+            require_token,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .merge(authed)
+        .with_state(bridge)
+}
+
+async fn require_token(State(bridge): State<Arc<Bridge>>, req: Request, next: Next) -> Response {
+    let h = req.headers();
+    let token = presented_token(
+        h.get(header::AUTHORIZATION).map(|v| v.as_bytes()),
+        h.get("x-api-key").map(|v| v.as_bytes()),
+    );
+    match token {
+        Some(t) if bridge.token.matches(t) => next.run(req).await,
+        Some(_) | None => BridgeError::Unauthorized.into_response(),
+    }
+}
+
+async fn not_found(req: Request) -> BridgeError {
+    BridgeError::NotFound(req.uri().path().to_owned())
+}
+
+async fn method_not_allowed() -> BridgeError {
+    BridgeError::MethodNotAllowed
+}
+
+/// `GET /health`: liveness plus the external models and whether each has a key. No auth, so
+/// it says nothing a local user could use against a provider.
+async fn health(State(bridge): State<Arc<Bridge>>) -> Response {
+    let models: Vec<Value> = bridge
+        .models
+        .values()
+        .map(|m| {
+            json!({
+                "id": m.id,
+                "provider": m.provider.as_str(),
+                "upstream_model": m.upstream_model,
+                "key_configured": m.key.is_some(),
+            })
+        })
+        .collect();
+    axum::Json(json!({"ok": true, "models": models})).into_response()
+}
+
+/// `GET /check/{model}`: can this model be used right now? Tells "no key configured",
+/// "upstream unreachable" and "auth refused" apart with one cheap authenticated call.
+async fn check(State(bridge): State<Arc<Bridge>>, Path(model): Path<String>) -> Response {
+    let Some(m) = bridge.models.get(&model) else {
+        return BridgeError::UnknownModel(model).into_response();
+    };
+    let outcome = upstream::check(&bridge.client, m).await;
+    let body = match outcome {
+        Ok(()) => json!({"ok": true}),
+        Err(e) => json!({"ok": false, "error": e.to_string(), "reason": e.reason()}),
+    };
+    axum::Json(body).into_response()
+}
+
+/// `POST /v1/messages`.
+async fn messages(
+    State(bridge): State<Arc<Bridge>>,
+    req: Request,
+) -> Result<Response, BridgeError> {
+    let (parts, body) = req.into_parts();
+    let bytes = read_body(&bridge, &parts.headers, body).await?;
+    let mut value: Value =
+        serde_json::from_slice(&bytes).map_err(|e| BridgeError::MalformedJson(e.to_string()))?;
+    let model_id = match value.get("model") {
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => {
+            return Err(BridgeError::InvalidRequest(
+                "model: expected a string".into(),
+            ));
+        }
+        None => return Err(BridgeError::InvalidRequest("model: field required".into())),
+    };
+    let model = bridge
+        .models
+        .get(&model_id)
+        .ok_or_else(|| BridgeError::UnknownModel(model_id.clone()))?;
+    let key = model.key.as_ref().ok_or_else(|| BridgeError::NoKey {
+        model: model.id.clone(),
+        key_env: model.key_env.clone(),
+    })?;
+    sanitize::sanitize(&mut value, &model.upstream_model)
+        .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
+    let stream = match value.get("stream") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => {
+            return Err(BridgeError::InvalidRequest(
+                "stream: expected a boolean".into(),
+            ));
+        }
+    };
+    let version = parts
+        .headers
+        .get("anthropic-version")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or(upstream::DEFAULT_ANTHROPIC_VERSION);
+    tracing::info!(model = %model.id, provider = model.provider.as_str(), stream, bytes = bytes.len(), "messages");
+    match model.provider {
+        Provider::Anthropic => {
+            upstream::anthropic(&bridge.client, model, key, version, &value).await
+        }
+        Provider::Openai => {
+            upstream::openai(&bridge.client, model, key, value, bytes.len(), stream).await
+        }
+    }
+}
+
+/// Reads the body under the size limit and the body timeout.
+async fn read_body(bridge: &Bridge, headers: &HeaderMap, body: Body) -> Result<Bytes, BridgeError> {
+    agentbox_http::read_body(headers, body, bridge.max_body_bytes, bridge.body_timeout)
+        .await
+        .map_err(|e| match e {
+            BodyError::TooLarge { limit } => BridgeError::BodyTooLarge {
+                limit_mb: limit >> 20,
+            },
+            BodyError::Timeout(t) => BridgeError::BodyTimeout(t.as_secs()),
+            BodyError::Read(m) => BridgeError::BodyRead(m),
+        })
+}

@@ -1,0 +1,183 @@
+//! Our own daemons as child processes: locating (and freshening) their binaries, and a
+//! wrapper for `agentbox-bridge` with a temp config.
+//!
+//! `env!("CARGO_BIN_EXE_*")` only covers binaries of the test's own package, and the daemons
+//! live in other packages. `scripts/test.sh` runs the whole workspace, which builds every
+//! daemon binary first (each daemon package has an integration test of its own, which makes
+//! cargo build its binaries). [`workspace_bin`] only calls `cargo build` itself when the binary
+//! is missing or older than a workspace source file, e.g. when one runs `-p agentbox-tests`
+//! alone after an edit: never a stale binary, and no rebuild (with `-p`'s different feature
+//! set) when it is fresh.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::{HarnessError, Service, workspace_root};
+
+/// The path of a workspace binary, built (or confirmed fresh) for the profile the tests run
+/// under.
+///
+/// # Errors
+/// When cargo fails to build it.
+pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf, HarnessError> {
+    // Tests run from target/<profile>/deps/<test>-<hash>, binaries (the bench) from
+    // target/<profile>/<bin>.
+    let exe = std::env::current_exe().map_err(|source| HarnessError::Io {
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    let profile_dir = exe
+        .parent()
+        .and_then(|d| {
+            if d.ends_with("deps") {
+                d.parent()
+            } else {
+                Some(d)
+            }
+        })
+        .ok_or_else(|| HarnessError::Build(format!("unexpected test path {}", exe.display())))?;
+    let target_dir = profile_dir
+        .parent()
+        .ok_or_else(|| HarnessError::Build(format!("unexpected test path {}", exe.display())))?;
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(other) => other,
+    };
+    let path = profile_dir.join(bin);
+    if is_fresh(&path) {
+        return Ok(path);
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args([
+            "build",
+            "--quiet",
+            "--profile",
+            profile,
+            "-p",
+            package,
+            "--bin",
+            bin,
+        ])
+        .arg("--target-dir")
+        .arg(target_dir)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| HarnessError::Spawn {
+            what: "cargo build".into(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(HarnessError::Build(format!(
+            "cargo build -p {package} --bin {bin} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(path)
+}
+
+/// Whether `bin` exists and is newer than every source file and manifest of the workspace.
+fn is_fresh(bin: &Path) -> bool {
+    let Ok(built) = std::fs::metadata(bin).and_then(|m| m.modified()) else {
+        return false;
+    };
+    let root = workspace_root();
+    let mut stack = vec![root.join("Cargo.toml"), root.join("Cargo.lock")];
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.join("Cargo.toml").is_file() {
+                stack.push(p.join("Cargo.toml"));
+                stack.push(p.join("src"));
+            }
+        }
+    }
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if meta.modified().is_ok_and(|m| m > built) {
+            return false;
+        }
+    }
+    true
+}
+
+/// A running `agentbox-bridge` on `127.0.0.1:0` with its own temp config.
+#[derive(Debug)]
+pub struct BridgeProcess {
+    service: Service,
+    address: String,
+    // Declared last so the process is gone before its files are removed.
+    _dir: tempfile::TempDir,
+}
+
+impl BridgeProcess {
+    /// Starts the bridge with `config` (TOML; `[bridge] listen` is forced to port 0) and the
+    /// given environment (the bridge token and provider keys).
+    ///
+    /// # Errors
+    /// When the binary cannot be built or the bridge does not come up.
+    pub fn start(config: &str, env: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        let bin = workspace_bin("agentbox-bridge", "agentbox-bridge")?;
+        let dir = tempfile::Builder::new()
+            .prefix("bridge-")
+            .tempdir()
+            .map_err(|source| HarnessError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let path = dir.path().join("agentbox.toml");
+        std::fs::write(&path, config).map_err(|source| HarnessError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--config")
+            .arg(&path)
+            .env_clear()
+            .env("AGENTBOX_DATA", dir.path())
+            .env("RUST_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let (service, address) =
+            Service::start("agentbox-bridge", cmd, Duration::from_secs(30), |l| {
+                l.strip_prefix("listening on ").map(str::to_owned)
+            })?;
+        Ok(Self {
+            service,
+            address,
+            _dir: dir,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    #[must_use]
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// The bridge's stderr so far (its logs).
+    #[must_use]
+    pub fn stderr(&self) -> String {
+        self.service.stderr()
+    }
+
+    /// The process id (for CPU and memory readings).
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.service.pid()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        !self.service.has_exited()
+    }
+}

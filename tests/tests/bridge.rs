@@ -1,0 +1,493 @@
+//! `agentbox-bridge` as a process against `fakellm` as a process: passthrough and translation,
+//! streamed and not, what reaches the provider (key header, translated body, no bridge token),
+//! error mapping, `/check`, `/health`, and bad input.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use agentbox_tests::harness::{BridgeProcess, FakeLlm, parse_sse};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "bridge-token-0123456789";
+const OPENAI_KEY: &str = "sk-openai-test-key";
+const ANTHROPIC_KEY: &str = "sk-ant-test-key";
+
+fn fakellm(script: &Value) -> FakeLlm {
+    FakeLlm::start(env!("CARGO_BIN_EXE_fakellm").as_ref(), script).unwrap()
+}
+
+/// A config with one model per provider pointing at `fake`, plus a keyless one and one whose
+/// provider is unreachable.
+fn config(fake: &FakeLlm, extra: &str) -> String {
+    format!(
+        r#"
+[bridge]
+listen = "127.0.0.1:0"
+max_body_mb = 8
+body_timeout_s = 2
+{extra}
+
+[models.gpt]
+backend = "remote"
+provider = "openai"
+base_url = "{base}/v1"
+upstream_model = "gpt-upstream"
+key_env = "TEST_OPENAI_KEY"
+max_output_tokens = 4096
+
+[models.claude]
+backend = "remote"
+provider = "anthropic"
+base_url = "{base}"
+upstream_model = "claude-upstream"
+key_env = "TEST_ANTHROPIC_KEY"
+
+[models.keyless]
+backend = "remote"
+provider = "openai"
+base_url = "{base}/v1"
+upstream_model = "x"
+key_env = "TEST_UNSET_KEY"
+
+[models.unreachable]
+backend = "remote"
+provider = "openai"
+base_url = "http://127.0.0.1:9/v1"
+upstream_model = "x"
+key_env = "TEST_OPENAI_KEY"
+
+[models.local]
+backend = "ollama"
+upstream_model = "qwen"
+"#,
+        base = fake.base_url()
+    )
+}
+
+fn start(fake: &FakeLlm) -> BridgeProcess {
+    BridgeProcess::start(
+        &config(fake, ""),
+        &[
+            ("AGENTBOX_BRIDGE_TOKEN", TOKEN),
+            ("TEST_OPENAI_KEY", OPENAI_KEY),
+            ("TEST_ANTHROPIC_KEY", ANTHROPIC_KEY),
+        ],
+    )
+    .unwrap()
+}
+
+/// A Claude-Code-like request: system list, tools (one server-side), thinking,
+/// context_management, metadata.
+fn request(model: &str, stream: bool) -> Value {
+    json!({
+        "model": model,
+        "max_tokens": 32000,
+        "stream": stream,
+        "system": [{"type": "text", "text": "You are a coding agent."}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "write hello.txt"}]}],
+        "tools": [
+            {"name": "Write", "description": "write a file", "input_schema": {"type": "object", "properties": {"file_path": {"type": "string"}, "content": {"type": "string"}}}},
+            {"type": "web_search_20250305", "name": "web_search"}
+        ],
+        "metadata": {"user_id": "user-1"},
+        "context_management": {"edits": []},
+        "x_unknown_field": {"kept": true}
+    })
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+async fn post(bridge: &BridgeProcess, body: &Value) -> reqwest::Response {
+    client()
+        .post(format!("{}/v1/messages", bridge.base_url()))
+        .bearer_auth(TOKEN)
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "context-management-2025-06-27")
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn assert_anthropic_error(v: &Value, error_type: &str) {
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], error_type, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{v}"
+    );
+}
+
+/// No upstream request may carry the bridge token anywhere in its headers or body.
+fn assert_no_bridge_token(requests: &[Value]) {
+    for r in requests {
+        assert!(
+            !r.to_string().contains(TOKEN),
+            "bridge token leaked upstream: {r}"
+        );
+    }
+}
+
+/// The text of an Anthropic stream: every `text_delta` in order.
+fn streamed_text(body: &str) -> String {
+    parse_sse(body)
+        .iter()
+        .filter(|f| f.event.as_deref() == Some("content_block_delta"))
+        .filter_map(|f| {
+            let v: Value = serde_json::from_str(&f.data).ok()?;
+            (v["delta"]["type"] == "text_delta")
+                .then(|| v["delta"]["text"].as_str().unwrap_or("").to_owned())
+        })
+        .collect()
+}
+
+fn text_script() -> Value {
+    json!({"steps": [
+        {"text": "hello there", "usage": {"input_tokens": 120, "output_tokens": 7, "cache_read_input_tokens": 30}}
+    ]})
+}
+
+#[tokio::test]
+async fn anthropic_passthrough_non_stream() {
+    let fake = fakellm(&text_script());
+    let bridge = start(&fake);
+    let resp = post(&bridge, &request("claude", false)).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["content"][0]["text"], "hello there");
+    assert_eq!(v["usage"]["input_tokens"], 120);
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 30);
+
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs.len(), 1);
+    let r = &reqs[0];
+    assert_eq!(r["path"], "/v1/messages");
+    assert_eq!(r["headers"]["x-api-key"], ANTHROPIC_KEY);
+    assert!(r["headers"].get("authorization").is_none(), "{r}");
+    assert!(r["headers"].get("anthropic-beta").is_none(), "{r}");
+    assert_eq!(r["headers"]["anthropic-version"], "2023-06-01");
+    assert_eq!(r["body"]["model"], "claude-upstream");
+    assert!(r["body"].get("context_management").is_none());
+    let tools = r["body"]["tools"].as_array().unwrap();
+    assert_eq!(
+        tools.len(),
+        1,
+        "server-side tool must be stripped: {tools:?}"
+    );
+    assert_eq!(r["body"]["x_unknown_field"]["kept"], true);
+    assert_no_bridge_token(&reqs);
+}
+
+#[tokio::test]
+async fn anthropic_passthrough_stream() {
+    let fake = fakellm(&text_script());
+    let bridge = start(&fake);
+    let resp = post(&bridge, &request("claude", true)).await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let body = resp.text().await.unwrap();
+    let frames = parse_sse(&body);
+    let events: Vec<&str> = frames
+        .iter()
+        .map(|f| f.event.as_deref().unwrap_or(""))
+        .collect();
+    assert_eq!(events.first(), Some(&"message_start"));
+    assert_eq!(events.last(), Some(&"message_stop"));
+    assert_eq!(streamed_text(&body), "hello there", "{body}");
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs[0]["headers"]["x-api-key"], ANTHROPIC_KEY);
+    assert_eq!(reqs[0]["body"]["stream"], true);
+    assert_no_bridge_token(&reqs);
+}
+
+#[tokio::test]
+async fn provider_errors_map_to_anthropic_shape() {
+    let fake = fakellm(&json!({"steps": [
+        {"error": {"status": 429}, "headers": {"retry-after": "7"}},
+        {"error": {"status": 500}},
+        {"error": {"status": 529}},
+        {"error": {"status": 503, "body": "<html>bad gateway</html>"}},
+        {"error": {"status": 429}, "headers": {"retry-after": "3"}},
+        {"error": {"status": 500}}
+    ]}));
+    let bridge = start(&fake);
+
+    // Anthropic provider: Anthropic-shaped errors keep their status and type.
+    let r = post(&bridge, &request("claude", false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "7");
+    assert_anthropic_error(&r.json().await.unwrap(), "rate_limit_error");
+    let r = post(&bridge, &request("claude", false)).await;
+    assert_eq!(r.status(), 500);
+    assert_anthropic_error(&r.json().await.unwrap(), "api_error");
+    let r = post(&bridge, &request("claude", true)).await;
+    assert_eq!(r.status(), 529);
+    assert_anthropic_error(&r.json().await.unwrap(), "overloaded_error");
+    // Not Anthropic-shaped 5xx: 502.
+    let r = post(&bridge, &request("claude", false)).await;
+    assert_eq!(r.status(), 502);
+    assert_anthropic_error(&r.json().await.unwrap(), "api_error");
+
+    // OpenAI provider: 429 stays 429 with retry-after, 5xx becomes 502.
+    let r = post(&bridge, &request("gpt", false)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["retry-after"], "3");
+    assert_anthropic_error(&r.json().await.unwrap(), "rate_limit_error");
+    let r = post(&bridge, &request("gpt", true)).await;
+    assert_eq!(r.status(), 502);
+    assert_anthropic_error(&r.json().await.unwrap(), "api_error");
+}
+
+#[tokio::test]
+async fn auth_is_required_everywhere_but_health() {
+    let fake = fakellm(&text_script());
+    let bridge = start(&fake);
+    let c = client();
+    let base = bridge.base_url();
+
+    let r = c
+        .post(format!("{base}/v1/messages"))
+        .json(&request("gpt", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    assert_anthropic_error(&r.json().await.unwrap(), "authentication_error");
+    let r = c
+        .post(format!("{base}/v1/messages"))
+        .bearer_auth("wrong-token")
+        .json(&request("gpt", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c
+        .get(format!("{base}/check/gpt"))
+        .header("x-api-key", "nope")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c.get(format!("{base}/nowhere")).send().await.unwrap();
+    assert_eq!(
+        r.status(),
+        401,
+        "unknown paths are not revealed before auth"
+    );
+    // x-api-key works as well as Bearer.
+    let r = c
+        .get(format!("{base}/nowhere"))
+        .header("x-api-key", TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    assert_anthropic_error(&r.json().await.unwrap(), "not_found_error");
+    let r = c
+        .get(format!("{base}/v1/messages"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+
+    let r = c.get(format!("{base}/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["ok"], true);
+    let ids: Vec<&str> = v["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["claude", "gpt", "keyless", "unreachable"],
+        "only remote models"
+    );
+    assert_eq!(v["models"][2]["key_configured"], false);
+    for secret in [OPENAI_KEY, ANTHROPIC_KEY, TOKEN] {
+        assert!(!text.contains(secret), "/health leaks a secret: {text}");
+    }
+    assert!(
+        fake.requests().unwrap().is_empty(),
+        "nothing reached the provider"
+    );
+}
+
+#[tokio::test]
+async fn check_tells_failures_apart() {
+    let fake = fakellm(&json!({"api_key": OPENAI_KEY}));
+    let bridge = start(&fake);
+    let c = client();
+    let check = |model: &str| {
+        let c = c.clone();
+        let url = format!("{}/check/{model}", bridge.base_url());
+        async move {
+            let r = c.get(url).bearer_auth(TOKEN).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (s, v) = check("gpt").await;
+    assert_eq!((s, &v["ok"]), (200, &json!(true)), "{v}");
+    let (_, v) = check("keyless").await;
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["reason"], "no_key", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("TEST_UNSET_KEY"));
+    let (_, v) = check("unreachable").await;
+    assert_eq!(v["reason"], "unreachable", "{v}");
+    // fakellm wants the OpenAI key; the Anthropic model presents another one.
+    let (_, v) = check("claude").await;
+    assert_eq!(v["reason"], "auth_refused", "{v}");
+    let (s, v) = check("nope").await;
+    assert_eq!(s, 404);
+    assert_anthropic_error(&v, "not_found_error");
+
+    let logged = fake.requests().unwrap().to_vec();
+    assert_no_bridge_token(&logged);
+    assert!(!bridge.stderr().contains(OPENAI_KEY) && !bridge.stderr().contains(ANTHROPIC_KEY));
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_errors_and_the_bridge_keeps_serving() {
+    let fake = fakellm(&json!({"fallback": {"text": "still here"}}));
+    let mut bridge = start(&fake);
+    let c = client();
+    let url = format!("{}/v1/messages", bridge.base_url());
+    let send = |body: reqwest::Body| {
+        c.post(&url)
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    let r = send("{not json".into()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_anthropic_error(&r.json().await.unwrap(), "invalid_request_error");
+
+    let r = send(json!({"model": 5, "messages": []}).to_string().into())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert_anthropic_error(&r.json().await.unwrap(), "invalid_request_error");
+
+    let mut wrong = request("gpt", false);
+    wrong["messages"] = json!("not a list");
+    let r = send(wrong.to_string().into()).await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_anthropic_error(&r.json().await.unwrap(), "invalid_request_error");
+
+    let mut wrong = request("claude", false);
+    wrong["tools"] = json!({"not": "a list"});
+    let r = send(wrong.to_string().into()).await.unwrap();
+    assert_eq!(r.status(), 400);
+
+    let mut wrong = request("claude", false);
+    wrong["stream"] = json!("yes");
+    let r = send(wrong.to_string().into()).await.unwrap();
+    assert_eq!(r.status(), 400);
+
+    for unknown in ["nope", "local", "../claude"] {
+        let r = send(request(unknown, false).to_string().into())
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{unknown}");
+        assert_anthropic_error(&r.json().await.unwrap(), "not_found_error");
+    }
+
+    let r = send(request("keyless", false).to_string().into())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_anthropic_error(&v, "api_error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("TEST_UNSET_KEY")
+    );
+
+    let r = send(request("unreachable", false).to_string().into())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    assert_anthropic_error(&r.json().await.unwrap(), "api_error");
+
+    // 20 MB, declared up front: refused before it is read.
+    let mut big = request("claude", false);
+    big["messages"][0]["content"][0]["text"] = json!("x".repeat(20 << 20));
+    let r = send(big.to_string().into()).await.unwrap();
+    assert_eq!(r.status(), 413);
+    assert_anthropic_error(&r.json().await.unwrap(), "request_too_large");
+
+    // 20 MB chunked, no content-length: refused once the limit is crossed.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..20).map(|_| Ok(vec![b' '; 1 << 20])).collect();
+    let r = send(reqwest::Body::wrap_stream(futures_util::stream::iter(
+        chunks,
+    )))
+    .await;
+    match r {
+        Ok(r) => assert_eq!(r.status(), 413),
+        // The bridge may answer and close before the client finished sending.
+        Err(e) => assert!(e.is_request() || e.is_body(), "{e}"),
+    }
+
+    // A slow client: head sent, body never finished. 408 after the body timeout.
+    let addr = bridge.base_url().trim_start_matches("http://").to_owned();
+    let slow = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"model\""
+        )
+        .unwrap();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    });
+    // Meanwhile other clients are served.
+    let r = send(request("claude", false).to_string().into())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let slow = tokio::task::spawn_blocking(move || slow.join().unwrap())
+        .await
+        .unwrap();
+    assert!(slow.starts_with("HTTP/1.1 408"), "{slow}");
+    assert!(slow.contains("invalid_request_error"), "{slow}");
+
+    let r = send(request("gpt", false).to_string().into())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "the bridge still serves after all that");
+    assert!(bridge.is_running());
+    assert_no_bridge_token(&fake.requests().unwrap());
+}
+
+#[test]
+fn refuses_to_start_without_its_token() {
+    let fake = fakellm(&text_script());
+    let err =
+        BridgeProcess::start(&config(&fake, ""), &[("TEST_OPENAI_KEY", OPENAI_KEY)]).unwrap_err();
+    assert!(err.to_string().contains("AGENTBOX_BRIDGE_TOKEN"), "{err}");
+}
