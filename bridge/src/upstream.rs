@@ -9,7 +9,7 @@
 
 use agentbox_wire::anthropic::{ErrorType, MessagesRequest, StreamEvent};
 use agentbox_wire::chat::ChatResponse;
-use agentbox_wire::error::anthropic_error_from_openai;
+use agentbox_wire::error::client_error_for_upstream;
 use agentbox_wire::sse;
 use agentbox_wire::translate::{
     ChatOptions, ChatStreamTranslator, ResponseOptions, ToolNames, anthropic_into_chat,
@@ -369,17 +369,10 @@ async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>,
 
 /// The pure part of [`error_from_response`].
 pub fn map_error(status: StatusCode, retry_after: Option<HeaderValue>, body: &[u8]) -> BridgeError {
-    let anthropic_shaped = serde_json::from_slice::<Value>(body)
-        .is_ok_and(|v| v.get("type").and_then(Value::as_str) == Some("error"));
-    let status = if status.is_server_error() && !anthropic_shaped {
-        StatusCode::BAD_GATEWAY
-    } else {
-        status
-    };
-    let mapped = anthropic_error_from_openai(status.as_u16(), body);
+    let (status, body) = client_error_for_upstream(status.as_u16(), body);
     BridgeError::Upstream {
-        status,
-        body: Box::new(mapped),
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        body: Box::new(body),
         retry_after,
     }
 }

@@ -77,6 +77,26 @@ pub fn anthropic_error_from_openai(status: u16, body: &[u8]) -> ErrorBody {
     anthropic_error_for_status(status, message)
 }
 
+/// What an Anthropic client should receive for an upstream error response: the status and
+/// body. An Anthropic-shaped body keeps its status and type (the upstream speaks our client's
+/// language); otherwise a 5xx becomes 502 (the upstream failed, not us) and a 4xx keeps its
+/// status, with the body translated by [`anthropic_error_from_openai`]. 429's `retry-after` is
+/// the caller's to copy.
+pub fn client_error_for_upstream(status: u16, body: &[u8]) -> (u16, ErrorBody) {
+    let anthropic = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| anthropic_shaped(&v));
+    if let Some(b) = anthropic {
+        return (status, b);
+    }
+    let status = if (500..=599).contains(&status) {
+        502
+    } else {
+        status
+    };
+    (status, anthropic_error_from_openai(status, body))
+}
+
 /// Translates the `error` object of a chunk (an error reported mid-stream, after a 200) into an
 /// Anthropic `error` event.
 pub fn stream_error_from_openai(error: &Value) -> StreamEvent {

@@ -89,6 +89,28 @@ pub struct MeterReport {
     /// Events (or the body) whose JSON did not parse, or a stream that broke the SSE size
     /// bound; their usage, if any, is missing.
     pub malformed: u32,
+    /// `content_block_delta` events seen, and the bytes of their `data`: what was generated
+    /// before a stream was cut, for [`MeterReport::billable_usage`].
+    pub delta_events: u32,
+    pub delta_bytes: u64,
+}
+
+impl MeterReport {
+    /// The usage to bill. A complete response is billed as reported. An incomplete stream
+    /// (client gone, upstream cut) never delivered its final `message_delta`, so its output
+    /// count is at least an estimate from the deltas that were forwarded: the generated text
+    /// (or tool arguments) after each event's ~60-byte JSON envelope, at 3 bytes a token, which
+    /// errs high.
+    pub fn billable_usage(&self) -> MeteredUsage {
+        let mut u = self.usage;
+        if !self.complete {
+            let payload = self
+                .delta_bytes
+                .saturating_sub(60u64.saturating_mul(u64::from(self.delta_events)));
+            u.output_tokens = u.output_tokens.max(payload.div_ceil(3));
+        }
+        u
+    }
 }
 
 /// What the meter is reading.
@@ -280,6 +302,10 @@ fn on_event(report: &mut MeterReport, e: EventRef<'_>) {
             Err(_) => report.malformed += 1,
         },
         "message_stop" => report.complete = true,
+        "content_block_delta" => {
+            report.delta_events = report.delta_events.saturating_add(1);
+            report.delta_bytes = report.delta_bytes.saturating_add(e.data.len() as u64);
+        }
         "error" => match serde_json::from_str::<ErrorEvent>(e.data) {
             Ok(ev) => report.error = Some(ev.error),
             Err(_) => report.malformed += 1,
@@ -406,5 +432,39 @@ mod tests {
             BodyKind::from_content_type("application/json"),
             BodyKind::Json
         );
+    }
+}
+
+#[cfg(test)]
+mod billable_tests {
+    use super::*;
+
+    #[test]
+    fn cut_stream_bills_at_least_the_forwarded_deltas() {
+        let mut m = UsageMeter::event_stream();
+        m.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"x\",\"content\":[],\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n");
+        let text = "x".repeat(300);
+        let delta = format!(
+            "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{text}\"}}}}\n\n"
+        );
+        m.feed(delta.as_bytes());
+        let r = m.finish();
+        assert!(!r.complete);
+        assert_eq!(r.delta_events, 1);
+        let billed = r.billable_usage();
+        assert_eq!(billed.input_tokens, 10);
+        assert!(billed.output_tokens >= 100, "{billed:?}");
+    }
+
+    #[test]
+    fn complete_stream_bills_exactly_what_was_reported() {
+        let mut m = UsageMeter::event_stream();
+        m.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n");
+        m.feed(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hello world, a long answer indeed\"}}\n\n");
+        m.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":7}}\n\n");
+        m.feed(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+        let r = m.finish();
+        assert!(r.complete);
+        assert_eq!(r.billable_usage().output_tokens, 7);
     }
 }
