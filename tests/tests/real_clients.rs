@@ -9,7 +9,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{FakeLlm, Service, client_bin, run_captured, wait_group_gone};
+use agentbox_tests::harness::{
+    FakeLlm, GatewayProcess, Service, client_bin, run_captured, unix_request, wait_group_gone,
+};
 use serde_json::{Value, json};
 
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -91,6 +93,18 @@ impl ClaudeRun {
         model: &str,
         prompt: &str,
     ) -> Self {
+        Self::run_with(scratch, base_url, token, model, prompt, &[]).await
+    }
+
+    /// Like [`ClaudeRun::run`] with extra environment (e.g. `ANTHROPIC_UNIX_SOCKET`).
+    async fn run_with(
+        scratch: &Scratch,
+        base_url: &str,
+        token: &str,
+        model: &str,
+        prompt: &str,
+        extra_env: &[(&str, &str)],
+    ) -> Self {
         let claude = bin_or_fail("claude");
         let mut cmd = tokio::process::Command::new(&claude);
         cmd.current_dir(scratch.workspace())
@@ -111,6 +125,9 @@ impl ClaudeRun {
             .args(["--output-format", "stream-json", "--verbose"])
             .args(["--model", model])
             .args(["--permission-mode", "bypassPermissions"]);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
         let started = Instant::now();
         let out = run_captured("claude", cmd, CLIENT_TIMEOUT)
             .await
@@ -516,4 +533,186 @@ async fn opencode_writes_a_file_through_fakellm() {
     // Nothing of opencode's may outlive the test.
     let left = wait_group_gone(pgid, Duration::from_secs(5));
     assert!(left.is_empty(), "opencode processes survived: {left:?}");
+}
+
+/// A gateway with one Ollama-backed model pointing at `fake`, and a task opened on it.
+async fn gateway_task(fake: &FakeLlm, tid: &str, token: &str, budget: Value) -> GatewayProcess {
+    let gw = GatewayProcess::start(
+        &format!(
+            "[gateway]\nollama_url = \"{}\"\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
+            fake.base_url()
+        ),
+        &[],
+    )
+    .unwrap();
+    let r = gw
+        .control(
+            "POST",
+            "/tasks",
+            Some(&json!({"tid": tid, "model": "local", "token": token, "budget": budget})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    gw
+}
+
+async fn task_view(gw: &GatewayProcess, tid: &str) -> Value {
+    let r = unix_request(
+        &gw.control_socket(),
+        "GET",
+        &format!("/tasks/{tid}"),
+        &[],
+        "",
+    )
+    .await
+    .unwrap();
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+/// The real Claude Code talking to a task socket of the real gateway
+/// (`ANTHROPIC_UNIX_SOCKET`), as it will inside a sandbox: the task completes, the model sees
+/// only what the gateway lets through, and the meter equals what fakellm reported.
+#[tokio::test]
+async fn claude_code_completes_a_task_through_the_gateway_socket() {
+    let scratch = Scratch::new("claude-gw-");
+    let target = scratch.workspace().join("gw.txt");
+    let content = "through the gateway socket\n";
+    let fake = FakeLlm::start(
+        fakellm_bin(),
+        &write_then_done_script(&target, content, "toolu_gw_1", "tool_result"),
+    )
+    .unwrap();
+    let token = "claude-task-token-0123456789";
+    let gw = gateway_task(&fake, "cc1", token, json!({})).await;
+    let sock = gw.task_socket("cc1");
+    let sock_str = sock.to_string_lossy().into_owned();
+    let run = ClaudeRun::run_with(
+        &scratch,
+        "http://localhost",
+        token,
+        "claude-sonnet-4-5",
+        "Create gw.txt.",
+        &[("ANTHROPIC_UNIX_SOCKET", &sock_str)],
+    )
+    .await;
+    let diag = || {
+        format!(
+            "{}\n--- fakellm ---\n{}\n--- gateway ---\n{}",
+            run.out.describe(),
+            summarize_log(&fake),
+            gw.stderr()
+        )
+    };
+    assert!(run.out.status.success(), "claude failed: {}", diag());
+    assert_eq!(
+        run.result().map(|r| r["result"].clone()),
+        Some(json!("done")),
+        "{}",
+        diag()
+    );
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap_or_else(|e| panic!("{e}: {}", diag())),
+        content
+    );
+
+    let requests = message_requests(&fake);
+    assert!(requests.len() >= 2, "{}", diag());
+    let (mut input, mut output, mut cache_read, mut cache_creation) = (0u64, 0u64, 0u64, 0u64);
+    for r in &requests {
+        assert_eq!(r["body"]["model"], "qwen-upstream", "model rewritten");
+        assert!(
+            r["body"].get("context_management").is_none(),
+            "context_management stripped"
+        );
+        let headers = r["headers"].as_object().unwrap();
+        assert!(
+            !headers.contains_key("anthropic-beta"),
+            "anthropic-beta not forwarded"
+        );
+        assert!(!r.to_string().contains(token), "task token not forwarded");
+        // What fakellm reported for this request, from its script.
+        let served = r["served_by"].as_str().unwrap();
+        let usage = match served {
+            "step 0" => json!({"input_tokens": 100, "output_tokens": 20}),
+            "step 1" => {
+                json!({"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 50})
+            }
+            other => panic!("unexpected {other}: {}", diag()),
+        };
+        input += usage["input_tokens"].as_u64().unwrap();
+        output += usage["output_tokens"].as_u64().unwrap();
+        cache_read += usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+        cache_creation += usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
+    }
+    let view = task_view(&gw, "cc1").await;
+    assert_eq!(view["usage"]["input_tokens"], input, "{view}");
+    assert_eq!(view["usage"]["output_tokens"], output, "{view}");
+    assert_eq!(
+        view["usage"]["cache_read_input_tokens"], cache_read,
+        "{view}"
+    );
+    assert_eq!(
+        view["usage"]["cache_creation_input_tokens"], cache_creation,
+        "{view}"
+    );
+    assert_eq!(view["usage"]["requests"], requests.len() as u64);
+}
+
+/// A budget the first reply exhausts: Claude Code's next request gets 403, it stops at once,
+/// and fakellm never sees another request.
+#[tokio::test]
+async fn claude_code_stops_when_the_budget_runs_out() {
+    let scratch = Scratch::new("claude-budget-");
+    let target = scratch.workspace().join("never.txt");
+    let fake = FakeLlm::start(
+        fakellm_bin(),
+        &write_then_done_script(&target, "x", "toolu_budget_1", "tool_result"),
+    )
+    .unwrap();
+    let token = "claude-budget-token-0123456789";
+    // The first reply costs 120 tokens.
+    let gw = gateway_task(&fake, "cc2", token, json!({"tokens": 100})).await;
+    let sock = gw.task_socket("cc2").to_string_lossy().into_owned();
+    let run = ClaudeRun::run_with(
+        &scratch,
+        "http://localhost",
+        token,
+        "claude-sonnet-4-5",
+        "Create never.txt.",
+        &[("ANTHROPIC_UNIX_SOCKET", &sock)],
+    )
+    .await;
+    let diag = || {
+        format!(
+            "{}\n--- fakellm ---\n{}\n--- gateway ---\n{}",
+            run.out.describe(),
+            summarize_log(&fake),
+            gw.stderr()
+        )
+    };
+    let result = run
+        .result()
+        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    assert_eq!(result["is_error"], true, "{}", diag());
+    let requests = message_requests(&fake);
+    assert_eq!(
+        requests.len(),
+        1,
+        "nothing reached the model after the budget ran out: {}",
+        diag()
+    );
+    assert!(
+        run.events.iter().all(|e| e["subtype"] != "api_retry"),
+        "403 is not retried: {}",
+        diag()
+    );
+    assert!(
+        gw.stderr().contains("budget") || run.out.stdout.contains("budget"),
+        "{}",
+        diag()
+    );
+    let view = task_view(&gw, "cc2").await;
+    assert_eq!(view["usage"]["total_tokens"], 120);
+    assert_eq!(view["usage"]["requests"], 1);
 }

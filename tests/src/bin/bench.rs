@@ -2,7 +2,7 @@
 //! against `fakellm` so the figures are differences and ratios, not absolute times.
 //!
 //! ```text
-//! cargo run --release -p agentbox-tests --bin bench -- bridge [--quick]
+//! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|all] [--quick]
 //! ```
 //! For each case it sends the same ~100 KB Claude-Code-sized request through the daemon and,
 //! alternating, the exact body the daemon forwarded straight to fakellm, and reports latency to
@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{BridgeProcess, FakeLlm, workspace_bin};
+use agentbox_tests::harness::{BridgeProcess, FakeLlm, GatewayProcess, workspace_bin};
 use agentbox_tests::workload;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -46,26 +46,57 @@ const QUICK: Plan = Plan {
     concurrency: 64,
 };
 
-/// One side of a comparison: a URL, headers and a body.
+/// HTTP clients for both transports, each with a keep-alive pool.
+#[derive(Debug, Clone)]
+struct Clients {
+    tcp: reqwest::Client,
+    unix: UnixClient,
+}
+
+type UnixClient = hyper_util::client::legacy::Client<
+    hyperlocal::UnixConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// One side of a comparison: a URL (or a unix socket and a path), headers and a body.
 #[derive(Debug, Clone)]
 struct Target {
     url: String,
+    socket: Option<std::path::PathBuf>,
     headers: Vec<(String, String)>,
     body: bytes::Bytes,
 }
 
 impl Target {
-    async fn send(&self, client: &reqwest::Client) -> Result<Duration> {
+    async fn send(&self, clients: &Clients) -> Result<Duration> {
+        use http_body_util::BodyExt;
         let start = Instant::now();
-        let mut req = client.post(&self.url).body(self.body.clone());
-        for (k, v) in &self.headers {
-            req = req.header(k, v);
-        }
-        let resp = req.send().await?;
-        let status = resp.status();
-        let body = resp.bytes().await?;
+        let (status, body) = match &self.socket {
+            None => {
+                let mut req = clients.tcp.post(&self.url).body(self.body.clone());
+                for (k, v) in &self.headers {
+                    req = req.header(k, v);
+                }
+                let resp = req.send().await?;
+                let status = resp.status().as_u16();
+                (status, resp.bytes().await?)
+            }
+            Some(sock) => {
+                let uri: hyper::Uri = hyperlocal::Uri::new(sock, &self.url).into();
+                let mut req = hyper::Request::post(uri);
+                for (k, v) in &self.headers {
+                    req = req.header(k, v);
+                }
+                let resp = clients
+                    .unix
+                    .request(req.body(http_body_util::Full::new(self.body.clone()))?)
+                    .await?;
+                let status = resp.status().as_u16();
+                (status, resp.into_body().collect().await?.to_bytes())
+            }
+        };
         let elapsed = start.elapsed();
-        if !status.is_success() {
+        if !(200..300).contains(&status) {
             bail!(
                 "{} answered {status}: {}",
                 self.url,
@@ -124,11 +155,7 @@ fn rss_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn concurrent(
-    client: &reqwest::Client,
-    target: &Target,
-    plan: Plan,
-) -> Result<(Vec<Duration>, f64)> {
+async fn concurrent(client: &Clients, target: &Target, plan: Plan) -> Result<(Vec<Duration>, f64)> {
     let mut lat = Vec::new();
     let mut rps = Vec::new();
     for _ in 0..plan.rounds {
@@ -154,7 +181,7 @@ async fn concurrent(
 
 async fn compare(
     case: &str,
-    client: &reqwest::Client,
+    client: &Clients,
     direct: &Target,
     through: &Target,
     daemon_pid: u32,
@@ -251,10 +278,7 @@ key_env = "BENCH_KEY"
         &config,
         &[("AGENTBOX_BRIDGE_TOKEN", TOKEN), ("BENCH_KEY", "sk-bench")],
     )?;
-    let client = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(256)
-        .build()?;
+    let client = clients()?;
 
     let mut rows = Vec::new();
     for (provider, model) in [("openai", "gpt"), ("anthropic", "claude")] {
@@ -262,6 +286,7 @@ key_env = "BENCH_KEY"
             let body = workload::claude_code_request(model, stream);
             let bytes = bytes::Bytes::from(serde_json::to_vec(&body)?);
             let through = Target {
+                socket: None,
                 url: format!("{}/v1/messages", bridge.base_url()),
                 headers: vec![
                     ("authorization".into(), format!("Bearer {TOKEN}")),
@@ -288,6 +313,7 @@ key_env = "BENCH_KEY"
             })
             .collect();
             let direct = Target {
+                socket: None,
                 url: format!("{}{path}", fake.base_url()),
                 headers,
                 body: bytes::Bytes::from(serde_json::to_vec(&forwarded["body"])?),
@@ -319,6 +345,94 @@ key_env = "BENCH_KEY"
     Ok(())
 }
 
+fn clients() -> Result<Clients> {
+    let tcp = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(256)
+        .build()?;
+    let unix = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(256)
+        .build(hyperlocal::UnixConnector);
+    Ok(Clients { tcp, unix })
+}
+
+async fn bench_gateway(plan: Plan) -> Result<()> {
+    let fakellm = workspace_bin("agentbox-tests", "fakellm")?;
+    let reply = "All done: the file was written and the tests pass. ".repeat(4);
+    let fake = FakeLlm::start(
+        &fakellm,
+        &json!({"fallback": {"text": reply, "usage": {"input_tokens": 25000, "output_tokens": 60}}}),
+    )?;
+    let config = format!(
+        "[gateway]\nollama_url = \"{}\"\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
+        fake.base_url()
+    );
+    let gw = GatewayProcess::start(&config, &[])?;
+    let token = "bench-task-token-0123456789";
+    let r = gw
+        .control(
+            "POST",
+            "/tasks",
+            Some(&json!({"tid": "bench", "model": "local", "token": token})),
+        )
+        .await?;
+    if r.status != 201 {
+        bail!(
+            "cannot open the bench task: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let client = clients()?;
+    let mut rows = Vec::new();
+    for stream in [false, true] {
+        let body = workload::claude_code_request("claude-sonnet-4-5", stream);
+        let bytes = bytes::Bytes::from(serde_json::to_vec(&body)?);
+        let through = Target {
+            socket: Some(gw.task_socket("bench")),
+            url: "/v1/messages?beta=true".into(),
+            headers: vec![
+                ("authorization".into(), format!("Bearer {token}")),
+                ("anthropic-version".into(), "2023-06-01".into()),
+                (
+                    "anthropic-beta".into(),
+                    "context-management-2025-06-27".into(),
+                ),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: bytes.clone(),
+        };
+        through.send(&client).await?;
+        let forwarded = fake.requests()?.pop().context("fakellm saw nothing")?;
+        let direct = Target {
+            socket: None,
+            url: format!("{}/v1/messages", fake.base_url()),
+            headers: vec![
+                ("anthropic-version".into(), "2023-06-01".into()),
+                ("content-type".into(), "application/json".into()),
+            ],
+            body: bytes::Bytes::from(serde_json::to_vec(&forwarded["body"])?),
+        };
+        let case = format!(
+            "unix socket in, loopback out, {} ({} KB in)",
+            if stream { "stream" } else { "non-stream" },
+            bytes.len() / 1024
+        );
+        eprintln!("bench: {case}");
+        rows.push(compare(&case, &client, &direct, &through, gw.pid(), plan).await?);
+    }
+    let notes = format!(
+        "agentbox-gateway RSS: {} MiB after the run, {} MiB peak. Every request through the gateway is authenticated, sanitized, admitted against the budget, metered and settled. Plan: c=1 {} pairs after {} warm-up; c=64 {} round(s) of {}.",
+        rss_kib(gw.pid(), "VmRSS:") / 1024,
+        rss_kib(gw.pid(), "VmHWM:") / 1024,
+        plan.pairs,
+        plan.warmup,
+        plan.rounds,
+        plan.round_size,
+    );
+    print_table("gateway vs fakellm direct", &rows, &notes);
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let plan = if args.iter().any(|a| a == "--quick") {
@@ -333,6 +447,11 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     match what {
         "bridge" => rt.block_on(bench_bridge(plan)),
-        other => bail!("unknown benchmark {other:?}; known: bridge"),
+        "gateway" => rt.block_on(bench_gateway(plan)),
+        "all" => rt.block_on(async {
+            bench_bridge(plan).await?;
+            bench_gateway(plan).await
+        }),
+        other => bail!("unknown benchmark {other:?}; known: bridge, gateway, all"),
     }
 }

@@ -181,3 +181,146 @@ impl BridgeProcess {
         !self.service.has_exited()
     }
 }
+
+/// A running `agentbox-gateway` with its own data dir and config.
+#[derive(Debug)]
+pub struct GatewayProcess {
+    service: Service,
+    config: PathBuf,
+    env: Vec<(String, String)>,
+    // Declared last so the process is gone before its files are removed.
+    dir: tempfile::TempDir,
+}
+
+impl GatewayProcess {
+    /// Starts the gateway with `config` (TOML) and `env` on a fresh data dir.
+    ///
+    /// # Errors
+    /// When the binary cannot be built or the gateway does not come up.
+    pub fn start(config: &str, env: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        let dir = tempfile::Builder::new()
+            .prefix("gateway-")
+            .tempdir()
+            .map_err(|source| HarnessError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let path = dir.path().join("agentbox.toml");
+        std::fs::write(&path, config).map_err(|source| HarnessError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let service = Self::spawn(dir.path(), &path, &env)?;
+        Ok(Self {
+            service,
+            config: path,
+            env,
+            dir,
+        })
+    }
+
+    fn spawn(
+        data: &Path,
+        config: &Path,
+        env: &[(String, String)],
+    ) -> Result<Service, HarnessError> {
+        let bin = workspace_bin("agentbox-gateway", "agentbox-gateway")?;
+        let mut cmd = Command::new(bin);
+        cmd.arg("--config")
+            .arg(config)
+            .env_clear()
+            .env("AGENTBOX_DATA", data.join("data"))
+            .env("RUST_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        std::fs::create_dir_all(data.join("data")).map_err(|source| HarnessError::Io {
+            path: data.join("data"),
+            source,
+        })?;
+        let (service, _) = Service::start("agentbox-gateway", cmd, Duration::from_secs(30), |l| {
+            l.strip_prefix("listening on unix:").map(str::to_owned)
+        })?;
+        Ok(service)
+    }
+
+    /// Stops the gateway (SIGTERM, as systemd would) and starts it again on the same data dir.
+    ///
+    /// # Errors
+    /// When it does not come back.
+    pub fn restart(&mut self) -> Result<(), HarnessError> {
+        self.service.stop();
+        self.service = Self::spawn(self.dir.path(), &self.config, &self.env)?;
+        Ok(())
+    }
+
+    /// Kills the gateway with SIGKILL (no chance to save) and starts it again.
+    ///
+    /// # Errors
+    /// When it does not come back.
+    pub fn crash_and_restart(&mut self) -> Result<(), HarnessError> {
+        self.service.kill();
+        self.service = Self::spawn(self.dir.path(), &self.config, &self.env)?;
+        Ok(())
+    }
+
+    /// `$AGENTBOX_DATA`.
+    #[must_use]
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The control socket.
+    #[must_use]
+    pub fn control_socket(&self) -> PathBuf {
+        self.data_dir().join("run/gateway.sock")
+    }
+
+    /// A task's socket.
+    #[must_use]
+    pub fn task_socket(&self, tid: &str) -> PathBuf {
+        self.data_dir().join("sockets").join(tid).join("llm.sock")
+    }
+
+    /// One request on the control socket; the body is JSON unless empty.
+    ///
+    /// # Errors
+    /// When the exchange fails.
+    pub async fn control(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<super::UnixResponse, HarnessError> {
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        super::unix_request(
+            &self.control_socket(),
+            method,
+            path,
+            &[("content-type", "application/json")],
+            bytes,
+        )
+        .await
+    }
+
+    /// The process id (for CPU and memory readings).
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.service.pid()
+    }
+
+    /// The gateway's stderr so far.
+    #[must_use]
+    pub fn stderr(&self) -> String {
+        self.service.stderr()
+    }
+
+    /// Whether it still runs.
+    pub fn is_running(&mut self) -> bool {
+        !self.service.has_exited()
+    }
+}

@@ -159,6 +159,16 @@ impl Service {
         let _ = self.child.wait();
     }
 
+    /// SIGKILL to the group at once (a crash, as far as the process can tell); reaps it.
+    pub fn kill(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        signal_group(self.child.id(), Signal::KILL);
+        let _ = self.child.wait();
+    }
+
     /// A description for failure messages.
     #[must_use]
     pub fn describe(&self) -> String {

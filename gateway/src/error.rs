@@ -1,0 +1,178 @@
+//! The gateway's two error types, each with one exhaustive mapping to a status and a body.
+//!
+//! - [`ProxyError`]: what an agent sees on its task socket, in Anthropic's shape
+//!   (`{"type":"error","error":{"type","message"}}`), with the statuses Claude Code acts on:
+//!   403 `permission_error` for an exhausted budget (it stops; it would retry 429 and 5xx).
+//! - [`ControlError`]: what the operator's tools see on the control socket:
+//!   `{"error":{"code","message"}}`.
+
+use agentbox_wire::anthropic::{ErrorBody, ErrorType};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::ledger::Refusal;
+use crate::sockets::SocketError;
+use crate::store::StoreError;
+
+/// A failed request on a task socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// Not `POST /v1/messages` or `POST /v1/messages/count_tokens`.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// No task token, or the wrong one.
+    #[error("invalid task token")]
+    Unauthorized,
+    /// The task was closed.
+    #[error("task is closed")]
+    TaskClosed,
+    /// Over `gateway.max_body_mb`.
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The limit.
+        limit: u64,
+    },
+    /// The body did not arrive in time.
+    #[error("request body not received in time")]
+    BodyTimeout,
+    /// The body could not be read.
+    #[error("cannot read request body: {0}")]
+    BodyRead(String),
+    /// Not JSON, or JSON of the wrong shape.
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The budget is spent: refused before any upstream call.
+    #[error("{0}; the task's budget is exhausted")]
+    Budget(Refusal),
+    /// A remote model but no bridge token configured.
+    #[error("the gateway has no bridge token: remote models are unavailable")]
+    NoBridgeToken,
+    /// The destination could not be reached.
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    /// The destination did not answer in time.
+    #[error("upstream timed out")]
+    UpstreamTimeout,
+    /// The destination answered with an error, already in the client's terms.
+    #[error("upstream error {status}: {}", body.error.message)]
+    Upstream {
+        /// Status for the client.
+        status: StatusCode,
+        /// Body for the client.
+        body: Box<ErrorBody>,
+        /// `retry-after`, passed through.
+        retry_after: Option<HeaderValue>,
+    },
+}
+
+impl ProxyError {
+    /// Status and Anthropic error body.
+    pub fn status_and_body(&self) -> (StatusCode, ErrorBody) {
+        let own = |s: StatusCode, k: ErrorType| (s, ErrorBody::new(k, self.to_string()));
+        match self {
+            ProxyError::NotFound(_) | ProxyError::TaskClosed => {
+                own(StatusCode::NOT_FOUND, ErrorType::NotFoundError)
+            }
+            ProxyError::Unauthorized => {
+                own(StatusCode::UNAUTHORIZED, ErrorType::AuthenticationError)
+            }
+            ProxyError::BodyTooLarge { .. } => {
+                own(StatusCode::PAYLOAD_TOO_LARGE, ErrorType::RequestTooLarge)
+            }
+            ProxyError::BodyTimeout => {
+                own(StatusCode::REQUEST_TIMEOUT, ErrorType::InvalidRequestError)
+            }
+            ProxyError::BodyRead(_) | ProxyError::InvalidRequest(_) => {
+                own(StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError)
+            }
+            ProxyError::Budget(_) => own(StatusCode::FORBIDDEN, ErrorType::PermissionError),
+            ProxyError::NoBridgeToken => own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError),
+            ProxyError::UpstreamUnreachable(_) => own(StatusCode::BAD_GATEWAY, ErrorType::ApiError),
+            ProxyError::UpstreamTimeout => {
+                own(StatusCode::GATEWAY_TIMEOUT, ErrorType::TimeoutError)
+            }
+            ProxyError::Upstream { status, body, .. } => (*status, (**body).clone()),
+        }
+    }
+}
+
+impl IntoResponse for ProxyError {
+    fn into_response(self) -> Response {
+        let (status, body) = self.status_and_body();
+        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let mut resp = (status, bytes).into_response();
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let ProxyError::Upstream {
+            retry_after: Some(v),
+            ..
+        } = self
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        resp
+    }
+}
+
+/// A failed request on the control socket.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The caller is neither root nor the service user.
+    #[error("uid {0} may not use the gateway control socket")]
+    Forbidden(u32),
+    /// No such route.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// No such task.
+    #[error("no task {0}")]
+    NoTask(String),
+    /// The request breaks a rule (bad tid, unknown model, bad token or budget, bad JSON).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is too large.
+    #[error("request body too large")]
+    TooLarge,
+    /// The task is open with other settings.
+    #[error("{0}")]
+    Conflict(String),
+    /// The task socket could not be created safely.
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    /// The state could not be saved.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl ControlError {
+    /// Status and machine-readable code.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            ControlError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ControlError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found"),
+            ControlError::NoTask(_) => (StatusCode::NOT_FOUND, "no_such_task"),
+            ControlError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            ControlError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            ControlError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            ControlError::Socket(SocketError::Unsafe { .. } | SocketError::Owner { .. }) => {
+                (StatusCode::CONFLICT, "unsafe_socket_path")
+            }
+            ControlError::Socket(SocketError::Io { .. }) | ControlError::Store(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ControlError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        (
+            status,
+            axum::Json(json!({"error": {"code": code, "message": self.to_string()}})),
+        )
+            .into_response()
+    }
+}

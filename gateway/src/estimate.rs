@@ -1,0 +1,168 @@
+//! Local input-token estimates for `count_tokens` and for reservations: no upstream call,
+//! every block type counted, biased high, never 0 for a non-empty request.
+//!
+//! Text is counted at 3 bytes a token. English prose runs about 4 characters a token and code
+//! and JSON about 3.5, so this errs high, which is the safe side for a budget reservation and
+//! for Claude Code's compaction threshold; CJK text is 3 UTF-8 bytes a character and about a
+//! token a character, so it is close. Images count as 1,600 tokens, Anthropic's ceiling for
+//! an image at its maximum resolution, instead of their base64 size.
+
+use serde_json::Value;
+
+/// Tokens charged per image block.
+pub const IMAGE_TOKENS: u64 = 1600;
+/// Framing tokens per message (role markers).
+pub const MESSAGE_OVERHEAD: u64 = 4;
+const BYTES_PER_TOKEN: u64 = 3;
+
+#[derive(Debug, Default)]
+struct Tally {
+    bytes: u64,
+    fixed: u64,
+}
+
+impl Tally {
+    fn text(&mut self, s: &str) {
+        self.bytes += s.len() as u64;
+    }
+
+    fn json(&mut self, v: &Value) {
+        let mut w = CountingWriter(0);
+        // Writing into a counter cannot fail.
+        let _ = serde_json::to_writer(&mut w, v);
+        self.bytes += w.0;
+    }
+
+    fn content(&mut self, v: &Value) {
+        match v {
+            Value::String(s) => self.text(s),
+            Value::Array(blocks) => blocks.iter().for_each(|b| self.block(b)),
+            Value::Null => {}
+            other @ (Value::Bool(_) | Value::Number(_) | Value::Object(_)) => self.json(other),
+        }
+    }
+
+    fn block(&mut self, b: &Value) {
+        let field = |k: &str| b.get(k);
+        match field("type").and_then(Value::as_str) {
+            Some("text") => self.content(field("text").unwrap_or(&Value::Null)),
+            Some("image") => self.fixed += IMAGE_TOKENS,
+            Some("document") => {
+                // Base64 is 4/3 of the bytes it encodes; text sources are their text.
+                match field("source")
+                    .and_then(|s| s.get("data"))
+                    .and_then(Value::as_str)
+                {
+                    Some(data)
+                        if field("source")
+                            .and_then(|s| s.get("type"))
+                            .and_then(Value::as_str)
+                            == Some("base64") =>
+                    {
+                        self.bytes += data.len() as u64 * 3 / 4;
+                    }
+                    Some(data) => self.text(data),
+                    None => self.json(b),
+                }
+            }
+            Some("tool_use") | Some("server_tool_use") => {
+                self.content(field("name").unwrap_or(&Value::Null));
+                self.json(field("input").unwrap_or(&Value::Null));
+            }
+            Some("tool_result") => self.content(field("content").unwrap_or(&Value::Null)),
+            Some("thinking") => self.content(field("thinking").unwrap_or(&Value::Null)),
+            Some("redacted_thinking") => self.content(field("data").unwrap_or(&Value::Null)),
+            Some(_) | None => self.json(b),
+        }
+    }
+}
+
+/// An upper-leaning estimate of the input tokens of an Anthropic Messages (or count_tokens)
+/// request: system, messages, tools and tool choice.
+pub fn input_tokens(req: &Value) -> u64 {
+    let mut t = Tally::default();
+    if let Some(system) = req.get("system") {
+        t.content(system);
+    }
+    if let Some(Value::Array(messages)) = req.get("messages") {
+        for m in messages {
+            t.fixed += MESSAGE_OVERHEAD;
+            t.content(m.get("content").unwrap_or(&Value::Null));
+        }
+    }
+    if let Some(Value::Array(tools)) = req.get("tools") {
+        tools.iter().for_each(|tool| t.json(tool));
+    }
+    if let Some(choice) = req.get("tool_choice") {
+        t.json(choice);
+    }
+    (t.bytes.div_ceil(BYTES_PER_TOKEN) + t.fixed).max(1)
+}
+
+struct CountingWriter(u64);
+
+impl std::io::Write for CountingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len() as u64;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn never_zero() {
+        assert_eq!(input_tokens(&json!({})), 1);
+        assert!(input_tokens(&json!({"messages": [{"role": "user", "content": "hi"}]})) >= 1);
+    }
+
+    #[test]
+    fn biased_high_for_english() {
+        // 4,000 characters of English is about 1,000 real tokens.
+        let text = "the quick brown fox jumps over the lazy dog ".repeat(100);
+        let n = input_tokens(&json!({"messages": [{"role": "user", "content": text}]}));
+        assert!(n >= 1200, "{n}");
+    }
+
+    #[test]
+    fn every_block_type_counts() {
+        let base = input_tokens(&json!({"messages": [{"role": "user", "content": []}]}));
+        for block in [
+            json!({"type": "text", "text": "some words here"}),
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}),
+            json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "QUJDREVGR0hJSktM"}}),
+            json!({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain text doc"}}),
+            json!({"type": "tool_use", "id": "t", "name": "Write", "input": {"path": "a.txt"}}),
+            json!({"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "ok done"}]}),
+            json!({"type": "thinking", "thinking": "let me think", "signature": "sig"}),
+            json!({"type": "redacted_thinking", "data": "opaque"}),
+            json!({"type": "search_result", "source": "x", "title": "t", "content": []}),
+        ] {
+            let n =
+                input_tokens(&json!({"messages": [{"role": "user", "content": [block.clone()]}]}));
+            assert!(n > base, "{block} counted as nothing");
+        }
+        let image = input_tokens(&json!({"messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "data": "A".repeat(1_000_000)}}]}]}));
+        assert!(
+            image < 2000,
+            "images count as a fixed size, not their base64: {image}"
+        );
+    }
+
+    #[test]
+    fn system_and_tools_count() {
+        let tools = json!([{"name": "Write", "description": "write a file", "input_schema": {"type": "object"}}]);
+        let a = input_tokens(&json!({"messages": []}));
+        let b = input_tokens(
+            &json!({"messages": [], "system": [{"type": "text", "text": "be good"}], "tools": tools}),
+        );
+        assert!(b > a + 10, "{a} {b}");
+    }
+}

@@ -1,0 +1,577 @@
+//! The gateway's shared state and the task lifecycle.
+//!
+//! One lock guards the task table; every critical section is a few field updates (no I/O, no
+//! await). Task state is an explicit enum (`Open` ⇄ `Closed`); a closed task keeps its account,
+//! so opening the same tid again continues its spend. Open tasks are restored from the state
+//! file at start, their sockets re-bound in the same directories (running sandboxes hold bind
+//! mounts of those). Each task's socket is served by a tracked task whose cancellation token is
+//! a child of the gateway's, so shutdown stops them all.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use agentbox_policy::config::{Backend, Config, HostEnv, Model, ModelId};
+use agentbox_policy::id::Tid;
+use agentbox_policy::secret::Secret;
+use agentbox_wire::usage::MeteredUsage;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::error::{ControlError, ProxyError};
+use crate::ledger::{Account, Budget, Reservation, Snapshot, TaskRecord, TaskState};
+use crate::sockets::SocketsDir;
+use crate::store::{Store, StoreError, VERSION};
+
+/// Everything the gateway needs from the config and the environment.
+#[derive(Debug, Clone)]
+pub struct GatewayOptions {
+    /// `$AGENTBOX_DATA`.
+    pub data_dir: PathBuf,
+    /// The model catalogue.
+    pub models: BTreeMap<ModelId, Model>,
+    /// Ollama's base URL.
+    pub ollama_url: String,
+    /// The bridge's base URL.
+    pub bridge_url: String,
+    /// The bridge's bearer token, for remote models.
+    pub bridge_token: Option<Secret>,
+    /// Largest request body.
+    pub max_body_bytes: u64,
+    /// How long a client may take to send its body.
+    pub body_timeout: Duration,
+    /// Uids allowed on the control socket besides root.
+    pub control_uids: Vec<u32>,
+}
+
+impl GatewayOptions {
+    /// From the config; the bridge token comes from the variable `bridge.token_env` names, and
+    /// the control socket admits root, this process's uid and `service_user`'s.
+    pub fn from_config(config: &Config, env: &dyn HostEnv) -> Self {
+        let mut control_uids = vec![env.euid()];
+        if let Ok(Some(user)) = nix::unistd::User::from_name(&config.service_user) {
+            control_uids.push(user.uid.as_raw());
+        }
+        GatewayOptions {
+            data_dir: config.data_dir.clone(),
+            models: config.models.clone(),
+            ollama_url: config
+                .gateway
+                .ollama_url
+                .as_str()
+                .trim_end_matches('/')
+                .to_owned(),
+            bridge_url: config
+                .gateway
+                .bridge_url
+                .as_str()
+                .trim_end_matches('/')
+                .to_owned(),
+            bridge_token: env.var(&config.bridge.token_env).and_then(Secret::new),
+            max_body_bytes: config.gateway.max_body_bytes,
+            body_timeout: Duration::from_secs(60),
+            control_uids,
+        }
+    }
+}
+
+/// Why the gateway cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The state file is unreadable or corrupt.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// `sockets/` cannot be opened.
+    #[error("cannot open {path}: {source}")]
+    Sockets {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The upstream HTTP client could not be built.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
+/// Where a model's requests go.
+#[derive(Debug, Clone)]
+pub struct Destination {
+    /// The full `/v1/messages` URL.
+    pub url: String,
+    /// The `model` to send.
+    pub model: String,
+    /// Whether this is the bridge (needs the bridge token).
+    pub bridge: bool,
+}
+
+struct Task {
+    model: ModelId,
+    token_sha256: [u8; 32],
+    account: Account,
+    state: TaskState,
+    /// Cancels this task's socket server while it is open.
+    serving: Option<CancellationToken>,
+}
+
+/// The request to open a task (`POST /tasks`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenTask {
+    /// The task id.
+    pub tid: String,
+    /// An agentbox model id from the catalogue.
+    pub model: String,
+    /// The task token the agent will present.
+    pub token: String,
+    /// Token and/or cost budget; omitted parts are unlimited.
+    #[serde(default)]
+    pub budget: Budget,
+}
+
+/// A task as the control socket reports it.
+#[derive(Debug, Serialize)]
+pub struct TaskView {
+    pub tid: String,
+    pub model: String,
+    pub state: TaskState,
+    pub socket: Option<PathBuf>,
+    pub usage: Value,
+    pub budget: Budget,
+    pub remaining: Value,
+    pub reserved: Reservation,
+    pub in_flight: u32,
+}
+
+/// The gateway.
+pub struct Gateway {
+    opts: GatewayOptions,
+    sockets: SocketsDir,
+    store: Store,
+    client: reqwest::Client,
+    tasks: Mutex<BTreeMap<Tid, Task>>,
+    dirty: Notify,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    /// Serializes open/close so two calls for one tid cannot interleave their socket work.
+    control: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("data_dir", &self.opts.data_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+impl Gateway {
+    /// Loads the state and prepares `sockets/`. Sockets are bound by [`Gateway::restore`].
+    pub fn new(
+        opts: GatewayOptions,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Gateway>, StartError> {
+        let store = Store::open(&opts.data_dir)?;
+        let snapshot = store.load()?;
+        let sockets = SocketsDir::open(&opts.data_dir).map_err(|source| StartError::Sockets {
+            path: opts.data_dir.join("sockets"),
+            source,
+        })?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(600))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| StartError::Client(e.to_string()))?;
+        let mut tasks = BTreeMap::new();
+        for (tid, rec) in snapshot.tasks {
+            // A record we cannot interpret is skipped loudly rather than guessed at.
+            let (Ok(tid), Ok(model)) = (Tid::parse(&tid), ModelId::parse(&rec.model)) else {
+                tracing::error!(%tid, "skipping a state record with an invalid tid or model");
+                continue;
+            };
+            let mut token_sha256 = [0u8; 32];
+            if hex::decode_to_slice(&rec.token_sha256, &mut token_sha256).is_err() {
+                tracing::error!(%tid, "skipping a state record with an invalid token hash");
+                continue;
+            }
+            let account = Account {
+                budget: rec.budget,
+                spent: rec.spent,
+                ..Account::default()
+            };
+            tasks.insert(
+                tid,
+                Task {
+                    model,
+                    token_sha256,
+                    account,
+                    state: rec.state,
+                    serving: None,
+                },
+            );
+        }
+        Ok(Arc::new(Gateway {
+            opts,
+            sockets,
+            store,
+            client,
+            tasks: Mutex::new(tasks),
+            dirty: Notify::new(),
+            shutdown,
+            tracker: TaskTracker::new(),
+            control: tokio::sync::Mutex::new(()),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<Tid, Task>> {
+        // A panic while holding the lock leaves plain data behind; keep serving with it.
+        self.tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The options the gateway runs with.
+    pub fn options(&self) -> &GatewayOptions {
+        &self.opts
+    }
+
+    /// The upstream HTTP client.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// Re-binds the sockets of every task that was open when the gateway last stopped.
+    /// Returns the tasks that could not be restored (they stay open in the state, unserved).
+    pub fn restore(self: &Arc<Self>) -> Vec<(String, String)> {
+        let open: Vec<Tid> = self
+            .lock()
+            .iter()
+            .filter(|(_, t)| t.state == TaskState::Open)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut failed = Vec::new();
+        for tid in open {
+            match self.sockets.bind(&tid) {
+                Ok(listener) => self.serve(&tid, listener),
+                Err(e) => {
+                    tracing::error!(%tid, error = %e, "cannot restore task socket");
+                    failed.push((tid.to_string(), e.to_string()));
+                }
+            }
+        }
+        failed
+    }
+
+    fn serve(self: &Arc<Self>, tid: &Tid, listener: tokio::net::UnixListener) {
+        let token = self.shutdown.child_token();
+        if let Some(t) = self.lock().get_mut(tid) {
+            t.serving = Some(token.clone());
+        }
+        let router = crate::proxy::router(self.clone(), tid.clone());
+        self.tracker
+            .spawn(agentbox_http::serve_unix(listener, router, token));
+        tracing::info!(%tid, "task socket open");
+    }
+
+    /// `POST /tasks`: opens a task, or re-opens a closed one keeping its spend. Opening a task
+    /// that is already open with the same model and token is a no-op; with other settings it
+    /// is a conflict.
+    pub async fn open_task(self: &Arc<Self>, req: OpenTask) -> Result<TaskView, ControlError> {
+        let tid = Tid::parse(&req.tid).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        let model_id =
+            ModelId::parse(&req.model).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        let model = self.opts.models.get(&model_id).ok_or_else(|| {
+            ControlError::BadRequest(format!("model {model_id} is not in the catalogue"))
+        })?;
+        validate_token(&req.token)?;
+        validate_budget(&req.budget, model)?;
+        let token_sha256 = sha256(req.token.as_bytes());
+        let _serial = self.control.lock().await;
+        {
+            let tasks = self.lock();
+            if let Some(t) = tasks.get(&tid) {
+                let same = t.model == model_id && bool::from(t.token_sha256.ct_eq(&token_sha256));
+                match (t.state, same) {
+                    (TaskState::Open, true) => return Ok(view(&tid, t, &self.sockets)),
+                    (TaskState::Open, false) => {
+                        return Err(ControlError::Conflict(format!(
+                            "task {tid} is already open with another model or token"
+                        )));
+                    }
+                    (TaskState::Closed, _) if t.model != model_id => {
+                        return Err(ControlError::Conflict(format!(
+                            "task {tid} was opened with model {}; its spend cannot move to {model_id}",
+                            t.model
+                        )));
+                    }
+                    (TaskState::Closed, _) => {}
+                }
+            }
+        }
+        // Bind before recording: a refused socket path leaves no task behind.
+        let listener = self.sockets.bind(&tid)?;
+        {
+            let mut tasks = self.lock();
+            let task = tasks.entry(tid.clone()).or_insert_with(|| Task {
+                model: model_id.clone(),
+                token_sha256,
+                account: Account::default(),
+                state: TaskState::Open,
+                serving: None,
+            });
+            task.token_sha256 = token_sha256;
+            task.account.budget = req.budget;
+            task.state = TaskState::Open;
+        }
+        self.serve(&tid, listener);
+        self.persist_now().await?;
+        let tasks = self.lock();
+        tasks
+            .get(&tid)
+            .map(|t| view(&tid, t, &self.sockets))
+            .ok_or_else(|| ControlError::NoTask(tid.to_string()))
+    }
+
+    /// `GET /tasks/{tid}`.
+    pub fn task(&self, tid: &str) -> Result<TaskView, ControlError> {
+        let tid = Tid::parse(tid).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        let tasks = self.lock();
+        tasks
+            .get(&tid)
+            .map(|t| view(&tid, t, &self.sockets))
+            .ok_or_else(|| ControlError::NoTask(tid.to_string()))
+    }
+
+    /// `DELETE /tasks/{tid}`: stops serving, removes the socket, keeps the account.
+    pub async fn close_task(&self, tid: &str) -> Result<TaskView, ControlError> {
+        let tid = Tid::parse(tid).map_err(|e| ControlError::BadRequest(e.to_string()))?;
+        let _serial = self.control.lock().await;
+        let serving = {
+            let mut tasks = self.lock();
+            let t = tasks
+                .get_mut(&tid)
+                .ok_or_else(|| ControlError::NoTask(tid.to_string()))?;
+            t.state = TaskState::Closed;
+            t.serving.take()
+        };
+        if let Some(token) = serving {
+            token.cancel();
+        }
+        self.sockets.remove(&tid)?;
+        self.persist_now().await?;
+        tracing::info!(%tid, "task closed");
+        self.task(tid.as_str())
+    }
+
+    /// `GET /status`.
+    pub fn status(&self) -> Value {
+        let tasks = self.lock();
+        let list: Vec<TaskView> = tasks
+            .iter()
+            .map(|(tid, t)| view(tid, t, &self.sockets))
+            .collect();
+        let open = list.iter().filter(|t| t.state == TaskState::Open).count();
+        json!({
+            "ok": true,
+            "open_tasks": open,
+            "tasks": list,
+            "bridge_token": self.opts.bridge_token.is_some(),
+            "models": self.opts.models.keys().collect::<Vec<_>>(),
+        })
+    }
+
+    /// Whether `presented` is the open task's token (constant time over the hash).
+    pub fn check_token(&self, tid: &Tid, presented: &[u8]) -> Result<(), ProxyError> {
+        let h = sha256(presented);
+        let tasks = self.lock();
+        let t = tasks.get(tid).ok_or(ProxyError::TaskClosed)?;
+        if t.state != TaskState::Open {
+            return Err(ProxyError::TaskClosed);
+        }
+        if bool::from(t.token_sha256.ct_eq(&h)) {
+            Ok(())
+        } else {
+            Err(ProxyError::Unauthorized)
+        }
+    }
+
+    /// The task's model entry.
+    pub fn model_of(&self, tid: &Tid) -> Result<Model, ProxyError> {
+        let tasks = self.lock();
+        let t = tasks.get(tid).ok_or(ProxyError::TaskClosed)?;
+        self.opts
+            .models
+            .get(&t.model)
+            .cloned()
+            .ok_or(ProxyError::TaskClosed)
+    }
+
+    /// Where a model's requests go.
+    pub fn destination(&self, model: &Model) -> Destination {
+        match &model.backend {
+            Backend::Vllm { port, .. } => Destination {
+                url: format!("http://127.0.0.1:{port}/v1/messages"),
+                model: model.upstream_model.clone(),
+                bridge: false,
+            },
+            Backend::Ollama => Destination {
+                url: format!("{}/v1/messages", self.opts.ollama_url),
+                model: model.upstream_model.clone(),
+                bridge: false,
+            },
+            // The bridge resolves the agentbox id to the provider's model itself.
+            Backend::Remote { .. } => Destination {
+                url: format!("{}/v1/messages", self.opts.bridge_url),
+                model: model.id.to_string(),
+                bridge: true,
+            },
+        }
+    }
+
+    /// Admits a request that may cost up to `r`, or refuses it (403) with nothing changed.
+    pub fn admit(&self, tid: &Tid, r: Reservation) -> Result<(), ProxyError> {
+        let mut tasks = self.lock();
+        let t = tasks.get_mut(tid).ok_or(ProxyError::TaskClosed)?;
+        t.account.admit(r).map_err(ProxyError::Budget)
+    }
+
+    /// Books a finished (or abandoned) request's real usage and releases its reservation.
+    pub fn settle(&self, tid: &Tid, r: Reservation, usage: &MeteredUsage) {
+        {
+            let mut tasks = self.lock();
+            let Some(t) = tasks.get_mut(tid) else {
+                return;
+            };
+            let prices = self.opts.models.get(&t.model).and_then(|m| m.prices);
+            t.account.settle(r, usage, prices.as_ref());
+        }
+        tracing::info!(%tid, input = usage.input_tokens, output = usage.output_tokens,
+            cache_read = usage.cache_read_input_tokens, cache_creation = usage.cache_creation_input_tokens, "settled");
+        self.dirty.notify_one();
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        let tasks = self.lock();
+        Snapshot {
+            version: VERSION,
+            tasks: tasks
+                .iter()
+                .map(|(tid, t)| {
+                    (
+                        tid.to_string(),
+                        TaskRecord {
+                            model: t.model.to_string(),
+                            token_sha256: hex::encode(t.token_sha256),
+                            budget: t.account.budget,
+                            spent: t.account.spent,
+                            state: t.state,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Writes the state now (control operations wait for it).
+    pub async fn persist_now(&self) -> Result<(), StoreError> {
+        let snap = self.snapshot();
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.save(&snap)).await {
+            Ok(r) => r,
+            Err(e) => Err(StoreError::Io {
+                path: self.opts.data_dir.join("state"),
+                source: std::io::Error::other(e),
+            }),
+        }
+    }
+
+    /// Writes the state whenever usage changed, coalescing bursts, until shutdown; then
+    /// waits for the task sockets to drain and writes a final time.
+    pub async fn run_persister(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                () = self.shutdown.cancelled() => break,
+                () = self.dirty.notified() => {
+                    if let Err(e) = self.persist_now().await {
+                        tracing::error!(error = %e, "cannot save gateway state");
+                    }
+                }
+            }
+        }
+        self.tracker.close();
+        self.tracker.wait().await;
+        if let Err(e) = self.persist_now().await {
+            tracing::error!(error = %e, "cannot save gateway state at shutdown");
+        }
+    }
+}
+
+fn validate_token(token: &str) -> Result<(), ControlError> {
+    // Tokens travel in headers: visible ASCII only, long enough not to be guessed.
+    let ok_len = (16..=512).contains(&token.len());
+    let ok_chars = token.bytes().all(|b| b.is_ascii_graphic());
+    if ok_len && ok_chars {
+        Ok(())
+    } else {
+        Err(ControlError::BadRequest(
+            "token must be 16-512 visible ASCII characters".into(),
+        ))
+    }
+}
+
+fn validate_budget(b: &Budget, model: &Model) -> Result<(), ControlError> {
+    if b.tokens == Some(0) {
+        return Err(ControlError::BadRequest(
+            "budget.tokens must be greater than 0".into(),
+        ));
+    }
+    if let Some(usd) = b.usd {
+        if !usd.is_finite() || usd <= 0.0 {
+            return Err(ControlError::BadRequest(
+                "budget.usd must be a positive number".into(),
+            ));
+        }
+        if model.prices.is_none() {
+            return Err(ControlError::BadRequest(format!(
+                "model {} has no prices in the catalogue: use a token budget",
+                model.id
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn view(tid: &Tid, t: &Task, sockets: &SocketsDir) -> TaskView {
+    let s = &t.account.spent;
+    let (rem_tokens, rem_usd) = t.account.remaining();
+    TaskView {
+        tid: tid.to_string(),
+        model: t.model.to_string(),
+        state: t.state,
+        socket: (t.state == TaskState::Open).then(|| sockets.socket_path(tid)),
+        usage: json!({
+            "input_tokens": s.input_tokens,
+            "output_tokens": s.output_tokens,
+            "cache_read_input_tokens": s.cache_read_input_tokens,
+            "cache_creation_input_tokens": s.cache_creation_input_tokens,
+            "total_tokens": s.tokens(),
+            "requests": s.requests,
+            "cost_usd": s.cost_usd,
+        }),
+        budget: t.account.budget,
+        remaining: json!({"tokens": rem_tokens, "usd": rem_usd}),
+        reserved: t.account.reserved,
+        in_flight: t.account.in_flight,
+    }
+}

@@ -1,0 +1,366 @@
+//! The money: per-task usage, budgets and in-flight reservations, as plain data with explicit
+//! transitions, so admission and settlement can be tested without sockets.
+//!
+//! Admission rule: a request is admitted while `spent + reserved < budget` (tokens and, when
+//! set, USD), and then reserves an upper bound of what it can cost (its input estimate, biased
+//! high, plus its `max_tokens`). It settles on the real usage the response reported. Because
+//! every admitted request was admitted with room left and settles at most its reservation,
+//! the final spend can exceed the budget by at most the reservations in flight at the last
+//! admission, which is the guarantee the gateway gives.
+
+use std::collections::BTreeMap;
+
+use agentbox_policy::config::Prices;
+use agentbox_wire::usage::MeteredUsage;
+use serde::{Deserialize, Serialize};
+
+/// A task's budget; `None` parts are unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Budget {
+    /// Tokens: input + output + cache creation + cache read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// US dollars, from the catalogue's prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usd: Option<f64>,
+}
+
+/// What a task has consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Spent {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_input_tokens: u64,
+    pub cache_creation_input_tokens: u64,
+    /// Requests sent upstream.
+    pub requests: u64,
+    /// Cost in USD, when the model has prices.
+    pub cost_usd: f64,
+}
+
+impl Spent {
+    /// All tokens, in the budget's unit.
+    pub fn tokens(&self) -> u64 {
+        self.input_tokens
+            .saturating_add(self.output_tokens)
+            .saturating_add(self.cache_read_input_tokens)
+            .saturating_add(self.cache_creation_input_tokens)
+    }
+
+    fn add(&mut self, u: &MeteredUsage, prices: Option<&Prices>) {
+        self.input_tokens = self.input_tokens.saturating_add(u.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(u.output_tokens);
+        self.cache_read_input_tokens = self
+            .cache_read_input_tokens
+            .saturating_add(u.cache_read_input_tokens);
+        self.cache_creation_input_tokens = self
+            .cache_creation_input_tokens
+            .saturating_add(u.cache_creation_input_tokens);
+        self.requests = self.requests.saturating_add(1);
+        if let Some(p) = prices {
+            self.cost_usd += p.cost_usd(
+                u.input_tokens,
+                u.output_tokens,
+                u.cache_read_input_tokens,
+                u.cache_creation_input_tokens,
+            );
+        }
+    }
+}
+
+/// The worst case of one request, held while it is in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
+pub struct Reservation {
+    pub tokens: u64,
+    pub usd: f64,
+}
+
+impl Reservation {
+    /// The reservation for a request with `input_estimate` input tokens (biased high) that may
+    /// generate up to `max_output` tokens.
+    pub fn for_request(input_estimate: u64, max_output: u64, prices: Option<&Prices>) -> Self {
+        let usd = prices.map_or(0.0, |p| {
+            // Input may turn out to be cache writes, the dearest input kind.
+            let input_price = p
+                .input_per_mtok
+                .max(p.cache_write_per_mtok)
+                .max(p.cache_read_per_mtok);
+            Prices {
+                input_per_mtok: input_price,
+                ..*p
+            }
+            .cost_usd(input_estimate, max_output, 0, 0)
+        });
+        Reservation {
+            tokens: input_estimate.saturating_add(max_output),
+            usd,
+        }
+    }
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    /// The token budget is used up (spent plus in-flight reservations).
+    #[error("token budget exhausted: {spent} spent and {reserved} reserved of {budget}")]
+    Tokens {
+        spent: u64,
+        reserved: u64,
+        budget: u64,
+    },
+    /// The cost budget is used up.
+    #[error("cost budget exhausted: ${spent:.6} spent and ${reserved:.6} reserved of ${budget:.6}")]
+    Usd {
+        spent: f64,
+        reserved: f64,
+        budget: f64,
+    },
+}
+
+/// One task's account.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Account {
+    pub budget: Budget,
+    pub spent: Spent,
+    pub reserved: Reservation,
+    /// Requests currently in flight.
+    pub in_flight: u32,
+}
+
+impl Account {
+    /// Admits a request reserving `r`, or refuses it without changing anything.
+    pub fn admit(&mut self, r: Reservation) -> Result<(), Refusal> {
+        if let Some(budget) = self.budget.tokens {
+            let spent = self.spent.tokens();
+            if spent.saturating_add(self.reserved.tokens) >= budget {
+                return Err(Refusal::Tokens {
+                    spent,
+                    reserved: self.reserved.tokens,
+                    budget,
+                });
+            }
+        }
+        if let Some(budget) = self.budget.usd {
+            let spent = self.spent.cost_usd;
+            if spent + self.reserved.usd >= budget {
+                return Err(Refusal::Usd {
+                    spent,
+                    reserved: self.reserved.usd,
+                    budget,
+                });
+            }
+        }
+        self.reserved.tokens = self.reserved.tokens.saturating_add(r.tokens);
+        self.reserved.usd += r.usd;
+        self.in_flight = self.in_flight.saturating_add(1);
+        Ok(())
+    }
+
+    /// Releases reservation `r` and books the real usage.
+    pub fn settle(&mut self, r: Reservation, usage: &MeteredUsage, prices: Option<&Prices>) {
+        self.reserved.tokens = self.reserved.tokens.saturating_sub(r.tokens);
+        self.reserved.usd = (self.reserved.usd - r.usd).max(0.0);
+        if self.in_flight <= 1 {
+            // Float drift must not leave a phantom reservation once nothing is in flight.
+            self.reserved = Reservation::default();
+        }
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.spent.add(usage, prices);
+    }
+
+    /// What is left: `None` for an unlimited dimension.
+    pub fn remaining(&self) -> (Option<u64>, Option<f64>) {
+        (
+            self.budget
+                .tokens
+                .map(|b| b.saturating_sub(self.spent.tokens())),
+            self.budget.usd.map(|b| (b - self.spent.cost_usd).max(0.0)),
+        )
+    }
+}
+
+/// Whether a task's socket is being served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    /// `sockets/<tid>/llm.sock` is served.
+    Open,
+    /// Closed by `DELETE`; usage kept, so re-opening continues the same account.
+    Closed,
+}
+
+/// What is persisted per task (the token only as its SHA-256: no secret on disk).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRecord {
+    pub model: String,
+    pub token_sha256: String,
+    pub budget: Budget,
+    pub spent: Spent,
+    pub state: TaskState,
+}
+
+/// The whole persisted state of the gateway.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    pub version: u32,
+    pub tasks: BTreeMap<String, TaskRecord>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(i: u64, o: u64) -> MeteredUsage {
+        MeteredUsage {
+            input_tokens: i,
+            output_tokens: o,
+            ..MeteredUsage::default()
+        }
+    }
+
+    #[test]
+    fn unlimited_admits_everything() {
+        let mut a = Account::default();
+        for _ in 0..100 {
+            a.admit(Reservation {
+                tokens: 1 << 40,
+                usd: 1e9,
+            })
+            .unwrap();
+        }
+        assert_eq!(a.in_flight, 100);
+    }
+
+    #[test]
+    fn refuses_once_spent_reaches_the_budget() {
+        let mut a = Account {
+            budget: Budget {
+                tokens: Some(100),
+                usd: None,
+            },
+            ..Account::default()
+        };
+        let r = Reservation {
+            tokens: 500,
+            usd: 0.0,
+        };
+        a.admit(r).unwrap();
+        a.settle(r, &usage(80, 20), None);
+        assert_eq!(a.spent.tokens(), 100);
+        assert!(matches!(
+            a.admit(r),
+            Err(Refusal::Tokens {
+                spent: 100,
+                reserved: 0,
+                budget: 100
+            })
+        ));
+        assert_eq!(a.remaining(), (Some(0), None));
+    }
+
+    #[test]
+    fn reservations_in_flight_block_new_requests() {
+        let mut a = Account {
+            budget: Budget {
+                tokens: Some(1000),
+                usd: None,
+            },
+            ..Account::default()
+        };
+        let r = Reservation {
+            tokens: 600,
+            usd: 0.0,
+        };
+        a.admit(r).unwrap();
+        a.admit(r).unwrap(); // 0 + 600 < 1000: admitted; now 1200 reserved.
+        assert!(a.admit(r).is_err());
+        a.settle(r, &usage(10, 10), None);
+        a.settle(r, &usage(10, 10), None);
+        assert_eq!(a.reserved, Reservation::default());
+        assert_eq!(a.spent.tokens(), 40);
+        a.admit(r).unwrap();
+    }
+
+    #[test]
+    fn overshoot_is_bounded_by_reservations_in_flight() {
+        // Many concurrent requests, each settling at most its reservation: whatever the
+        // interleaving, spent <= budget + the largest reservation total seen at admission.
+        let budget = 10_000;
+        let mut a = Account {
+            budget: Budget {
+                tokens: Some(budget),
+                usd: None,
+            },
+            ..Account::default()
+        };
+        let r = Reservation {
+            tokens: 700,
+            usd: 0.0,
+        };
+        let mut admitted = 0;
+        let mut max_reserved = 0;
+        while a.admit(r).is_ok() {
+            admitted += 1;
+            max_reserved = max_reserved.max(a.reserved.tokens);
+        }
+        for _ in 0..admitted {
+            a.settle(r, &usage(600, 100), None);
+        }
+        assert!(a.spent.tokens() <= budget + max_reserved);
+        assert!(a.admit(r).is_err());
+    }
+
+    #[test]
+    fn cost_budget_uses_prices() {
+        let prices = Prices {
+            input_per_mtok: 3.0,
+            output_per_mtok: 15.0,
+            cache_read_per_mtok: 0.3,
+            cache_write_per_mtok: 3.75,
+        };
+        let mut a = Account {
+            budget: Budget {
+                tokens: None,
+                usd: Some(0.01),
+            },
+            ..Account::default()
+        };
+        let r = Reservation::for_request(1000, 1000, Some(&prices));
+        assert!((r.usd - (1000.0 * 3.75 + 1000.0 * 15.0) / 1e6).abs() < 1e-12);
+        a.admit(r).unwrap();
+        a.settle(r, &usage(1000, 1000), Some(&prices));
+        assert!((a.spent.cost_usd - 0.018).abs() < 1e-12);
+        assert!(matches!(a.admit(r), Err(Refusal::Usd { .. })));
+    }
+
+    #[test]
+    fn snapshot_round_trips_and_refuses_unknown_fields() {
+        let mut s = Snapshot {
+            version: 1,
+            ..Snapshot::default()
+        };
+        s.tasks.insert(
+            "t1".into(),
+            TaskRecord {
+                model: "m".into(),
+                token_sha256: "00".into(),
+                budget: Budget {
+                    tokens: Some(5),
+                    usd: None,
+                },
+                spent: Spent {
+                    input_tokens: 3,
+                    requests: 1,
+                    ..Spent::default()
+                },
+                state: TaskState::Open,
+            },
+        );
+        let text = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<Snapshot>(&text).unwrap(), s);
+        assert!(serde_json::from_str::<Snapshot>(r#"{"version":1,"tasks":{},"x":1}"#).is_err());
+    }
+}

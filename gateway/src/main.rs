@@ -1,0 +1,133 @@
+//! `agentbox-gateway`: reads the config, opens `run/gateway.sock`, restores the tasks that were
+//! open, serves until SIGTERM or SIGINT, then drains and saves. Prints
+//! `listening on unix:<path>` on stdout once the control socket is bound.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use agentbox_gateway::{Gateway, GatewayOptions};
+use agentbox_policy::config::{Config, ProcessEnv, config_path};
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agentbox-gateway",
+    version,
+    about = "The agentbox per-task LLM gateway"
+)]
+struct Args {
+    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let env = ProcessEnv;
+    let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agentbox-gateway: {e}");
+            return ExitCode::from(78);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentbox-gateway: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run(GatewayOptions::from_config(&config, &env)))
+}
+
+async fn run(opts: GatewayOptions) -> ExitCode {
+    let run_dir = opts.data_dir.join("run");
+    if let Err(e) = std::fs::create_dir_all(&run_dir) {
+        eprintln!("agentbox-gateway: cannot create {}: {e}", run_dir.display());
+        return ExitCode::FAILURE;
+    }
+    let shutdown = CancellationToken::new();
+    let gw = match Gateway::new(opts, shutdown.clone()) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("agentbox-gateway: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let path = run_dir.join("gateway.sock");
+    let listener = match bind_control(&path) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("agentbox-gateway: cannot listen on {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    for (tid, err) in gw.restore() {
+        eprintln!("agentbox-gateway: task {tid} not restored: {err}");
+    }
+    {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on unix:{}", path.display());
+        let _ = out.flush();
+    }
+    let signals = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        signals.cancel();
+    });
+    let persister = tokio::spawn(gw.clone().run_persister());
+    agentbox_http::serve_unix(listener, agentbox_gateway::control::router(gw), shutdown).await;
+    if let Err(e) = persister.await {
+        eprintln!("agentbox-gateway: state writer failed: {e}");
+        return ExitCode::FAILURE;
+    }
+    let _ = std::fs::remove_file(&path);
+    ExitCode::SUCCESS
+}
+
+/// Binds the control socket, replacing a stale socket from a previous run (never anything
+/// else), mode 0600: only the service user (and root) may connect.
+fn bind_control(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::other(
+                "exists and is not a socket; refusing to replace it",
+            ));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot install signal handlers; stopping only on ctrl-c");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! The gateway's state file (`state/gateway.json`): every task's usage and budget, so a
+//! restart loses no money. Written atomically (temp file, fsync, rename, fsync of the
+//! directory), so a crash leaves either the old file or the new one, never half of either.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::ledger::Snapshot;
+
+/// The current format version.
+pub const VERSION: u32 = 1;
+
+/// Where the state lives.
+#[derive(Debug, Clone)]
+pub struct Store {
+    path: PathBuf,
+}
+
+/// Why the state could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Reading or writing failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not a state file we understand; refusing to start is safer than resetting
+    /// every task's spend to zero.
+    #[error("{path}: not a valid gateway state file: {source}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+    /// A newer gateway wrote it.
+    #[error("{path}: state version {found} is newer than {VERSION}")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Its version.
+        found: u32,
+    },
+}
+
+impl Store {
+    /// The store under `<data_dir>/state/` (the directory is created, mode 0700).
+    pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
+        let dir = data_dir.join("state");
+        let io = |source| StoreError::Io {
+            path: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(io)?;
+        Ok(Store {
+            path: dir.join("gateway.json"),
+        })
+    }
+
+    /// Loads the snapshot; a missing file is an empty state.
+    pub fn load(&self) -> Result<Snapshot, StoreError> {
+        let text = match std::fs::read(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Snapshot {
+                    version: VERSION,
+                    ..Snapshot::default()
+                });
+            }
+            Err(source) => {
+                return Err(StoreError::Io {
+                    path: self.path.clone(),
+                    source,
+                });
+            }
+        };
+        let snap: Snapshot =
+            serde_json::from_slice(&text).map_err(|source| StoreError::Corrupt {
+                path: self.path.clone(),
+                source,
+            })?;
+        if snap.version > VERSION {
+            return Err(StoreError::Version {
+                path: self.path.clone(),
+                found: snap.version,
+            });
+        }
+        Ok(snap)
+    }
+
+    /// Writes the snapshot atomically.
+    pub fn save(&self, snap: &Snapshot) -> Result<(), StoreError> {
+        let io = |source| StoreError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let bytes = serde_json::to_vec_pretty(snap).map_err(|e| io(std::io::Error::other(e)))?;
+        let tmp = self.path.with_extension("json.tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode_0600()
+            .open(&tmp)
+            .map_err(io)?;
+        f.write_all(&bytes).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        drop(f);
+        std::fs::rename(&tmp, &self.path).map_err(io)?;
+        if let Some(dir) = self.path.parent() {
+            std::fs::File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io)?;
+        }
+        Ok(())
+    }
+}
+
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for std::fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::{Budget, Spent, TaskRecord, TaskState};
+
+    #[test]
+    fn save_then_load() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        assert!(store.load().unwrap().tasks.is_empty());
+        let mut s = Snapshot {
+            version: VERSION,
+            ..Snapshot::default()
+        };
+        s.tasks.insert(
+            "a".into(),
+            TaskRecord {
+                model: "m".into(),
+                token_sha256: "ab".into(),
+                budget: Budget::default(),
+                spent: Spent {
+                    output_tokens: 9,
+                    ..Spent::default()
+                },
+                state: TaskState::Closed,
+            },
+        );
+        store.save(&s).unwrap();
+        assert_eq!(store.load().unwrap(), s);
+        assert!(!d.path().join("state/gateway.json.tmp").exists());
+    }
+
+    #[test]
+    fn corrupt_and_future_files_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        std::fs::write(d.path().join("state/gateway.json"), b"{not json").unwrap();
+        assert!(matches!(store.load(), Err(StoreError::Corrupt { .. })));
+        std::fs::write(
+            d.path().join("state/gateway.json"),
+            br#"{"version":99,"tasks":{}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            store.load(),
+            Err(StoreError::Version { found: 99, .. })
+        ));
+    }
+}

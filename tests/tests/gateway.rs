@@ -1,0 +1,774 @@
+//! `agentbox-gateway` as a process, with `fakellm` (and the bridge) as processes, over the real
+//! unix sockets: the control plane, what reaches the model, metering to the token, budgets,
+//! restarts, and bad input.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use agentbox_tests::harness::{BridgeProcess, FakeLlm, GatewayProcess, parse_sse, unix_request};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "task-token-0123456789abcdef";
+const BRIDGE_TOKEN: &str = "bridge-token-for-gateway-tests";
+
+fn fakellm(script: &Value) -> FakeLlm {
+    FakeLlm::start(env!("CARGO_BIN_EXE_fakellm").as_ref(), script).unwrap()
+}
+
+fn config(fake: &FakeLlm, bridge: Option<&BridgeProcess>) -> String {
+    format!(
+        r#"
+[gateway]
+ollama_url = "{fake}"
+bridge_url = "{bridge}"
+max_body_mb = 8
+
+[models.local]
+backend = "ollama"
+upstream_model = "qwen-upstream"
+max_output_tokens = 4096
+
+[models.priced]
+backend = "ollama"
+upstream_model = "priced-upstream"
+price_input_per_mtok = 3.0
+price_output_per_mtok = 15.0
+
+[models.gpt]
+backend = "remote"
+provider = "openai"
+base_url = "{fake}/v1"
+upstream_model = "gpt-upstream"
+key_env = "OPENAI_KEY"
+"#,
+        fake = fake.base_url(),
+        bridge = bridge.map_or("http://127.0.0.1:9".to_owned(), BridgeProcess::base_url),
+    )
+}
+
+fn start(fake: &FakeLlm) -> GatewayProcess {
+    GatewayProcess::start(
+        &config(fake, None),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
+    )
+    .unwrap()
+}
+
+async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) -> (u16, Value) {
+    let r = gw
+        .control(
+            "POST",
+            "/tasks",
+            Some(&json!({"tid": tid, "model": model, "token": TOKEN, "budget": budget})),
+        )
+        .await
+        .unwrap();
+    (
+        r.status,
+        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+    )
+}
+
+async fn task(gw: &GatewayProcess, tid: &str) -> Value {
+    let r = gw
+        .control("GET", &format!("/tasks/{tid}"), None)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+fn request(stream: bool, max_tokens: u64) -> Value {
+    json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "system": [{"type": "text", "text": "You are a coding agent."}],
+        "messages": [{"role": "user", "content": "write hello.txt"}],
+        "tools": [
+            {"name": "Write", "input_schema": {"type": "object"}},
+            {"type": "web_search_20250305", "name": "web_search"},
+            {"type": "custom", "name": "Custom", "input_schema": {"type": "object"}}
+        ],
+        "mcp_servers": [{"type": "url", "url": "https://example.com", "name": "x"}],
+        "container": "c1",
+        "context_management": {"edits": []},
+        "metadata": {"user_id": "u"},
+        "x_unknown": 1
+    })
+}
+
+async fn send(
+    sock: &Path,
+    body: &Value,
+    token: Option<&str>,
+) -> agentbox_tests::harness::UnixResponse {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("anthropic-version", "2023-06-01"),
+        (
+            "anthropic-beta",
+            "context-management-2025-06-27,interleaved-thinking-2025-05-14",
+        ),
+        ("x-app", "cli"),
+        ("x-stainless-lang", "js"),
+    ];
+    if let Some(a) = &auth {
+        headers.push(("authorization", a.as_str()));
+    }
+    unix_request(
+        sock,
+        "POST",
+        "/v1/messages?beta=true",
+        &headers,
+        body.to_string(),
+    )
+    .await
+    .unwrap()
+}
+
+fn error_type(body: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(body)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)));
+    assert_eq!(v["type"], "error", "{v}");
+    v["error"]["type"].as_str().unwrap().to_owned()
+}
+
+/// The sum of usage fakellm reported, from its scripted entries that were served.
+fn usage_sum(entries: &[(u64, u64, u64, u64)]) -> Value {
+    let (i, o, r, c) = entries.iter().fold((0, 0, 0, 0), |a, e| {
+        (a.0 + e.0, a.1 + e.1, a.2 + e.2, a.3 + e.3)
+    });
+    json!({"input_tokens": i, "output_tokens": o, "cache_read_input_tokens": r, "cache_creation_input_tokens": c})
+}
+
+fn assert_usage(view: &Value, expected: &Value) {
+    for k in [
+        "input_tokens",
+        "output_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+    ] {
+        assert_eq!(view["usage"][k], expected[k], "{k}: {view}");
+    }
+}
+
+#[tokio::test]
+async fn forwards_sanitized_requests_and_meters_to_the_token() {
+    let fake = fakellm(&json!({"steps": [
+        {"text": "one", "usage": {"input_tokens": 101, "output_tokens": 11, "cache_read_input_tokens": 7, "cache_creation_input_tokens": 3}},
+        {"text": "two", "usage": {"input_tokens": 202, "output_tokens": 22, "cache_read_input_tokens": 5}},
+        {"tool_calls": [{"name": "Write", "input": {"path": "a"}}], "usage": {"input_tokens": 303, "output_tokens": 33}}
+    ]}));
+    let gw = start(&fake);
+    let (status, v) = open(&gw, "t1", "local", json!({})).await;
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["state"], "open");
+    let sock = gw.task_socket("t1");
+
+    let r = send(&sock, &request(false, 1000), Some(TOKEN)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = send(&sock, &request(true, 1000), Some(TOKEN)).await;
+    assert_eq!(r.status, 200);
+    let frames = parse_sse(&String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        frames.last().unwrap().event.as_deref(),
+        Some("message_stop")
+    );
+    // x-api-key works too.
+    let r = unix_request(
+        &sock,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", TOKEN), ("content-type", "application/json")],
+        request(true, 99_999).to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs.len(), 3);
+    for r in &reqs {
+        assert_eq!(r["path"], "/v1/messages", "query strings are not forwarded");
+        assert_eq!(r["body"]["model"], "qwen-upstream");
+        for gone in ["context_management", "mcp_servers", "container"] {
+            assert!(
+                r["body"].get(gone).is_none(),
+                "{gone} forwarded: {}",
+                r["body"]
+            );
+        }
+        let tools: Vec<&str> = r["body"]["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(tools, ["Write", "Custom"]);
+        assert_eq!(r["body"]["x_unknown"], 1);
+        let headers = r["headers"].as_object().unwrap();
+        assert_eq!(headers["anthropic-version"], "2023-06-01");
+        for h in [
+            "anthropic-beta",
+            "authorization",
+            "x-api-key",
+            "x-app",
+            "x-stainless-lang",
+        ] {
+            assert!(!headers.contains_key(h), "{h} forwarded: {headers:?}");
+        }
+        assert!(!r.to_string().contains(TOKEN), "task token leaked upstream");
+    }
+    assert_eq!(
+        reqs[2]["body"]["max_tokens"], 4096,
+        "clamped to the catalogue's max_output_tokens"
+    );
+
+    let view = task(&gw, "t1").await;
+    assert_usage(
+        &view,
+        &usage_sum(&[(101, 11, 7, 3), (202, 22, 5, 0), (303, 33, 0, 0)]),
+    );
+    assert_eq!(view["usage"]["requests"], 3);
+    assert_eq!(
+        view["usage"]["total_tokens"],
+        101 + 11 + 7 + 3 + 202 + 22 + 5 + 303 + 33
+    );
+    assert_eq!(view["in_flight"], 0);
+    assert_eq!(view["reserved"]["tokens"], 0);
+}
+
+#[tokio::test]
+async fn count_tokens_is_local_and_never_zero() {
+    let fake = fakellm(&json!({}));
+    let gw = start(&fake);
+    open(&gw, "ct", "local", json!({})).await;
+    let sock = gw.task_socket("ct");
+    let r = unix_request(
+        &sock,
+        "POST",
+        "/v1/messages/count_tokens?beta=true",
+        &[("authorization", &format!("Bearer {TOKEN}")), ("content-type", "application/json")],
+        json!({"model": "x", "messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}).to_string(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let v: Value = serde_json::from_slice(&r.body).unwrap();
+    assert!(v["input_tokens"].as_u64().unwrap() >= 1600, "{v}");
+    assert!(
+        fake.requests().unwrap().is_empty(),
+        "count_tokens never goes upstream"
+    );
+    assert_eq!(task(&gw, "ct").await["usage"]["requests"], 0);
+}
+
+#[tokio::test]
+async fn remote_models_go_through_the_bridge_with_the_bridge_token() {
+    let fake = fakellm(&json!({"steps": [
+        {"text": "via bridge", "usage": {"input_tokens": 40, "output_tokens": 4, "cache_read_input_tokens": 10}}
+    ]}));
+    let bridge = BridgeProcess::start(
+        &format!(
+            "[bridge]\nlisten = \"127.0.0.1:0\"\n[models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nupstream_model = \"gpt-upstream\"\nkey_env = \"OPENAI_KEY\"\n",
+            fake.base_url()
+        ),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN), ("OPENAI_KEY", "sk-provider")],
+    )
+    .unwrap();
+    let gw = GatewayProcess::start(
+        &config(&fake, Some(&bridge)),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
+    )
+    .unwrap();
+    open(&gw, "rb", "gpt", json!({})).await;
+    let r = send(&gw.task_socket("rb"), &request(true, 500), Some(TOKEN)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs.len(), 1);
+    assert_eq!(reqs[0]["path"], "/v1/chat/completions");
+    assert_eq!(reqs[0]["headers"]["authorization"], "Bearer sk-provider");
+    assert_eq!(reqs[0]["body"]["model"], "gpt-upstream");
+    let text = reqs[0].to_string();
+    assert!(!text.contains(TOKEN) && !text.contains(BRIDGE_TOKEN));
+    // OpenAI's prompt_tokens (50) includes the cached 10: Anthropic terms are 40 + 10 cached.
+    assert_usage(&task(&gw, "rb").await, &usage_sum(&[(40, 4, 10, 0)]));
+}
+
+#[tokio::test]
+async fn exhausted_budget_is_403_before_any_upstream_call() {
+    let fake = fakellm(
+        &json!({"fallback": {"text": "x", "usage": {"input_tokens": 90, "output_tokens": 30}}}),
+    );
+    let gw = start(&fake);
+    open(&gw, "b1", "local", json!({"tokens": 100})).await;
+    let sock = gw.task_socket("b1");
+    assert_eq!(
+        send(&sock, &request(true, 50), Some(TOKEN)).await.status,
+        200
+    );
+    for _ in 0..3 {
+        let r = send(&sock, &request(true, 50), Some(TOKEN)).await;
+        assert_eq!(r.status, 403);
+        assert_eq!(error_type(&r.body), "permission_error");
+        assert!(String::from_utf8_lossy(&r.body).contains("budget"));
+    }
+    assert_eq!(
+        fake.requests().unwrap().len(),
+        1,
+        "nothing went upstream after the budget ran out"
+    );
+    let view = task(&gw, "b1").await;
+    assert_eq!(view["usage"]["total_tokens"], 120);
+    assert_eq!(view["remaining"]["tokens"], 0);
+    assert_eq!(view["usage"]["requests"], 1);
+}
+
+#[tokio::test]
+async fn cost_budgets_use_catalogue_prices() {
+    // 1000 in at $3/M + 1000 out at $15/M = $0.018 a request.
+    let fake = fakellm(
+        &json!({"fallback": {"text": "x", "usage": {"input_tokens": 1000, "output_tokens": 1000}}}),
+    );
+    let gw = start(&fake);
+    let (s, v) = open(&gw, "usd", "local", json!({"usd": 0.01})).await;
+    assert_eq!(s, 400, "no prices, no cost budget: {v}");
+    let (s, _) = open(&gw, "usd", "priced", json!({"usd": 0.03})).await;
+    assert_eq!(s, 201);
+    let sock = gw.task_socket("usd");
+    assert_eq!(
+        send(&sock, &request(false, 100), Some(TOKEN)).await.status,
+        200
+    );
+    assert_eq!(
+        send(&sock, &request(false, 100), Some(TOKEN)).await.status,
+        200
+    );
+    assert_eq!(
+        send(&sock, &request(false, 100), Some(TOKEN)).await.status,
+        403
+    );
+    let view = task(&gw, "usd").await;
+    assert!(
+        (view["usage"]["cost_usd"].as_f64().unwrap() - 0.036).abs() < 1e-9,
+        "{view}"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_streams_cannot_overshoot_more_than_their_reservations() {
+    let per_reply = (50u64, 50u64);
+    let fake = fakellm(&json!({"fallback": {
+        "text": "a streamed answer in several deltas",
+        "usage": {"input_tokens": per_reply.0, "output_tokens": per_reply.1},
+        "event_delay_ms": 5
+    }}));
+    let gw = start(&fake);
+    let budget = 2_000u64;
+    open(&gw, "c64", "local", json!({"tokens": budget})).await;
+    let sock = gw.task_socket("c64");
+    let body = request(true, 100);
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (sock, body) = (sock.clone(), body.clone());
+        set.spawn(async move { send(&sock, &body, Some(TOKEN)).await });
+    }
+    let (mut ok, mut refused) = (0u64, 0u64);
+    while let Some(r) = set.join_next().await {
+        let r = r.unwrap();
+        match r.status {
+            200 => ok += 1,
+            403 => refused += 1,
+            s => panic!("unexpected {s}: {}", String::from_utf8_lossy(&r.body)),
+        }
+    }
+    let served = fake.requests().unwrap().len() as u64;
+    assert_eq!(
+        served, ok,
+        "every admitted request reached fakellm, no refused one did"
+    );
+    assert!(refused > 0, "a tight budget refuses some of 64");
+    let view = task(&gw, "c64").await;
+    let spent = view["usage"]["total_tokens"].as_u64().unwrap();
+    assert_eq!(
+        spent,
+        served * (per_reply.0 + per_reply.1),
+        "the meter equals fakellm's own total"
+    );
+    // Each request reserves at most its input estimate plus max_tokens; at most 64 were in
+    // flight.
+    let body_tokens = (body.to_string().len() as u64).div_ceil(3) + 4;
+    let max_reservation = body_tokens + 100;
+    assert!(spent <= budget + 64 * max_reservation, "spent {spent}");
+    assert_eq!(view["in_flight"], 0);
+    // Once nothing is in flight, requests are admitted again until the budget itself is spent.
+    let mut more = 0;
+    while send(&sock, &body, Some(TOKEN)).await.status == 200 {
+        more += 1;
+        assert!(more < 100, "the budget never ran out");
+    }
+    let view = task(&gw, "c64").await;
+    let spent = view["usage"]["total_tokens"].as_u64().unwrap();
+    assert_eq!(
+        spent,
+        fake.requests().unwrap().len() as u64 * (per_reply.0 + per_reply.1)
+    );
+    assert!(
+        spent >= budget,
+        "refused only once the budget was spent: {spent}"
+    );
+    assert_eq!(view["in_flight"], 0);
+}
+
+#[tokio::test]
+async fn usage_survives_restarts_and_reopening() {
+    let fake = fakellm(
+        &json!({"fallback": {"text": "x", "usage": {"input_tokens": 10, "output_tokens": 5}}}),
+    );
+    let mut gw = start(&fake);
+    open(&gw, "r1", "local", json!({"tokens": 1000})).await;
+    let sock = gw.task_socket("r1");
+    assert_eq!(
+        send(&sock, &request(true, 10), Some(TOKEN)).await.status,
+        200
+    );
+
+    gw.restart().unwrap();
+    let view = task(&gw, "r1").await;
+    assert_eq!(view["usage"]["total_tokens"], 15);
+    assert_eq!(view["state"], "open");
+    // The socket is served again in the same directory.
+    assert_eq!(
+        send(&sock, &request(false, 10), Some(TOKEN)).await.status,
+        200
+    );
+
+    // A crash right after a request loses nothing once the state writer caught up.
+    let state = gw.data_dir().join("state/gateway.json");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&state)
+        .unwrap_or_default()
+        .contains("\"output_tokens\": 10")
+    {
+        assert!(std::time::Instant::now() < deadline, "state never written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.crash_and_restart().unwrap();
+    assert_eq!(task(&gw, "r1").await["usage"]["total_tokens"], 30);
+
+    // Close, then re-open: the spend continues.
+    let r = gw.control("DELETE", "/tasks/r1", None).await.unwrap();
+    assert_eq!(r.status, 200);
+    assert!(!sock.exists(), "socket removed");
+    assert!(!sock.parent().unwrap().exists(), "task dir removed");
+    assert_eq!(task(&gw, "r1").await["state"], "closed");
+    let (s, v) = open(&gw, "r1", "local", json!({"tokens": 1000})).await;
+    assert_eq!(s, 201);
+    assert_eq!(v["usage"]["total_tokens"], 30);
+    let (s, _) = open(&gw, "r1", "priced", json!({})).await;
+    assert_eq!(s, 409, "an open task cannot change model");
+}
+
+#[tokio::test]
+async fn upstream_failures_are_reported_and_billed_for_what_was_generated() {
+    let fake = fakellm(&json!({"steps": [
+        {"error": {"status": 529}},
+        {"error": {"status": 500, "body": "<html>oops</html>"}},
+        {"text": "partial answer that will be cut", "usage": {"input_tokens": 70, "output_tokens": 40}, "disconnect_after_events": 5},
+        {"text": "x", "usage": {"input_tokens": 1, "output_tokens": 1}}
+    ]}));
+    let gw = start(&fake);
+    open(&gw, "uf", "local", json!({})).await;
+    let sock = gw.task_socket("uf");
+    let r = send(&sock, &request(true, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 529, "Anthropic-shaped errors keep their status");
+    assert_eq!(error_type(&r.body), "overloaded_error");
+    let r = send(&sock, &request(true, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(error_type(&r.body), "api_error");
+    let r = send(&sock, &request(true, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 200);
+    let frames = parse_sse(&String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        frames.last().unwrap().event.as_deref(),
+        Some("error"),
+        "{frames:?}"
+    );
+    let view = task(&gw, "uf").await;
+    assert_eq!(
+        view["usage"]["input_tokens"], 70,
+        "message_start's input is billed"
+    );
+    assert!(view["usage"]["output_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(view["in_flight"], 0);
+    assert_eq!(
+        send(&sock, &request(false, 10), Some(TOKEN)).await.status,
+        200,
+        "still serving"
+    );
+
+    // Nothing listening upstream: 502 before the first byte.
+    let gw2 = GatewayProcess::start(
+        &config(&fake, None).replace(&fake.base_url(), "http://127.0.0.1:9"),
+        &[],
+    )
+    .unwrap();
+    open(&gw2, "down", "local", json!({})).await;
+    let r = send(&gw2.task_socket("down"), &request(true, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(error_type(&r.body), "api_error");
+    assert_eq!(task(&gw2, "down").await["in_flight"], 0);
+}
+
+#[tokio::test]
+async fn client_disconnect_is_metered_for_what_was_generated() {
+    let long = "word ".repeat(400);
+    let fake = fakellm(
+        &json!({"fallback": {"text": long, "usage": {"input_tokens": 500, "output_tokens": 400}, "event_delay_ms": 20}}),
+    );
+    let gw = start(&fake);
+    open(&gw, "dc", "local", json!({})).await;
+    let sock = gw.task_socket("dc");
+    // Read the head and a few frames, then hang up.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let body = request(true, 1000).to_string();
+    s.write_all(format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("text_delta") {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    drop(s);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let view = loop {
+        let v = task(&gw, "dc").await;
+        if v["in_flight"] == 0 && v["usage"]["requests"] == 1 {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never settled: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(view["usage"]["input_tokens"], 500);
+    let out = view["usage"]["output_tokens"].as_u64().unwrap();
+    assert!(
+        (1..400).contains(&out),
+        "billed for what was generated before the hang-up: {out}"
+    );
+}
+
+#[tokio::test]
+async fn bad_input_gets_clear_errors_and_creates_nothing() {
+    let fake = fakellm(&json!({"fallback": {"text": "fine"}}));
+    let gw = start(&fake);
+    open(&gw, "good", "local", json!({})).await;
+    let sock = gw.task_socket("good");
+
+    // Task socket.
+    assert_eq!(send(&sock, &request(false, 10), None).await.status, 401);
+    let r = send(&sock, &request(false, 10), Some("wrong-token-0123456789")).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(error_type(&r.body), "authentication_error");
+    let auth = format!("Bearer {TOKEN}");
+    for (method, path) in [
+        ("GET", "/v1/messages"),
+        ("POST", "/v1/complete"),
+        ("GET", "/v1/models"),
+        ("POST", "/v1/messages/batches"),
+        ("DELETE", "/"),
+    ] {
+        let r = unix_request(&sock, method, path, &[("authorization", &auth)], "")
+            .await
+            .unwrap();
+        assert_eq!(r.status, 404, "{method} {path}");
+        assert_eq!(error_type(&r.body), "not_found_error");
+    }
+    let post = |body: String| {
+        let sock = sock.clone();
+        let auth = auth.clone();
+        async move {
+            unix_request(
+                &sock,
+                "POST",
+                "/v1/messages",
+                &[
+                    ("authorization", &auth),
+                    ("content-type", "application/json"),
+                ],
+                body,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let r = post("{oops".into()).await;
+    assert_eq!(
+        (r.status, error_type(&r.body).as_str()),
+        (400, "invalid_request_error")
+    );
+    let r = post("[1,2]".into()).await;
+    assert_eq!(r.status, 400);
+    let mut no_max = request(false, 1);
+    no_max.as_object_mut().unwrap().remove("max_tokens");
+    assert_eq!(post(no_max.to_string()).await.status, 400);
+    let mut bad_tools = request(false, 1);
+    bad_tools["tools"] = json!("nope");
+    assert_eq!(post(bad_tools.to_string()).await.status, 400);
+    let mut big = request(false, 1);
+    big["messages"][0]["content"] = json!("x".repeat(20 << 20));
+    let r = post(big.to_string()).await;
+    assert_eq!(
+        (r.status, error_type(&r.body).as_str()),
+        (413, "request_too_large")
+    );
+    assert!(
+        fake.requests().unwrap().is_empty(),
+        "no bad request went upstream"
+    );
+
+    // Control socket.
+    for (body, what) in [
+        (
+            json!({"tid": "Bad_Tid", "model": "local", "token": TOKEN}),
+            "tid",
+        ),
+        (
+            json!({"tid": "ok\n", "model": "local", "token": TOKEN}),
+            "newline",
+        ),
+        (
+            json!({"tid": "x".repeat(65), "model": "local", "token": TOKEN}),
+            "long tid",
+        ),
+        (
+            json!({"tid": "t2", "model": "nope", "token": TOKEN}),
+            "unknown model",
+        ),
+        (
+            json!({"tid": "t2", "model": "../local", "token": TOKEN}),
+            "model path",
+        ),
+        (
+            json!({"tid": "t2", "model": "local", "token": "short"}),
+            "short token",
+        ),
+        (
+            json!({"tid": "t2", "model": "local", "token": TOKEN, "budget": {"tokens": 0}}),
+            "zero budget",
+        ),
+        (
+            json!({"tid": "t2", "model": "local", "token": TOKEN, "budget": {"usd": -1.0}}),
+            "negative usd",
+        ),
+        (
+            json!({"tid": "t2", "model": "local", "token": TOKEN, "extra": 1}),
+            "unknown field",
+        ),
+    ] {
+        let r = gw.control("POST", "/tasks", Some(&body)).await.unwrap();
+        assert_eq!(
+            r.status,
+            400,
+            "{what}: {}",
+            String::from_utf8_lossy(&r.body)
+        );
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["error"]["code"], "invalid_request", "{what}");
+    }
+    let r = gw.control("POST", "/tasks", None).await.unwrap();
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        gw.control("GET", "/tasks/nope", None).await.unwrap().status,
+        404
+    );
+    assert_eq!(
+        gw.control("DELETE", "/tasks/nope", None)
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+    assert_eq!(
+        gw.control("GET", "/nowhere", None).await.unwrap().status,
+        404
+    );
+
+    // A socket path that is a symlink: refused, nothing created through it.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(elsewhere.path(), gw.data_dir().join("sockets/evil")).unwrap();
+    let (s, v) = open(&gw, "evil", "local", json!({})).await;
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["code"], "unsafe_socket_path");
+    assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
+    assert_eq!(
+        gw.control("GET", "/tasks/evil", None).await.unwrap().status,
+        404,
+        "no task recorded"
+    );
+    let sockets: Vec<String> = std::fs::read_dir(gw.data_dir().join("sockets"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let mut sockets = sockets;
+    sockets.sort();
+    assert_eq!(
+        sockets,
+        ["evil", "good"],
+        "only the existing task's dir and the planted link"
+    );
+
+    // The other task never noticed.
+    assert_eq!(
+        send(&sock, &request(false, 10), Some(TOKEN)).await.status,
+        200
+    );
+    let status: Value =
+        serde_json::from_slice(&gw.control("GET", "/status", None).await.unwrap().body).unwrap();
+    assert_eq!(status["open_tasks"], 1);
+}
+
+#[tokio::test]
+async fn control_socket_refuses_other_uids() {
+    let fake = fakellm(&json!({}));
+    let gw = start(&fake);
+    let sock = gw.control_socket();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    // Open the file modes on the way to check that SO_PEERCRED alone still refuses a stranger.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut dir = sock.parent();
+    while let Some(d) =
+        dir.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir())
+    {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir = d.parent();
+    }
+    let out = std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/curl",
+            "-s",
+            "-i",
+            "--unix-socket",
+        ])
+        .arg(&sock)
+        .arg("http://localhost/status")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("HTTP/1.1 403"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("forbidden"));
+}
