@@ -491,3 +491,43 @@ fn refuses_to_start_without_its_token() {
         BridgeProcess::start(&config(&fake, ""), &[("TEST_OPENAI_KEY", OPENAI_KEY)]).unwrap_err();
     assert!(err.to_string().contains("AGENTBOX_BRIDGE_TOKEN"), "{err}");
 }
+
+/// A client that hangs up mid-stream cancels the provider request, translated or not.
+#[tokio::test]
+async fn client_disconnect_cancels_the_upstream_request() {
+    let long = "word ".repeat(300);
+    let fake = fakellm(
+        &json!({"fallback": {"text": long, "usage": {"input_tokens": 5, "output_tokens": 300}, "event_delay_ms": 20}}),
+    );
+    let bridge = start(&fake);
+    for (i, model) in ["gpt", "claude"].into_iter().enumerate() {
+        let resp = post(&bridge, &request(model, true)).await;
+        assert_eq!(resp.status(), 200);
+        let mut stream = resp.bytes_stream();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("text_delta") {
+            let chunk = futures_util::StreamExt::next(&mut stream)
+                .await
+                .unwrap()
+                .unwrap();
+            seen.extend_from_slice(&chunk);
+        }
+        drop(stream);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = fake.disconnects().unwrap();
+            if d.len() > i {
+                assert!(
+                    d[i]["frames_sent"].as_u64() < d[i]["frames_total"].as_u64(),
+                    "{model}: {d:?}"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{model}: upstream never cancelled"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -556,6 +556,23 @@ async fn client_disconnect_is_metered_for_what_was_generated() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert_eq!(view["usage"]["input_tokens"], 500);
+    // The upstream request was cancelled: fakellm saw its client go away mid-stream.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let cut = loop {
+        let d = fake.disconnects().unwrap();
+        if !d.is_empty() {
+            break d;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "upstream never cancelled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        cut[0]["frames_sent"].as_u64() < cut[0]["frames_total"].as_u64(),
+        "{cut:?}"
+    );
     let out = view["usage"]["output_tokens"].as_u64().unwrap();
     assert!(
         (1..400).contains(&out),

@@ -112,6 +112,8 @@ struct Row {
     case: String,
     c1_direct: (f64, f64),
     c1_through: (f64, f64),
+    /// p50/p99 of through − direct over adjacent pairs: robust to load that shifts both.
+    c1_paired: (f64, f64),
     c64_direct: (f64, f64),
     c64_through: (f64, f64),
     rps_direct: f64,
@@ -203,6 +205,19 @@ async fn compare(
             d.push(direct.send(client).await?);
         }
     }
+    let mut paired: Vec<f64> = t
+        .iter()
+        .zip(&d)
+        .map(|(t, d)| (t.as_secs_f64() - d.as_secs_f64()) * 1000.0)
+        .collect();
+    paired.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        paired
+            .get(((paired.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let c1_paired = (at(0.50), at(0.99));
     let cpu_ms_per_req =
         (cpu_time(daemon_pid)?.saturating_sub(cpu0)).as_secs_f64() * 1000.0 / plan.pairs as f64;
     let (cd, rps_direct) = concurrent(client, direct, plan).await?;
@@ -211,6 +226,7 @@ async fn compare(
         case: case.to_owned(),
         c1_direct: percentiles(d),
         c1_through: percentiles(t),
+        c1_paired,
         c64_direct: percentiles(cd),
         c64_through: percentiles(ct),
         rps_direct,
@@ -222,12 +238,12 @@ async fn compare(
 fn print_table(title: &str, rows: &[Row], notes: &str) {
     println!("### {title}\n");
     println!(
-        "| case | c=1 direct p50/p99 ms | c=1 through p50/p99 ms | **added p50/p99 ms** | c=64 direct p50/p99 ms | c=64 through p50/p99 ms | rps direct / through (c=64) | daemon CPU ms/req |"
+        "| case | c=1 direct p50/p99 ms | c=1 through p50/p99 ms | **added p50/p99 ms** | paired added p50/p99 ms | c=64 direct p50/p99 ms | c=64 through p50/p99 ms | rps direct / through (c=64) | daemon CPU ms/req |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {:.3} / {:.3} | {:.3} / {:.3} | **{:.3} / {:.3}** | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} | {:.3} |",
+            "| {} | {:.3} / {:.3} | {:.3} / {:.3} | **{:.3} / {:.3}** | {:.3} / {:.3} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} | {:.3} |",
             r.case,
             r.c1_direct.0,
             r.c1_direct.1,
@@ -235,6 +251,8 @@ fn print_table(title: &str, rows: &[Row], notes: &str) {
             r.c1_through.1,
             r.c1_through.0 - r.c1_direct.0,
             r.c1_through.1 - r.c1_direct.1,
+            r.c1_paired.0,
+            r.c1_paired.1,
             r.c64_direct.0,
             r.c64_direct.1,
             r.c64_through.0,

@@ -53,6 +53,7 @@ impl Server {
     /// When the script is invalid, the log cannot be opened or the address cannot be bound.
     pub async fn bind(script: Script, log: &Path, listen: &Listen) -> Result<Self, FakeLlmError> {
         validate(&script)?;
+        let disconnects = Arc::new(disconnect_log_path(log));
         let log = RequestLog::open(log)?;
         let (bound, address) = match listen {
             Listen::Tcp(addr) => {
@@ -85,6 +86,7 @@ impl Server {
             count_tokens: script.count_tokens,
             models,
             api_key: script.api_key.clone(),
+            disconnects,
             dispatcher: Mutex::new(Dispatcher::new(script)),
             log,
             seq: AtomicU64::new(0),
@@ -169,6 +171,8 @@ struct AppState {
     count_tokens: Option<u64>,
     models: Vec<String>,
     api_key: Option<String>,
+    /// Where client disconnects mid-response are recorded.
+    disconnects: Arc<PathBuf>,
 }
 
 /// The error shape a path calls for: OpenAI-style paths get `{"error":{…}}`, the rest the
@@ -521,9 +525,10 @@ async fn respond(st: &AppState, seq: u64, plan: Plan) -> Response {
             let Some(entry) = entry else {
                 return exhausted(api, seq, &source);
             };
+            let notice = DropNotice::new(st.disconnects.clone(), seq);
             scripted(
                 api,
-                seq,
+                notice,
                 &entry,
                 stream,
                 include_usage,
@@ -558,13 +563,14 @@ fn exhausted(api: Api, seq: u64, source: &Source) -> Response {
 
 async fn scripted(
     api: Api,
-    seq: u64,
+    notice: DropNotice,
     entry: &Entry,
     stream: bool,
     include_usage: bool,
     request_model: String,
     request_bytes: usize,
 ) -> Response {
+    let seq = notice.seq;
     if entry.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(entry.delay_ms)).await;
     }
@@ -601,7 +607,7 @@ async fn scripted(
             created: now_ms() / 1000,
         };
         if stream {
-            stream_response(api, seq, entry, &meta, include_usage)
+            stream_response(api, seq, notice, entry, &meta, include_usage)
         } else {
             let body = match api {
                 Api::Anthropic => render::anthropic_message(entry, &meta),
@@ -612,8 +618,12 @@ async fn scripted(
                     let text = body.to_string();
                     let half = Bytes::from(text.into_bytes());
                     let cut = half.len() / 2;
-                    let mut resp =
-                        Response::new(frames_body(vec![half.slice(..cut)], Duration::ZERO, true));
+                    let mut resp = Response::new(frames_body(
+                        vec![half.slice(..cut)],
+                        Duration::ZERO,
+                        true,
+                        notice,
+                    ));
                     resp.headers_mut().insert(
                         header::CONTENT_TYPE,
                         HeaderValue::from_static("application/json"),
@@ -639,6 +649,7 @@ async fn scripted(
 fn stream_response(
     api: Api,
     seq: u64,
+    notice: DropNotice,
     entry: &Entry,
     meta: &ReplyMeta,
     include_usage: bool,
@@ -670,6 +681,7 @@ fn stream_response(
         frames,
         Duration::from_millis(entry.event_delay_ms),
         abort,
+        notice,
     ));
     let h = resp.headers_mut();
     h.insert(
@@ -682,33 +694,95 @@ fn stream_response(
 }
 
 /// A body that sends `frames` one write each, `delay` apart, then ends cleanly or, with
-/// `abort`, fails so hyper drops the connection without finishing the response.
-fn frames_body(frames: Vec<Bytes>, delay: Duration, abort: bool) -> Body {
-    let state = (frames.into_iter(), abort, true);
-    let stream = futures_util::stream::unfold(state, move |(mut it, abort, first)| async move {
-        match it.next() {
-            Some(frame) => {
-                if !first && !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
+/// `abort`, fails so hyper drops the connection without finishing the response. If the client
+/// goes away first, `notice` records it.
+fn frames_body(frames: Vec<Bytes>, delay: Duration, abort: bool, mut notice: DropNotice) -> Body {
+    notice.total = frames.len();
+    let state = (frames.into_iter(), abort, true, notice);
+    let stream = futures_util::stream::unfold(
+        state,
+        move |(mut it, abort, first, mut notice)| async move {
+            match it.next() {
+                Some(frame) => {
+                    if !first && !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    notice.sent += 1;
+                    Some((Ok(frame), (it, abort, false, notice)))
                 }
-                Some((Ok(frame), (it, abort, false)))
+                None if abort => {
+                    // A scripted break is not a client disconnect.
+                    notice.finished = true;
+                    // hyper only flushes what it buffered when the body is pending; failing at
+                    // once would drop the frames we meant to deliver before the break.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    Some((
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionAborted,
+                            "fakellm: scripted disconnect",
+                        )),
+                        (it, false, false, notice),
+                    ))
+                }
+                None => {
+                    notice.complete();
+                    None
+                }
             }
-            None if abort => {
-                // hyper only flushes what it buffered when the body is pending; failing at
-                // once would drop the frames we meant to deliver before the break.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                Some((
-                    Err(std::io::Error::new(
-                        std::io::ErrorKind::ConnectionAborted,
-                        "fakellm: scripted disconnect",
-                    )),
-                    (it, false, false),
-                ))
-            }
-            None => None,
-        }
-    });
+        },
+    );
     Body::from_stream(stream)
+}
+
+/// `<log>.disconnects`: one JSON line per response the client abandoned before its end.
+fn disconnect_log_path(log: &Path) -> PathBuf {
+    let mut p = log.as_os_str().to_owned();
+    p.push(".disconnects");
+    PathBuf::from(p)
+}
+
+/// Records, when dropped unfinished, that the client went away mid-response: how a test sees
+/// that a proxy cancelled its upstream request.
+struct DropNotice {
+    path: Arc<PathBuf>,
+    seq: u64,
+    sent: usize,
+    total: usize,
+    finished: bool,
+}
+
+impl DropNotice {
+    fn new(path: Arc<PathBuf>, seq: u64) -> Self {
+        Self {
+            path,
+            seq,
+            sent: 0,
+            total: 0,
+            finished: false,
+        }
+    }
+
+    /// The response was delivered whole: nothing to record.
+    fn complete(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for DropNotice {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let line = json!({"seq": self.seq, "ts": now_ms(), "frames_sent": self.sent, "frames_total": self.total});
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path.as_ref())
+            .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+        if let Err(e) = written {
+            eprintln!("fakellm: cannot record a disconnect: {e}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -120,6 +120,31 @@ impl FakeLlm {
             .collect()
     }
 
+    /// The responses clients abandoned mid-way (`<log>.disconnects`): `{seq, frames_sent,
+    /// frames_total}` each.
+    ///
+    /// # Errors
+    /// When the file exists but cannot be read or parsed.
+    pub fn disconnects(&self) -> Result<Vec<Value>, HarnessError> {
+        let mut p = self.log.as_os_str().to_owned();
+        p.push(".disconnects");
+        let path = PathBuf::from(p);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => return Err(HarnessError::Io { path, source }),
+        };
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| {
+                serde_json::from_str(l).map_err(|source| HarnessError::Json {
+                    what: path.display().to_string(),
+                    source,
+                })
+            })
+            .collect()
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         !self.service.has_exited()
