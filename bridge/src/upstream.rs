@@ -122,36 +122,44 @@ pub async fn anthropic(
         .cloned()
         .unwrap_or(HeaderValue::from_static("application/json"));
     let is_sse = content_type.as_bytes().starts_with(b"text/event-stream");
-    let mut at_boundary = true;
-    let stream = resp.bytes_stream().map(move |chunk| match chunk {
-        Ok(b) => {
-            if !b.is_empty() {
-                at_boundary = b.ends_with(b"\n\n") || b.ends_with(b"\r\n\r\n");
-            }
-            Ok::<Bytes, std::io::Error>(b)
-        }
-        // A stream that breaks is ended with an Anthropic `error` event, so the client sees
-        // an error rather than a silently truncated answer. A non-stream body cannot be
-        // repaired: abort the response.
-        Err(e) if is_sse => {
-            tracing::warn!(error = %e, "upstream stream broke");
-            let mut out = if at_boundary {
-                Vec::new()
-            } else {
-                b"\n\n".to_vec()
+    // State: whether the bytes so far end at an SSE frame boundary, and whether the stream
+    // already failed (nothing may follow the error).
+    let stream = resp
+        .bytes_stream()
+        .scan((true, false), move |(at_boundary, failed), chunk| {
+            let item = match chunk {
+                _ if *failed => None,
+                Ok(b) => {
+                    if !b.is_empty() {
+                        *at_boundary = b.ends_with(b"\n\n") || b.ends_with(b"\r\n\r\n");
+                    }
+                    Some(Ok::<Bytes, std::io::Error>(b))
+                }
+                // A stream that breaks is ended with an Anthropic `error` event, so the client
+                // sees an error rather than a silently truncated answer. A non-stream body cannot
+                // be repaired: abort the response.
+                Err(e) if is_sse => {
+                    tracing::warn!(error = %e, "upstream stream broke");
+                    *failed = true;
+                    let mut out = if *at_boundary {
+                        Vec::new()
+                    } else {
+                        b"\n\n".to_vec()
+                    };
+                    let event = StreamEvent::error(
+                        ErrorType::ApiError,
+                        format!("upstream stream broke: {}", describe(&e)),
+                    );
+                    write_events(&[event], &mut out);
+                    Some(Ok(Bytes::from(out)))
+                }
+                Err(e) => {
+                    *failed = true;
+                    Some(Err(std::io::Error::other(describe(&e))))
+                }
             };
-            write_events(
-                &[StreamEvent::error(
-                    ErrorType::ApiError,
-                    format!("upstream stream broke: {}", describe(&e)),
-                )],
-                &mut out,
-            );
-            Ok(Bytes::from(out))
-        }
-        Err(e) => Err(std::io::Error::other(describe(&e))),
-    });
-    let stream = stop_after_error_frame(stream);
+            futures_util::future::ready(item)
+        });
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, content_type)
@@ -302,24 +310,6 @@ fn write_events(events: &[StreamEvent], out: &mut Vec<u8>) {
             tracing::error!(error = %err, "cannot serialize a stream event");
         }
     }
-}
-
-/// Ends a stream after the first item that came from an upstream error (an `error` frame):
-/// nothing may follow it.
-fn stop_after_error_frame<S>(
-    stream: S,
-) -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>>
-where
-    S: futures_util::Stream<Item = Result<Bytes, std::io::Error>>,
-{
-    let mut done = false;
-    stream.take_while(move |item| {
-        let keep = !done;
-        if let Ok(b) = item {
-            done = b.windows(13).any(|w| w == b"event: error\n");
-        }
-        futures_util::future::ready(keep)
-    })
 }
 
 /// A request that never got a response.

@@ -531,3 +531,27 @@ async fn client_disconnect_cancels_the_upstream_request() {
         }
     }
 }
+
+/// A provider that breaks mid-stream: the client's stream ends with an Anthropic `error`
+/// event, passthrough or translated, never a silent truncation or a fake `end_turn`.
+#[tokio::test]
+async fn mid_stream_failure_ends_with_an_error_event() {
+    let fake =
+        fakellm(&json!({"fallback": {"text": "a b c d e f g h", "disconnect_after_events": 4}}));
+    let bridge = start(&fake);
+    for model in ["claude", "gpt"] {
+        let resp = post(&bridge, &request(model, true)).await;
+        assert_eq!(resp.status(), 200, "{model}");
+        let body = resp.text().await.unwrap();
+        let frames = parse_sse(&body);
+        let last = frames.last().unwrap();
+        assert_eq!(last.event.as_deref(), Some("error"), "{model}: {body}");
+        let v: Value = serde_json::from_str(&last.data).unwrap();
+        assert_eq!(v["error"]["type"], "api_error", "{model}: {v}");
+        assert!(!body.contains("message_stop"), "{model}: {body}");
+        assert!(
+            !body.contains("end_turn"),
+            "{model}: no fake end_turn: {body}"
+        );
+    }
+}
