@@ -19,12 +19,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    agentbox_http::init_logging();
     let env = ProcessEnv;
     let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
         Ok(c) => c,
@@ -72,29 +67,10 @@ fn main() -> ExitCode {
         let shutdown = CancellationToken::new();
         let signals = shutdown.clone();
         tokio::spawn(async move {
-            wait_for_signal().await;
+            agentbox_http::shutdown_signal().await;
             signals.cancel();
         });
         agentbox_http::serve_tcp(listener, agentbox_bridge::router(bridge), shutdown).await;
         ExitCode::SUCCESS
     })
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(error = %e, "cannot install signal handlers; stopping only on ctrl-c");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

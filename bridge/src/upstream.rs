@@ -83,7 +83,7 @@ pub async fn check(client: &reqwest::Client, model: &RemoteModel) -> Result<(), 
         .timeout(std::time::Duration::from_secs(10))
         .send()
         .await
-        .map_err(|e| CheckError::Unreachable(describe(&e)))?;
+        .map_err(|e| CheckError::Unreachable(agentbox_http::error_chain(&e)))?;
     let status = resp.status();
     if status.is_success() {
         Ok(())
@@ -148,14 +148,14 @@ pub async fn anthropic(
                     };
                     let event = StreamEvent::error(
                         ErrorType::ApiError,
-                        format!("upstream stream broke: {}", describe(&e)),
+                        format!("upstream stream broke: {}", agentbox_http::error_chain(&e)),
                     );
                     write_events(&[event], &mut out);
                     Some(Ok(Bytes::from(out)))
                 }
                 Err(e) => {
                     *failed = true;
-                    Some(Err(std::io::Error::other(describe(&e))))
+                    Some(Err(std::io::Error::other(agentbox_http::error_chain(&e))))
                 }
             };
             futures_util::future::ready(item)
@@ -210,7 +210,7 @@ pub async fn openai(
     if !stream {
         let body = read_capped(resp, MAX_RESPONSE_BYTES)
             .await
-            .map_err(|e| BridgeError::UpstreamUnreachable(describe(&e)))?;
+            .map_err(|e| BridgeError::UpstreamUnreachable(agentbox_http::error_chain(&e)))?;
         let chat: ChatResponse = serde_json::from_slice(&body)
             .map_err(|e| BridgeError::UpstreamInvalid(format!("not a chat completion: {e}")))?;
         let message = chat_to_anthropic_response(chat, &resp_opts)
@@ -286,7 +286,7 @@ where
                 }
                 Some(Err(e)) => fail(
                     &mut st.failed,
-                    format!("upstream stream broke: {}", describe(&e)),
+                    format!("upstream stream broke: {}", agentbox_http::error_chain(&e)),
                 ),
                 None => st.translator.finish(),
             };
@@ -317,20 +317,8 @@ pub fn send_error(e: reqwest::Error) -> BridgeError {
     if e.is_timeout() {
         BridgeError::UpstreamTimeout
     } else {
-        BridgeError::UpstreamUnreachable(describe(&e))
+        BridgeError::UpstreamUnreachable(agentbox_http::error_chain(&e))
     }
-}
-
-/// The error with its causes, which reqwest keeps in the source chain.
-fn describe(e: &reqwest::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }
 
 /// Maps a provider's error response to what our client sees. A 429 stays a 429 with its

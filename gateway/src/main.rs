@@ -25,12 +25,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    agentbox_http::init_logging();
     let env = ProcessEnv;
     let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
         Ok(c) => c,
@@ -81,7 +76,7 @@ async fn run(opts: GatewayOptions) -> ExitCode {
     }
     let signals = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        agentbox_http::shutdown_signal().await;
         signals.cancel();
     });
     let persister = tokio::spawn(gw.clone().run_persister());
@@ -111,23 +106,4 @@ fn bind_control(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListe
     let listener = tokio::net::UnixListener::bind(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(listener)
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(error = %e, "cannot install signal handlers; stopping only on ctrl-c");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

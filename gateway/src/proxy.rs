@@ -173,7 +173,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         if e.is_timeout() {
             ProxyError::UpstreamTimeout
         } else {
-            ProxyError::UpstreamUnreachable(describe(&e))
+            ProxyError::UpstreamUnreachable(agentbox_http::error_chain(&e))
         }
     })?;
     let status = resp.status();
@@ -277,7 +277,7 @@ impl Stream for MeteredBody {
             Poll::Ready(Some(Err(e))) => {
                 this.done = true;
                 this.finish();
-                tracing::warn!(tid = %this.settlement.tid, error = %describe(&e), "upstream broke mid-response");
+                tracing::warn!(tid = %this.settlement.tid, error = %agentbox_http::error_chain(&e), "upstream broke mid-response");
                 if this.is_sse {
                     // End the stream with an Anthropic `error` event, so the client sees a
                     // failure rather than a silently truncated answer.
@@ -288,7 +288,10 @@ impl Stream for MeteredBody {
                     };
                     let event = StreamEvent::error(
                         ErrorType::ApiError,
-                        format!("upstream failed mid-stream: {}", describe(&e)),
+                        format!(
+                            "upstream failed mid-stream: {}",
+                            agentbox_http::error_chain(&e)
+                        ),
                     );
                     if event.write_sse(&mut out).is_err() {
                         return Poll::Ready(Some(Err(std::io::Error::other(
@@ -297,7 +300,9 @@ impl Stream for MeteredBody {
                     }
                     Poll::Ready(Some(Ok(Bytes::from(out))))
                 } else {
-                    Poll::Ready(Some(Err(std::io::Error::other(describe(&e)))))
+                    Poll::Ready(Some(Err(std::io::Error::other(
+                        agentbox_http::error_chain(&e),
+                    ))))
                 }
             }
             Poll::Ready(None) => {
@@ -315,15 +320,4 @@ impl Drop for MeteredBody {
         // upstream stream cancels the generation; bill what the meter saw.
         self.finish();
     }
-}
-
-fn describe(e: &reqwest::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
 }

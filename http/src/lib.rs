@@ -219,3 +219,47 @@ async fn discard_stream(mut body: axum::body::BodyDataStream, deadline: tokio::t
         }
     }
 }
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`): what every daemon's `main` sets up
+/// first, so journald gets one format from all of them.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Resolves on SIGTERM (systemd's stop) or SIGINT.
+pub async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot install signal handlers; stopping only on ctrl-c");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+/// An error with its whole source chain (`a: b: c`): HTTP client errors keep the useful part
+/// (connection refused, timed out) in their sources.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
