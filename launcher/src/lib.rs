@@ -1,5 +1,39 @@
 //! The privileged launcher (`agentbox-launcher`): validates requests on `run/launcher.sock`,
-//! starts agent and check sandboxes with bubblewrap, runs the git helpers and supervises local
-//! vLLM backends.
+//! starts agent and check sandboxes with bubblewrap, runs the git helpers and (later)
+//! supervises local vLLM backends.
 //!
-//! Empty until issue 5 lands it. The rules it enforces already live in `agentbox-policy`.
+//! # Layout
+//! - [`daemon`]: command line, startup (config, identities, data dir, socket), shutdown.
+//! - [`routes`]: the HTTP API and caller authorization (`SO_PEERCRED`).
+//! - [`error`]: every failure and its one mapping to a status and `{"error": {code, message}}`.
+//! - [`api`]: request and response shapes.
+//! - [`validate`]: request fields against policy and config.
+//! - [`launcher`]: runs (start, supervise, wait, delete), git helper entry points, restart.
+//! - [`task`]: the run state machine and registry.
+//! - [`sandbox`]: bwrap arguments, environment, and the spawn that drops to the agent uid.
+//! - [`seccomp`]: the BPF filters.
+//! - [`cgroup`]: per-run cgroups (v1 and v2): limits, kill, OOM.
+//! - [`walk`]: the fd-based workspace hand-over and hand-back.
+//! - [`layout`]: the data directory and per-task paths.
+//! - [`git`]: snapshot, collect, deliver, delete-branch.
+//! - [`state`]: what survives a restart.
+//! - [`status`]: host readiness.
+
+pub mod api;
+pub mod cgroup;
+pub mod daemon;
+pub mod error;
+pub mod git;
+pub mod launcher;
+pub mod layout;
+pub mod routes;
+pub mod sandbox;
+pub mod seccomp;
+pub mod state;
+pub mod status;
+pub mod task;
+pub mod validate;
+pub mod walk;
+
+pub use launcher::Launcher;
+pub use routes::router;

@@ -1,0 +1,264 @@
+//! The `agentbox-launcher` process: reads the config, resolves the service identity, prepares
+//! the data directory and cgroups, recovers from a previous run, binds
+//! `$AGENTBOX_DATA/run/launcher.sock` (mode 0660, root:service-group), prints
+//! `listening on unix:<path>` once bound, and serves until SIGTERM or SIGINT; then it stops
+//! every sandbox (handing workspaces back) before exiting.
+//!
+//! Exit codes: 0 after a clean shutdown, 78 (`EX_CONFIG`) for a bad config or an unknown
+//! service user, 77 (`EX_NOPERM`) when not root, 1 for other startup failures.
+
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use agentbox_policy::config::{Config, ProcessEnv, config_path};
+use clap::Parser;
+
+use crate::cgroup::{Cgroups, RealSignaller};
+use crate::launcher::{Launcher, Settings};
+use crate::layout::DataDir;
+use crate::walk::Owner;
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "agentbox-launcher",
+    version,
+    about = "The privileged agentbox launcher"
+)]
+pub struct Args {
+    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Use this uid as the service identity instead of looking up `service_user` in the
+    /// passwd database (for tests, and hosts where the service user has no passwd entry).
+    /// Its gid is the primary gid of that uid's passwd entry, or the uid itself if none.
+    #[arg(long)]
+    pub service_uid: Option<u32>,
+    /// The directory name of this launcher's cgroups below each hierarchy. Everything below it
+    /// is treated as ours (orphans are killed at startup), so two launchers on one host need
+    /// different names.
+    #[arg(long, default_value = "agentbox")]
+    pub cgroup_parent: String,
+    /// Where the cgroup hierarchies are mounted.
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    pub cgroup_root: PathBuf,
+}
+
+const EX_CONFIG: u8 = 78;
+const EX_NOPERM: u8 = 77;
+
+/// Runs the launcher to completion.
+pub fn main(args: Args) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let env = ProcessEnv;
+    let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("agentbox-launcher: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    let service = match service_identity(&config, args.service_uid) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("agentbox-launcher: {e}");
+            return ExitCode::from(EX_CONFIG);
+        }
+    };
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("agentbox-launcher: must run as root");
+        return ExitCode::from(EX_NOPERM);
+    }
+    ensure_stdio();
+    raise_nofile();
+    let data = match DataDir::prepare(&config.data_dir, service) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("agentbox-launcher: data directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cgroups = Cgroups::detect(
+        &args.cgroup_root,
+        &args.cgroup_parent,
+        std::sync::Arc::new(RealSignaller),
+    )
+    .and_then(|c| c.prepare().map(|()| c))
+    .map_err(|e| e.to_string());
+    if let Err(e) = &cgroups {
+        tracing::error!(error = %e, "cgroups unavailable; sandboxes will be refused");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("agentbox-launcher: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let socket = data.socket_path();
+    let settings = Settings {
+        config,
+        service,
+        data,
+        cgroups,
+        bwrap: PathBuf::from(crate::sandbox::BWRAP),
+    };
+    runtime.block_on(async move {
+        let launcher = match Launcher::new(settings) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("agentbox-launcher: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        launcher.recover().await;
+        let listener = match bind(&socket, service.gid) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "agentbox-launcher: cannot listen on {}: {e}",
+                    socket.display()
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        {
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "listening on unix:{}", socket.display());
+            let _ = out.flush();
+        }
+        let shutdown = launcher.shutdown_token();
+        // Waiting for the signal alongside the server (not in a spawned task) leaves nothing
+        // running once serving ends.
+        let serve = agentbox_http::serve_unix(
+            listener,
+            crate::routes::router(std::sync::Arc::clone(&launcher)),
+            shutdown.clone(),
+        );
+        tokio::pin!(serve);
+        tokio::select! {
+            () = &mut serve => {}
+            () = wait_for_signal() => {
+                shutdown.cancel();
+                serve.await;
+            }
+        }
+        launcher.shut_down().await;
+        let _ = std::fs::remove_file(&socket);
+        tracing::info!("stopped");
+        ExitCode::SUCCESS
+    })
+}
+
+fn service_identity(config: &Config, flag: Option<u32>) -> Result<Owner, String> {
+    use nix::unistd::{Uid, User};
+    let owner = match flag {
+        Some(uid) => {
+            let gid = User::from_uid(Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map_or(uid, |u| u.gid.as_raw());
+            Owner { uid, gid }
+        }
+        None => match User::from_name(&config.service_user) {
+            Ok(Some(u)) => Owner {
+                uid: u.uid.as_raw(),
+                gid: u.gid.as_raw(),
+            },
+            Ok(None) => {
+                return Err(format!(
+                    "service_user {:?} does not exist (create it, or pass --service-uid)",
+                    config.service_user
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot look up service_user {:?}: {e}",
+                    config.service_user
+                ));
+            }
+        },
+    };
+    if owner.uid == 0 {
+        return Err("the service identity must not be root".to_owned());
+    }
+    if owner.uid == config.agent_uid || owner.gid == config.agent_gid {
+        return Err("the service identity must differ from agent_uid/agent_gid".to_owned());
+    }
+    Ok(owner)
+}
+
+/// Makes sure fds 0-2 are open, so no descriptor the launcher opens later lands on a standard
+/// stream number (a sandbox's stdio is wired onto those numbers).
+fn ensure_stdio() {
+    for fd in 0..3 {
+        // SAFETY: only inspects the flags of a descriptor number.
+        let open = unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
+        if !open
+            && let Ok(null) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+        {
+            // The lowest free number is `fd`, so this fills the hole; keep it open for good.
+            std::mem::forget(null);
+        }
+    }
+}
+
+/// The workspace walks keep one descriptor per directory level open.
+fn raise_nofile() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let raised = rustix::process::Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
+    };
+    if let Err(e) = setrlimit(Resource::Nofile, raised) {
+        tracing::warn!(error = %e, "cannot raise RLIMIT_NOFILE");
+    }
+}
+
+fn bind(path: &Path, group: u32) -> std::io::Result<tokio::net::UnixListener> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::other("exists and is not a socket"));
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = tokio::net::UnixListener::bind(path)?;
+    std::os::unix::fs::chown(path, Some(0), Some(group))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(listener)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        (Err(e), _) | (_, Err(e)) => {
+            tracing::error!(error = %e, "cannot install signal handlers; stopping only on ctrl-c");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Everything a launcher request can fail with, and the one place that turns it into an HTTP
+//! status and a JSON body.
+//!
+//! Body shape, for every error of every route:
+//! `{"error": {"code": "<stable snake_case code>", "message": "<human readable>"}}`.
+//! Callers (the CLI, tests) branch on `code`; `message` is for people and may change. Untrusted
+//! input only ever appears escaped and shortened (the policy crate's errors already do that).
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// A failed launcher request.
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// The peer's uid is neither root nor the service uid.
+    #[error("uid {uid} may not use the launcher")]
+    Forbidden {
+        /// The peer's uid, from `SO_PEERCRED`.
+        uid: u32,
+    },
+    /// No such route.
+    #[error("no route for {0}")]
+    NoRoute(String),
+    /// A known route with the wrong method.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// The body is over the limit.
+    #[error("request body exceeds {limit} bytes")]
+    BodyTooLarge {
+        /// The limit, bytes.
+        limit: u64,
+    },
+    /// The client did not send its body in time.
+    #[error("request body not received in time")]
+    BodyTimeout,
+    /// Not JSON, wrong types, missing or unknown fields.
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    /// `tid` (or the tid of a branch) broke the id rule.
+    #[error("{0}")]
+    InvalidTid(String),
+    /// `model` is not in the catalogue.
+    #[error("model {0} is not in the catalogue")]
+    UnknownModel(String),
+    /// `cmd` is not `claude ...`, or an argument is unacceptable.
+    #[error("invalid cmd: {0}")]
+    InvalidCmd(String),
+    /// `command` of a check is unacceptable.
+    #[error("invalid command: {0}")]
+    InvalidCommand(String),
+    /// `env` has a key that is not allowlisted, denied, malformed, or a bad value.
+    #[error("invalid env: {0}")]
+    InvalidEnv(String),
+    /// `token` is malformed.
+    #[error("invalid token: {0}")]
+    InvalidToken(String),
+    /// `timeout_s` outside 1..=max.
+    #[error("timeout_s {got} is outside 1..={max}")]
+    InvalidTimeout {
+        /// What was asked.
+        got: u64,
+        /// The configured maximum.
+        max: u64,
+    },
+    /// `venv` is not an acceptable venv.
+    #[error("invalid venv: {0}")]
+    InvalidVenv(String),
+    /// A path in a request broke a string rule or is outside the allowed roots.
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    /// A branch name is not `agent/<tid>`.
+    #[error("invalid branch: {0}")]
+    InvalidBranch(String),
+    /// A git ref is unacceptable or does not name a commit.
+    #[error("invalid ref: {0}")]
+    InvalidRef(String),
+    /// A path on the host is refused: a symlink or mount in the way, wrong owner or type, a
+    /// hard link or device node inside a workspace.
+    #[error("refused: {0}")]
+    Unsafe(String),
+    /// Something the request names does not exist (workspace, repository, gateway socket).
+    #[error("not found: {0}")]
+    Missing(String),
+    /// No task with this tid is known.
+    #[error("no task {0}")]
+    UnknownTask(String),
+    /// The tid already has a running agent or check, or a snapshot already exists.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// The host cannot run sandboxes (bwrap, user namespaces, cgroups).
+    #[error("host not ready: {0}")]
+    HostNotReady(String),
+    /// The launcher is shutting down.
+    #[error("the launcher is shutting down")]
+    ShuttingDown,
+    /// Backend management is not available in this build.
+    #[error("not implemented: {0}")]
+    NotImplemented(String),
+    /// A git helper failed.
+    #[error("git failed: {0}")]
+    Git(String),
+    /// Starting or supervising a sandbox failed.
+    #[error("sandbox failed: {0}")]
+    Sandbox(String),
+    /// Anything else that is our fault.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl LauncherError {
+    /// The status and the stable error code. This is the only mapping from errors to HTTP.
+    pub fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            LauncherError::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden"),
+            LauncherError::NoRoute(_) => (StatusCode::NOT_FOUND, "no_route"),
+            LauncherError::MethodNotAllowed => {
+                (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+            }
+            LauncherError::BodyTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            LauncherError::BodyTimeout => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+            LauncherError::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            LauncherError::InvalidTid(_) => (StatusCode::BAD_REQUEST, "invalid_tid"),
+            LauncherError::UnknownModel(_) => (StatusCode::BAD_REQUEST, "unknown_model"),
+            LauncherError::InvalidCmd(_) => (StatusCode::BAD_REQUEST, "invalid_cmd"),
+            LauncherError::InvalidCommand(_) => (StatusCode::BAD_REQUEST, "invalid_command"),
+            LauncherError::InvalidEnv(_) => (StatusCode::BAD_REQUEST, "invalid_env"),
+            LauncherError::InvalidToken(_) => (StatusCode::BAD_REQUEST, "invalid_token"),
+            LauncherError::InvalidTimeout { .. } => (StatusCode::BAD_REQUEST, "invalid_timeout"),
+            LauncherError::InvalidVenv(_) => (StatusCode::BAD_REQUEST, "invalid_venv"),
+            LauncherError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
+            LauncherError::InvalidBranch(_) => (StatusCode::BAD_REQUEST, "invalid_branch"),
+            LauncherError::InvalidRef(_) => (StatusCode::BAD_REQUEST, "invalid_ref"),
+            LauncherError::Unsafe(_) => (StatusCode::BAD_REQUEST, "unsafe_path"),
+            LauncherError::Missing(_) => (StatusCode::NOT_FOUND, "not_found"),
+            LauncherError::UnknownTask(_) => (StatusCode::NOT_FOUND, "unknown_task"),
+            LauncherError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            LauncherError::HostNotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "host_not_ready"),
+            LauncherError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            LauncherError::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
+            LauncherError::Git(_) => (StatusCode::INTERNAL_SERVER_ERROR, "git_failed"),
+            LauncherError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_failed"),
+            LauncherError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for LauncherError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        if status.is_server_error() {
+            tracing::warn!(code, error = %self, "request failed");
+        }
+        let body = json!({"error": {"code": code, "message": self.to_string()}});
+        (status, Json(body)).into_response()
+    }
+}
+
+impl From<agentbox_http::BodyError> for LauncherError {
+    fn from(e: agentbox_http::BodyError) -> Self {
+        match e {
+            agentbox_http::BodyError::TooLarge { limit } => LauncherError::BodyTooLarge { limit },
+            agentbox_http::BodyError::Timeout(_) => LauncherError::BodyTimeout,
+            agentbox_http::BodyError::Read(m) => LauncherError::BadRequest(m),
+        }
+    }
+}
+
+/// Maps a resolver error on a host path: a missing object is "not found", everything else
+/// (symlink, mount, wrong type, I/O) is a refusal.
+pub fn from_resolve(e: agentbox_policy::resolve::ResolveError) -> LauncherError {
+    use agentbox_policy::resolve::ResolveError as R;
+    match e {
+        R::NotFound { .. } => LauncherError::Missing(e.to_string()),
+        R::RootNotAbsolute { .. }
+        | R::Symlink { .. }
+        | R::CrossesMount { .. }
+        | R::NotADirectory { .. }
+        | R::WrongKind { .. }
+        | R::Changed { .. }
+        | R::OtherRoot { .. }
+        | R::BadComponent { .. }
+        | R::Openat2Unavailable { .. }
+        | R::Io { .. } => LauncherError::Unsafe(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn body_shape() {
+        let resp = LauncherError::InvalidTimeout { got: 0, max: 10 }.into_response();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "invalid_timeout");
+        assert_eq!(v["error"]["message"], "timeout_s 0 is outside 1..=10");
+        assert_eq!(v.as_object().unwrap().len(), 1);
+    }
+}

@@ -1,0 +1,873 @@
+//! The launcher's state and operations: starting and supervising sandbox runs (agents in the
+//! background, checks within their request), answering and waiting on them, deleting them,
+//! the git helpers, and recovery after a restart.
+//!
+//! Shared state is the [`Registry`] behind one `std::sync::Mutex`, locked only to read or apply
+//! a transition, never across an `.await`. Every background task (supervisors, output capture)
+//! is spawned on one `TaskTracker` and stopped through the launcher's shutdown token, which
+//! every run's stop token descends from.
+//!
+//! A run, in order: reserve the tid (409 if active) → resolve the workspace (and venv, gateway
+//! directory) without symlinks → hand the workspace to the agent uid (scan first, refuse before
+//! changing anything) → create the cgroup with the limits → spawn bwrap inside it as the agent
+//! uid → supervise: exit, timeout or stop (kill the whole cgroup) → kill survivors, read the OOM
+//! counter, remove the cgroup → hand the workspace back to the service uid → for agents with a
+//! snapshot, commit the tree onto `agent/<tid>` in the shadow → `Done`, persisted.
+
+use std::collections::BTreeMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use agentbox_policy::config::Config;
+use agentbox_policy::id::{AgentBranch, Tid};
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{
+    AgentRequest, AgentStatus, CheckRequest, CheckResult, DeleteBranchRequest, DeleteBranchResult,
+    DeliverRequest, DeliverResult, SnapshotRequest, SnapshotResult,
+};
+use crate::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
+use crate::error::LauncherError;
+use crate::git::{self, Git, TaskPaths};
+use crate::layout::{DataDir, LogKind, Stream};
+use crate::sandbox::{self, Mounts, Plan, Program, RunAs};
+use crate::state::{Record, StateStore};
+use crate::task::{Entry, Event, Final, Outcome, Phase, Registry, RunKind, StopReason};
+use crate::validate;
+use crate::walk::{self, Owner, WalkLimits};
+
+/// How long output capture may lag behind the death of every sandboxed process.
+const CAPTURE_GRACE: Duration = Duration::from_secs(30);
+
+/// Everything the launcher needs from its configuration and command line.
+#[derive(Debug)]
+pub struct Settings {
+    pub config: Config,
+    /// The service identity: may call the launcher, owns workspaces and repositories.
+    pub service: Owner,
+    pub data: DataDir,
+    /// `Err` with the reason when cgroups are unusable; runs are then refused.
+    pub cgroups: Result<Cgroups, String>,
+    pub bwrap: PathBuf,
+}
+
+/// The launcher.
+#[derive(Debug)]
+pub struct Launcher {
+    config: Config,
+    data: DataDir,
+    service: Owner,
+    agent: Owner,
+    cgroups: Result<Cgroups, String>,
+    bwrap: PathBuf,
+    registry: Mutex<Registry>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+    waiters: AtomicUsize,
+    store: StateStore,
+    git: Git,
+    walk_limits: WalkLimits,
+}
+
+/// Counts a waiting `GET ?wait=1` for as long as it waits (dropped when the client goes away).
+struct WaiterGuard<'a>(&'a AtomicUsize);
+
+impl<'a> WaiterGuard<'a> {
+    fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        WaiterGuard(counter)
+    }
+}
+
+impl Drop for WaiterGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// What `start` hands to the supervisor.
+struct Running {
+    child: tokio::process::Child,
+    cgroup: TaskCgroup,
+    captures: Vec<tokio::task::JoinHandle<bool>>,
+    workspace: OwnedFd,
+    workspace_gid: u32,
+}
+
+/// A validated run request.
+struct RunSpec {
+    tid: Tid,
+    kind: RunKind,
+    program: Program,
+    env: BTreeMap<String, String>,
+    venv: Option<OwnedFd>,
+    gateway: Option<OwnedFd>,
+    timeout: Duration,
+}
+
+impl Launcher {
+    /// Builds the launcher; call [`Launcher::recover`] before serving.
+    pub fn new(settings: Settings) -> Result<Arc<Launcher>, LauncherError> {
+        let store = StateStore::open(&settings.data.agent_state_dir())
+            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        let agent = Owner {
+            uid: settings.config.agent_uid,
+            gid: settings.config.agent_gid,
+        };
+        if agent.uid == settings.service.uid {
+            return Err(LauncherError::Internal(
+                "agent_uid must differ from the service uid".to_owned(),
+            ));
+        }
+        Ok(Arc::new(Launcher {
+            git: Git::new(settings.service),
+            config: settings.config,
+            data: settings.data,
+            service: settings.service,
+            agent,
+            cgroups: settings.cgroups,
+            bwrap: settings.bwrap,
+            registry: Mutex::new(Registry::default()),
+            tracker: TaskTracker::new(),
+            shutdown: CancellationToken::new(),
+            waiters: AtomicUsize::new(0),
+            store,
+            walk_limits: WalkLimits::default(),
+        }))
+    }
+
+    pub fn service(&self) -> Owner {
+        self.service
+    }
+
+    pub fn data(&self) -> &DataDir {
+        &self.data
+    }
+
+    pub fn cgroups(&self) -> &Result<Cgroups, String> {
+        &self.cgroups
+    }
+
+    pub fn bwrap(&self) -> &std::path::Path {
+        &self.bwrap
+    }
+
+    /// Cancelled to stop serving and to stop every run.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Stops every run (killing its sandbox, handing its workspace back) and waits for every
+    /// background task.
+    pub async fn shut_down(&self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn event(&self, tid: &Tid, event: Event) -> Option<Phase> {
+        let mut reg = self.lock();
+        let entry = reg.runs.get_mut(tid)?;
+        match entry.apply(event) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::error!(%tid, error = %e, "invalid run transition");
+                None
+            }
+        }
+    }
+
+    fn limits(&self) -> CgroupLimits {
+        let l = &self.config.launcher.limits;
+        CgroupLimits {
+            memory_bytes: l.memory_mb.saturating_mul(1 << 20),
+            pids: l.pids,
+            cpus: l.cpus,
+        }
+    }
+
+    fn output_cap(&self) -> u64 {
+        self.config
+            .launcher
+            .limits
+            .output_cap_kb
+            .saturating_mul(1024)
+    }
+
+    fn persist(&self, tid: &Tid) {
+        let record = {
+            let reg = self.lock();
+            let Some(e) = reg.runs.get(tid) else {
+                return;
+            };
+            if e.kind != RunKind::Agent {
+                return;
+            }
+            Record {
+                tid: tid.clone(),
+                kind: e.kind,
+                finished: match e.phase {
+                    Phase::Done(f) => Some(f),
+                    Phase::Starting | Phase::Running | Phase::Stopping(_) | Phase::Finishing(_) => {
+                        None
+                    }
+                },
+                outcome: e.outcome.clone(),
+                workspace_gid: e.workspace_gid,
+            }
+        };
+        if let Err(e) = self.store.save(&record) {
+            tracing::error!(%tid, error = %e, "cannot persist run state");
+        }
+    }
+
+    // === runs ===
+
+    /// `POST /agents`.
+    pub async fn start_agent(
+        self: &Arc<Self>,
+        req: AgentRequest,
+    ) -> Result<AgentStatus, LauncherError> {
+        let tid = validate::tid(&req.tid)?;
+        validate::model(&self.config, &req.model)?;
+        let args = validate::cmd(&req.cmd)?;
+        let env = validate::env(&self.config, &req.env)?;
+        let timeout = validate::timeout(
+            req.timeout_s,
+            self.config.launcher.limits.max_agent_timeout_s,
+        )?;
+        let token = validate::token(req.token.as_deref())?;
+        let venv = req
+            .venv
+            .as_deref()
+            .map(|v| validate::venv(&self.config, v))
+            .transpose()?;
+        let gateway = self.data.gateway_dir(&tid)?.into_fd();
+        let env = sandbox::environment(&env, venv.is_some(), token.as_ref(), true);
+        let spec = RunSpec {
+            tid: tid.clone(),
+            kind: RunKind::Agent,
+            program: Program::Claude { args },
+            env,
+            venv,
+            gateway: Some(gateway),
+            timeout,
+        };
+        self.start(spec).await?;
+        self.status_of(&tid)
+    }
+
+    /// `POST /checks`: runs to completion within the request. If the client goes away, the
+    /// check still runs to its end (bounded by its timeout) and the workspace is handed back.
+    pub async fn run_check(
+        self: &Arc<Self>,
+        req: CheckRequest,
+    ) -> Result<CheckResult, LauncherError> {
+        let tid = validate::tid(&req.tid)?;
+        validate::command(&req.command)?;
+        let timeout = validate::timeout(
+            req.timeout_s,
+            self.config.launcher.limits.max_check_timeout_s,
+        )?;
+        let venv = req
+            .venv
+            .as_deref()
+            .map(|v| validate::venv(&self.config, v))
+            .transpose()?;
+        let env = sandbox::environment(&BTreeMap::new(), venv.is_some(), None, false);
+        let spec = RunSpec {
+            tid: tid.clone(),
+            kind: RunKind::Check,
+            program: Program::Bash {
+                command: req.command,
+            },
+            env,
+            venv,
+            gateway: None,
+            timeout,
+        };
+        let mut rx = self.start(spec).await?;
+        // An error means the entry was dropped, which only a replaced run can do.
+        let _ = rx.wait_for(|p| p.is_done()).await;
+        let (phase, outcome) = {
+            let reg = self.lock();
+            let e = reg
+                .runs
+                .get(&tid)
+                .ok_or_else(|| LauncherError::Internal("check vanished".to_owned()))?;
+            (e.phase, e.outcome.clone())
+        };
+        let cap = self.output_cap();
+        let result = CheckResult {
+            tid: tid.to_string(),
+            exit_code: outcome.exit_code,
+            oom_killed: outcome.oom_killed,
+            timed_out: phase == Phase::Done(Final::TimedOut),
+            stdout: self
+                .data
+                .read_log(&tid, LogKind::Check, Stream::Stdout, cap),
+            stderr: self
+                .data
+                .read_log(&tid, LogKind::Check, Stream::Stderr, cap),
+            truncated: outcome.truncated,
+        };
+        self.data.remove_logs(&tid, LogKind::Check);
+        if let Some(err) = outcome.error {
+            tracing::warn!(%tid, error = %err, "check finished with an error");
+        }
+        Ok(result)
+    }
+
+    async fn start(
+        self: &Arc<Self>,
+        spec: RunSpec,
+    ) -> Result<watch::Receiver<Phase>, LauncherError> {
+        if self.shutdown.is_cancelled() {
+            return Err(LauncherError::ShuttingDown);
+        }
+        let cgroups = self
+            .cgroups
+            .as_ref()
+            .map_err(|e| LauncherError::HostNotReady(e.clone()))?;
+        let stop = self.shutdown.child_token();
+        let rx = {
+            let mut reg = self.lock();
+            let entry = Entry::new(spec.kind, stop.clone(), 0);
+            let rx = entry.watch.subscribe();
+            reg.reserve(&spec.tid, entry).map_err(|phase| {
+                LauncherError::Conflict(format!("task {} is {phase}", spec.tid))
+            })?;
+            rx
+        };
+        let tid = spec.tid.clone();
+        let kind = spec.kind;
+        let timeout = spec.timeout;
+        match self.launch(spec, cgroups).await {
+            Ok(running) => {
+                self.event(&tid, Event::Spawned);
+                self.persist(&tid);
+                let me = Arc::clone(self);
+                self.tracker
+                    .spawn(async move { me.supervise(tid, kind, running, timeout, stop).await });
+                Ok(rx)
+            }
+            Err(e) => {
+                // Nothing ran: forget the reservation rather than keep a "failed" run around.
+                self.lock().runs.remove(&tid);
+                Err(e)
+            }
+        }
+    }
+
+    async fn launch(
+        self: &Arc<Self>,
+        spec: RunSpec,
+        cgroups: &Cgroups,
+    ) -> Result<Running, LauncherError> {
+        let tid = &spec.tid;
+        let ws = self.data.workspace(tid)?;
+        let workspace_gid = ws.identity().gid;
+        if let Some(e) = self.lock().runs.get_mut(tid) {
+            e.workspace_gid = workspace_gid;
+        }
+        let workspace = ws.into_fd();
+        let walk_fd = workspace
+            .try_clone()
+            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        let agent = self.agent;
+        let limits = self.walk_limits;
+        tokio::task::spawn_blocking(move || walk::hand_over(walk_fd.as_fd(), agent, limits))
+            .await
+            .map_err(|e| LauncherError::Internal(e.to_string()))?
+            .map_err(|e| LauncherError::Unsafe(format!("workspace: {e}")))?;
+        match self.spawn_sandbox(&spec, cgroups, &workspace).await {
+            Ok((child, cgroup, captures)) => Ok(Running {
+                child,
+                cgroup,
+                captures,
+                workspace,
+                workspace_gid,
+            }),
+            Err(e) => {
+                if let Err(back) = self.hand_back(&workspace, workspace_gid).await {
+                    tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed start");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn spawn_sandbox(
+        self: &Arc<Self>,
+        spec: &RunSpec,
+        cgroups: &Cgroups,
+        workspace: &OwnedFd,
+    ) -> Result<
+        (
+            tokio::process::Child,
+            TaskCgroup,
+            Vec<tokio::task::JoinHandle<bool>>,
+        ),
+        LauncherError,
+    > {
+        let tid = &spec.tid;
+        let log_kind = match spec.kind {
+            RunKind::Agent => LogKind::Agent,
+            RunKind::Check => LogKind::Check,
+        };
+        let (out_file, err_file) = self.data.create_logs(tid, log_kind)?;
+        let cgroup = cgroups
+            .create(tid.as_str(), self.limits())
+            .await
+            .map_err(|e| LauncherError::Sandbox(e.to_string()))?;
+        let limits = &self.config.launcher.limits;
+        let plan = Plan {
+            program: spec.program.clone(),
+            env: spec.env.clone(),
+            with_venv: spec.venv.is_some(),
+            with_gateway: spec.gateway.is_some(),
+            tmp_bytes: limits.tmp_mb.saturating_mul(1 << 20),
+            home_bytes: limits.home_mb.saturating_mul(1 << 20),
+            claude_bin: self.config.launcher.claude_bin.clone(),
+        };
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| LauncherError::Internal(e.to_string()))
+        };
+        let mounts = Mounts {
+            workspace: dup(workspace)?,
+            venv: spec.venv.as_ref().map(dup).transpose()?,
+            gateway: spec.gateway.as_ref().map(dup).transpose()?,
+        };
+        let run_as = RunAs {
+            uid: self.agent.uid,
+            gid: self.agent.gid,
+        };
+        let mut child =
+            match sandbox::spawn(&plan, &mounts, &cgroup.procs_files(), run_as, &self.bwrap) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = cgroup.remove();
+                    return Err(LauncherError::Sandbox(e.to_string()));
+                }
+            };
+        let cap = self.output_cap();
+        let mut captures = Vec::new();
+        if let Some(out) = child.stdout.take() {
+            captures.push(self.tracker.spawn(capture(out, out_file, cap)));
+        }
+        if let Some(err) = child.stderr.take() {
+            captures.push(self.tracker.spawn(capture(err, err_file, cap)));
+        }
+        Ok((child, cgroup, captures))
+    }
+
+    async fn hand_back(
+        &self,
+        workspace: &OwnedFd,
+        gid: u32,
+    ) -> Result<walk::WalkReport, LauncherError> {
+        let fd = workspace
+            .try_clone()
+            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        let to = Owner {
+            uid: self.service.uid,
+            gid,
+        };
+        let limits = self.walk_limits;
+        tokio::task::spawn_blocking(move || walk::hand_back(fd.as_fd(), to, limits))
+            .await
+            .map_err(|e| LauncherError::Internal(e.to_string()))?
+            .map_err(|e| LauncherError::Unsafe(format!("handing the workspace back: {e}")))
+    }
+
+    async fn supervise(
+        self: Arc<Self>,
+        tid: Tid,
+        kind: RunKind,
+        running: Running,
+        timeout: Duration,
+        stop: CancellationToken,
+    ) {
+        let Running {
+            mut child,
+            cgroup,
+            captures,
+            workspace,
+            workspace_gid,
+        } = running;
+        let kill = |cg: &TaskCgroup| {
+            let cg = cg.clone();
+            let tid = tid.clone();
+            async move {
+                if let Err(e) = cg.kill_all().await {
+                    tracing::error!(%tid, error = %e, "cannot kill the sandbox");
+                }
+            }
+        };
+        let status = tokio::select! {
+            s = child.wait() => s,
+            () = tokio::time::sleep(timeout) => {
+                self.event(&tid, Event::Stop(StopReason::Timeout));
+                kill(&cgroup).await;
+                child.wait().await
+            }
+            () = stop.cancelled() => {
+                // DELETE records its own reason before cancelling; the first reason wins.
+                self.event(&tid, Event::Stop(StopReason::Shutdown));
+                kill(&cgroup).await;
+                child.wait().await
+            }
+        };
+        let mut errors: Vec<String> = Vec::new();
+        let exit_code = match status {
+            Ok(s) => sandbox::exit_code(s),
+            Err(e) => {
+                errors.push(format!("waiting for the sandbox: {e}"));
+                None
+            }
+        };
+        self.event(&tid, Event::ProcessGone);
+        // Whatever outlived bwrap (a setsid'd daemon) dies before the workspace goes back.
+        if let Err(e) = cgroup.kill_all().await {
+            errors.push(format!("killing leftovers: {e}"));
+        }
+        let oom_killed = cgroup.oom_kills() > 0;
+        if let Err(e) = cgroup.remove() {
+            errors.push(format!("removing the cgroup: {e}"));
+        }
+        let mut truncated = false;
+        for h in captures {
+            match tokio::time::timeout(CAPTURE_GRACE, h).await {
+                Ok(Ok(t)) => truncated |= t,
+                Ok(Err(e)) => errors.push(format!("output capture: {e}")),
+                Err(_) => errors.push("output capture did not finish".to_owned()),
+            }
+        }
+        let handed_back = match self.hand_back(&workspace, workspace_gid).await {
+            Ok(report) => {
+                if !report.skipped.is_empty() {
+                    errors.push(format!(
+                        "left with the agent uid: {}",
+                        report.skipped.join("; ")
+                    ));
+                }
+                true
+            }
+            Err(e) => {
+                errors.push(e.to_string());
+                false
+            }
+        };
+        let mut result_commit = None;
+        if kind == RunKind::Agent && handed_back && self.data.has_shadow(&tid) {
+            let paths = TaskPaths::new(self.data.path(), &tid);
+            match git::collect(&self.git, &tid, &paths).await {
+                Ok(c) => result_commit = Some(c),
+                Err(e) => errors.push(format!("collecting the result: {e}")),
+            }
+        }
+        {
+            let mut reg = self.lock();
+            if let Some(e) = reg.runs.get_mut(&tid) {
+                e.outcome = Outcome {
+                    exit_code,
+                    oom_killed,
+                    truncated,
+                    result_commit,
+                    error: (!errors.is_empty()).then(|| errors.join("; ")),
+                };
+                if let Err(err) = e.apply(Event::Done) {
+                    tracing::error!(%tid, error = %err, "invalid run transition");
+                }
+            }
+        }
+        self.persist(&tid);
+        tracing::info!(%tid, ?kind, ?exit_code, oom_killed, "sandbox run finished");
+    }
+
+    // === queries ===
+
+    fn status_of(&self, tid: &Tid) -> Result<AgentStatus, LauncherError> {
+        let (phase, outcome) = {
+            let reg = self.lock();
+            match reg.runs.get(tid) {
+                Some(e) if e.kind == RunKind::Agent => (e.phase, e.outcome.clone()),
+                Some(_) | None => return Err(LauncherError::UnknownTask(tid.to_string())),
+            }
+        };
+        let cap = self.output_cap();
+        Ok(AgentStatus {
+            tid: tid.to_string(),
+            state: phase.as_str().to_owned(),
+            exit_code: outcome.exit_code,
+            oom_killed: outcome.oom_killed,
+            timed_out: phase == Phase::Done(Final::TimedOut),
+            stdout: self.data.read_log(tid, LogKind::Agent, Stream::Stdout, cap),
+            stderr: self.data.read_log(tid, LogKind::Agent, Stream::Stderr, cap),
+            truncated: outcome.truncated,
+            result_commit: outcome.result_commit,
+            error: outcome.error,
+        })
+    }
+
+    /// `GET /agents/{tid}`, optionally waiting until the run is done. The wait ends when the
+    /// client disconnects, because the server drops this future.
+    pub async fn agent_status(&self, tid: &str, wait: bool) -> Result<AgentStatus, LauncherError> {
+        let tid = validate::tid(tid)?;
+        if wait {
+            let mut rx = {
+                let reg = self.lock();
+                match reg.runs.get(&tid) {
+                    Some(e) if e.kind == RunKind::Agent => e.watch.subscribe(),
+                    Some(_) | None => return Err(LauncherError::UnknownTask(tid.to_string())),
+                }
+            };
+            let _guard = WaiterGuard::new(&self.waiters);
+            let shutdown = self.shutdown.clone();
+            tokio::select! {
+                _ = rx.wait_for(|p| p.is_done()) => {}
+                () = shutdown.cancelled() => {}
+            }
+        }
+        self.status_of(&tid)
+    }
+
+    /// `DELETE /agents/{tid}`: kills the run if active (every process of its cgroup), waits for
+    /// the workspace to be handed back, then forgets the run.
+    pub async fn delete_agent(&self, tid: &str) -> Result<AgentStatus, LauncherError> {
+        let tid = validate::tid(tid)?;
+        let mut rx = {
+            let mut reg = self.lock();
+            let entry = reg
+                .runs
+                .get_mut(&tid)
+                .ok_or_else(|| LauncherError::UnknownTask(tid.to_string()))?;
+            if entry.kind != RunKind::Agent {
+                return Err(LauncherError::UnknownTask(tid.to_string()));
+            }
+            if entry.is_active() {
+                if let Err(e) = entry.apply(Event::Stop(StopReason::Deleted)) {
+                    tracing::error!(%tid, error = %e, "invalid run transition");
+                }
+                entry.stop.cancel();
+            }
+            entry.watch.subscribe()
+        };
+        let _ = rx.wait_for(|p| p.is_done()).await;
+        let status = self.status_of(&tid)?;
+        {
+            let mut reg = self.lock();
+            if reg.runs.get(&tid).is_some_and(|e| !e.is_active()) {
+                reg.runs.remove(&tid);
+            }
+        }
+        if let Err(e) = self.store.remove(&tid) {
+            tracing::error!(%tid, error = %e, "cannot remove the run's state");
+        }
+        self.data.remove_logs(&tid, LogKind::Agent);
+        Ok(status)
+    }
+
+    /// The runs in progress and the number of waiting clients, for `GET /status`.
+    pub fn runs_json(&self) -> Value {
+        let reg = self.lock();
+        let mut agents = Vec::new();
+        let mut checks = Vec::new();
+        let mut finished = 0;
+        for (tid, e) in &reg.runs {
+            if !e.is_active() {
+                finished += 1;
+                continue;
+            }
+            let item = json!({"tid": tid.as_str(), "state": e.phase.as_str()});
+            match e.kind {
+                RunKind::Agent => agents.push(item),
+                RunKind::Check => checks.push(item),
+            }
+        }
+        agents.sort_by(|a, b| a["tid"].as_str().cmp(&b["tid"].as_str()));
+        checks.sort_by(|a, b| a["tid"].as_str().cmp(&b["tid"].as_str()));
+        json!({
+            "agents": agents,
+            "checks": checks,
+            "finished": finished,
+            "waiters": self.waiters.load(Ordering::SeqCst),
+        })
+    }
+
+    // === git helpers ===
+
+    /// `POST /repo/snapshot`.
+    pub async fn snapshot(&self, req: SnapshotRequest) -> Result<SnapshotResult, LauncherError> {
+        let tid = validate::tid(&req.tid)?;
+        let repo = git::discover(
+            &self.config.launcher.repo_roots,
+            &req.path,
+            self.service.uid,
+        )?;
+        let spec = req.git_ref.as_deref().unwrap_or("HEAD");
+        let sha = git::resolve_commit(&self.git, &repo, spec).await?;
+        if self.lock().runs.get(&tid).is_some_and(Entry::is_active) {
+            return Err(LauncherError::Conflict(format!("task {tid} is running")));
+        }
+        self.data.ensure_task_dir(&tid)?;
+        let paths = TaskPaths::new(self.data.path(), &tid);
+        for (what, path) in [
+            ("shadow.git", &paths.shadow),
+            ("workspace", &paths.workspace),
+        ] {
+            if std::fs::symlink_metadata(path).is_ok() {
+                return Err(LauncherError::Conflict(format!(
+                    "tasks/{tid}/{what} already exists"
+                )));
+            }
+        }
+        git::snapshot(&self.git, &repo, &sha, &paths).await?;
+        Ok(SnapshotResult {
+            repo: repo.top.display().to_string(),
+            sha,
+        })
+    }
+
+    /// `POST /repo/deliver`.
+    pub async fn deliver(&self, req: DeliverRequest) -> Result<DeliverResult, LauncherError> {
+        let tid = validate::tid(&req.tid)?;
+        let branch = AgentBranch::parse(&req.branch)
+            .map_err(|e| LauncherError::InvalidBranch(e.to_string()))?;
+        if branch.tid() != &tid {
+            return Err(LauncherError::InvalidBranch(format!(
+                "{branch} is not agent/{tid}"
+            )));
+        }
+        let repo = git::discover(
+            &self.config.launcher.repo_roots,
+            &req.path,
+            self.service.uid,
+        )?;
+        if !self.data.has_shadow(&tid) {
+            return Err(LauncherError::Missing(format!(
+                "task {tid} has no snapshot"
+            )));
+        }
+        if self.lock().runs.get(&tid).is_some_and(Entry::is_active) {
+            return Err(LauncherError::Conflict(format!("task {tid} is running")));
+        }
+        let paths = TaskPaths::new(self.data.path(), &tid);
+        let sha = git::deliver(&self.git, &repo, &branch, &paths).await?;
+        Ok(DeliverResult {
+            repo: repo.top.display().to_string(),
+            branch: branch.to_string(),
+            sha,
+        })
+    }
+
+    /// `POST /repo/delete-branch`.
+    pub async fn delete_branch(
+        &self,
+        req: DeleteBranchRequest,
+    ) -> Result<DeleteBranchResult, LauncherError> {
+        let branch = AgentBranch::parse(&req.branch)
+            .map_err(|e| LauncherError::InvalidBranch(e.to_string()))?;
+        let repo = git::discover(
+            &self.config.launcher.repo_roots,
+            &req.path,
+            self.service.uid,
+        )?;
+        let sha = git::delete_branch(&self.git, &repo, &branch).await?;
+        Ok(DeleteBranchResult {
+            repo: repo.top.display().to_string(),
+            branch: branch.to_string(),
+            sha,
+        })
+    }
+
+    // === restart ===
+
+    /// After a restart: kills every sandbox left in our cgroups, then restores the persisted
+    /// runs; a run that was still active is handed back and reported as `lost`.
+    pub async fn recover(&self) {
+        if let Ok(cg) = &self.cgroups {
+            for name in cg.list() {
+                if let Some(task) = cg.open(&name) {
+                    let pids = task.pids().unwrap_or_default();
+                    if !pids.is_empty() {
+                        tracing::warn!(cgroup = %name, ?pids, "killing an orphaned sandbox");
+                    }
+                    if let Err(e) = task.kill_all().await {
+                        tracing::error!(cgroup = %name, error = %e, "cannot kill an orphaned sandbox");
+                    }
+                    if let Err(e) = task.remove() {
+                        tracing::error!(cgroup = %name, error = %e, "cannot remove an orphaned cgroup");
+                    }
+                }
+            }
+        }
+        for record in self.store.load_all() {
+            let tid = record.tid.clone();
+            let (fin, outcome) = match record.finished {
+                Some(f) => (f, record.outcome),
+                None => {
+                    let mut outcome = record.outcome;
+                    let mut why = vec!["the launcher stopped while this run was active".to_owned()];
+                    match self.data.workspace_for_recovery(&tid, self.agent.uid) {
+                        Ok(ws) => {
+                            if let Err(e) = self.hand_back(&ws, record.workspace_gid).await {
+                                why.push(e.to_string());
+                            }
+                        }
+                        Err(e) => why.push(format!("workspace: {e}")),
+                    }
+                    outcome.error = Some(why.join("; "));
+                    (Final::Lost, outcome)
+                }
+            };
+            self.lock().runs.insert(
+                tid.clone(),
+                Entry::finished(record.kind, fin, outcome, record.workspace_gid),
+            );
+            self.persist(&tid);
+        }
+    }
+}
+
+/// Copies a sandbox's output into its log file up to `cap` bytes and discards the rest (still
+/// reading, so the sandbox never blocks on a full pipe). Returns whether anything was dropped.
+async fn capture<R: AsyncRead + Unpin>(mut pipe: R, file: std::fs::File, cap: u64) -> bool {
+    let mut file = tokio::fs::File::from_std(file);
+    let mut buf = vec![0_u8; 64 * 1024];
+    let mut written: u64 = 0;
+    let mut truncated = false;
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let room = usize::try_from(cap.saturating_sub(written)).unwrap_or(usize::MAX);
+        let keep = n.min(room);
+        if keep < n {
+            truncated = true;
+        }
+        if keep > 0 {
+            if let Some(chunk) = buf.get(..keep)
+                && let Err(e) = file.write_all(chunk).await
+            {
+                tracing::warn!(error = %e, "cannot write sandbox output");
+            }
+            written += keep as u64;
+        }
+    }
+    let _ = file.flush().await;
+    truncated
+}

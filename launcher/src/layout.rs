@@ -1,0 +1,441 @@
+//! The data directory (`$AGENTBOX_DATA`) as the launcher sees it: created with the right
+//! owners at startup, and every per-task path reached from one trusted directory handle without
+//! following a symlink (`policy::resolve`).
+//!
+//! Owners: `run/` root:service-group 0750 (the socket lives there), `state/` root 0700,
+//! `tasks/` and `sockets/` service-owned 0755 (the service user creates `tasks/<tid>/workspace`
+//! and the gateway `sockets/<tid>`), `tasks/<tid>/logs/` root:service-group 0750 with root-owned
+//! log files, so the service user can read output but never swap a log for a link the launcher
+//! would then read as root.
+
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use agentbox_policy::id::Tid;
+use agentbox_policy::path::RelPath;
+use agentbox_policy::resolve::{Kind, Resolved, Root};
+use rustix::fs::{self, AtFlags, Mode, OFlags};
+use rustix::io::Errno;
+
+use crate::error::{LauncherError, from_resolve};
+use crate::walk::Owner;
+
+/// Why the data directory could not be prepared at startup.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    #[error("{path}: {message}")]
+    Bad { path: String, message: String },
+}
+
+fn bad(path: impl AsRef<Path>, message: impl Into<String>) -> LayoutError {
+    LayoutError::Bad {
+        path: path.as_ref().display().to_string(),
+        message: message.into(),
+    }
+}
+
+/// Which sandbox kind a log file belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogKind {
+    Agent,
+    Check,
+}
+
+impl LogKind {
+    fn prefix(self) -> &'static str {
+        match self {
+            LogKind::Agent => "agent",
+            LogKind::Check => "check",
+        }
+    }
+}
+
+/// Which stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn suffix(self) -> &'static str {
+        match self {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+/// The prepared data directory.
+#[derive(Debug)]
+pub struct DataDir {
+    root: Root,
+    service: Owner,
+}
+
+fn rel(parts: &[&str]) -> Result<RelPath, LauncherError> {
+    let mut r = RelPath::empty();
+    for p in parts {
+        r = r
+            .join(p)
+            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+    }
+    Ok(r)
+}
+
+/// `chmod` through an `O_PATH` handle, via its magic link (no name lookup anyone could race).
+fn chmod_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    fs::chmodat(
+        fs::CWD,
+        path.as_str(),
+        Mode::from_raw_mode(mode),
+        AtFlags::empty(),
+    )
+}
+
+fn chown_fd(fd: &OwnedFd, uid: u32, gid: u32) -> Result<(), Errno> {
+    fs::chownat(
+        fd,
+        "",
+        Some(fs::Uid::from_raw(uid)),
+        Some(fs::Gid::from_raw(gid)),
+        AtFlags::EMPTY_PATH,
+    )
+}
+
+impl DataDir {
+    /// Creates (if needed) and checks the data directory and its fixed subdirectories.
+    pub fn prepare(path: &Path, service: Owner) -> Result<DataDir, LayoutError> {
+        if !path.exists() {
+            std::fs::create_dir_all(path).map_err(|e| bad(path, e.to_string()))?;
+        }
+        let root = Root::open(path).map_err(|e| bad(path, e.to_string()))?;
+        let id = *root.identity();
+        if id.uid != 0 && id.uid != service.uid {
+            return Err(bad(
+                path,
+                format!("owned by uid {}, expected root or the service uid", id.uid),
+            ));
+        }
+        if id.mode & 0o022 != 0 {
+            return Err(bad(
+                path,
+                format!("mode {:o} is group- or world-writable", id.mode),
+            ));
+        }
+        let dir = DataDir { root, service };
+        dir.ensure_dir("run", 0, service.gid, 0o750)?;
+        dir.ensure_dir("state", 0, 0, 0o700)?;
+        dir.ensure_dir("tasks", service.uid, service.gid, 0o755)?;
+        dir.ensure_dir("sockets", service.uid, service.gid, 0o755)?;
+        Ok(dir)
+    }
+
+    fn ensure_dir(&self, name: &str, uid: u32, gid: u32, mode: u32) -> Result<(), LayoutError> {
+        let shown = self.root.path().join(name);
+        match fs::mkdirat(&self.root, name, Mode::from_raw_mode(mode)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(bad(&shown, format!("mkdir: {e}"))),
+        }
+        let r = RelPath::parse(name).map_err(|e| bad(&shown, e.to_string()))?;
+        let resolved = self
+            .root
+            .resolve_dir(&r)
+            .map_err(|e| bad(&shown, e.to_string()))?;
+        let fd = resolved.into_fd();
+        chown_fd(&fd, uid, gid).map_err(|e| bad(&shown, format!("chown: {e}")))?;
+        chmod_fd(&fd, mode).map_err(|e| bad(&shown, format!("chmod: {e}")))?;
+        Ok(())
+    }
+
+    pub fn path(&self) -> &Path {
+        self.root.path()
+    }
+
+    pub fn root(&self) -> &Root {
+        &self.root
+    }
+
+    pub fn service(&self) -> Owner {
+        self.service
+    }
+
+    /// `run/launcher.sock`.
+    pub fn socket_path(&self) -> PathBuf {
+        self.path().join("run").join("launcher.sock")
+    }
+
+    /// `state/agents`, created on first use.
+    pub fn agent_state_dir(&self) -> PathBuf {
+        self.path().join("state").join("agents")
+    }
+
+    /// `tasks/<tid>/workspace`: a directory owned by the service uid, reached without a
+    /// symlink or mount crossing.
+    pub fn workspace(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
+        let r = self
+            .root
+            .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)
+            .map_err(from_resolve)?;
+        let id = r.identity();
+        if id.uid != self.service.uid {
+            return Err(LauncherError::Unsafe(format!(
+                "{} is owned by uid {}, expected the service uid {}",
+                r.display_path(),
+                id.uid,
+                self.service.uid
+            )));
+        }
+        Ok(r)
+    }
+
+    /// `tasks/<tid>/workspace` as a restarted launcher finds it: owned by the service uid or
+    /// still by `agent_uid` (the launcher died before handing it back); anything else is
+    /// refused.
+    pub fn workspace_for_recovery(
+        &self,
+        tid: &Tid,
+        agent_uid: u32,
+    ) -> Result<OwnedFd, LauncherError> {
+        let r = self
+            .root
+            .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)
+            .map_err(from_resolve)?;
+        let uid = r.identity().uid;
+        if uid != self.service.uid && uid != agent_uid {
+            return Err(LauncherError::Unsafe(format!(
+                "{} is owned by uid {uid}",
+                r.display_path()
+            )));
+        }
+        Ok(r.into_fd())
+    }
+
+    /// `sockets/<tid>`, which must hold the gateway's `llm.sock`.
+    pub fn gateway_dir(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
+        let dir = rel(&["sockets", tid.as_str()])?;
+        let resolved = self.root.resolve_dir(&dir).map_err(from_resolve)?;
+        self.root
+            .resolve_kind(&rel(&["sockets", tid.as_str(), "llm.sock"])?, Kind::Socket)
+            .map_err(from_resolve)?;
+        Ok(resolved)
+    }
+
+    /// Whether `tasks/<tid>/shadow.git` exists (as a directory, reached without symlinks).
+    pub fn has_shadow(&self, tid: &Tid) -> bool {
+        rel(&["tasks", tid.as_str(), "shadow.git"])
+            .ok()
+            .is_some_and(|r| self.root.resolve_dir(&r).is_ok())
+    }
+
+    /// `tasks/<tid>`, created (service-owned) if missing.
+    pub fn ensure_task_dir(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
+        let tasks = self
+            .root
+            .resolve_dir(&rel(&["tasks"])?)
+            .map_err(from_resolve)?;
+        match fs::mkdirat(&tasks, tid.as_str(), Mode::from_raw_mode(0o755)) {
+            Ok(()) => {
+                let r = self
+                    .root
+                    .resolve_dir(&rel(&["tasks", tid.as_str()])?)
+                    .map_err(from_resolve)?;
+                let fd = fs::openat(&r, ".", OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+                    .map_err(|e| LauncherError::Internal(e.to_string()))?;
+                chown_fd(&fd, self.service.uid, self.service.gid)
+                    .map_err(|e| LauncherError::Internal(format!("chown task dir: {e}")))?;
+            }
+            Err(Errno::EXIST) => {}
+            Err(e) => return Err(LauncherError::Internal(format!("mkdir task dir: {e}"))),
+        }
+        self.root
+            .resolve_dir(&rel(&["tasks", tid.as_str()])?)
+            .map_err(from_resolve)
+    }
+
+    fn logs_dir(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
+        let task = self.ensure_task_dir(tid)?;
+        match fs::mkdirat(&task, "logs", Mode::from_raw_mode(0o750)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(LauncherError::Internal(format!("mkdir logs: {e}"))),
+        }
+        let logs = self
+            .root
+            .resolve_dir(&rel(&["tasks", tid.as_str(), "logs"])?)
+            .map_err(from_resolve)?;
+        let id = logs.identity();
+        if id.uid != 0 {
+            return Err(LauncherError::Unsafe(format!(
+                "{} is owned by uid {}, expected root",
+                logs.display_path(),
+                id.uid
+            )));
+        }
+        let fd = fs::openat(&logs, ".", OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
+            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        chown_fd(&fd, 0, self.service.gid)
+            .map_err(|e| LauncherError::Internal(format!("chown logs: {e}")))?;
+        Ok(logs)
+    }
+
+    /// Fresh, empty, root-owned `logs/<kind>.stdout` and `.stderr` for writing.
+    pub fn create_logs(
+        &self,
+        tid: &Tid,
+        kind: LogKind,
+    ) -> Result<(std::fs::File, std::fs::File), LauncherError> {
+        let logs = self.logs_dir(tid)?;
+        let open = |stream: Stream| -> Result<std::fs::File, LauncherError> {
+            let name = format!("{}.{}", kind.prefix(), stream.suffix());
+            match fs::unlinkat(&logs, name.as_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(LauncherError::Internal(format!("unlink {name}: {e}"))),
+            }
+            let fd = fs::openat(
+                &logs,
+                name.as_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o640),
+            )
+            .map_err(|e| LauncherError::Internal(format!("create {name}: {e}")))?;
+            Ok(std::fs::File::from(fd))
+        };
+        Ok((open(Stream::Stdout)?, open(Stream::Stderr)?))
+    }
+
+    /// Reads up to `cap` bytes of a log, as text (invalid UTF-8 replaced). A missing log reads
+    /// as empty.
+    pub fn read_log(&self, tid: &Tid, kind: LogKind, stream: Stream, cap: u64) -> String {
+        let name = format!("{}.{}", kind.prefix(), stream.suffix());
+        let Ok(r) = rel(&["tasks", tid.as_str(), "logs", &name]) else {
+            return String::new();
+        };
+        let Ok(resolved) = self.root.resolve_kind(&r, Kind::File) else {
+            return String::new();
+        };
+        let path = format!("/proc/self/fd/{}", resolved.as_fd().as_raw_fd());
+        let Ok(fd) = fs::open(
+            path.as_str(),
+            OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
+            Mode::empty(),
+        ) else {
+            return String::new();
+        };
+        let mut buf = Vec::new();
+        let _ = std::fs::File::from(fd).take(cap).read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Removes the log files of `kind` (and the logs directory once empty), so the service user
+    /// can remove `tasks/<tid>`.
+    pub fn remove_logs(&self, tid: &Tid, kind: LogKind) {
+        let Ok(r) = rel(&["tasks", tid.as_str(), "logs"]) else {
+            return;
+        };
+        let Ok(logs) = self.root.resolve_dir(&r) else {
+            return;
+        };
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let name = format!("{}.{}", kind.prefix(), stream.suffix());
+            let _ = fs::unlinkat(&logs, name.as_str(), AtFlags::empty());
+        }
+        if let Ok(r) = rel(&["tasks", tid.as_str()])
+            && let Ok(task) = self.root.resolve_dir(&r)
+        {
+            // Fails while the other kind's logs are still there, which is what we want.
+            let _ = fs::unlinkat(&task, "logs", AtFlags::REMOVEDIR);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, symlink};
+
+    const SERVICE: Owner = Owner {
+        uid: 64201,
+        gid: 64202,
+    };
+
+    #[test]
+    fn prepares_owners_and_modes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let d = DataDir::prepare(&data, SERVICE).unwrap();
+        let meta = |p: &str| std::fs::metadata(data.join(p)).unwrap();
+        assert_eq!(
+            (
+                meta("run").uid(),
+                meta("run").gid(),
+                meta("run").mode() & 0o7777
+            ),
+            (0, SERVICE.gid, 0o750)
+        );
+        assert_eq!(meta("state").mode() & 0o7777, 0o700);
+        assert_eq!(meta("tasks").uid(), SERVICE.uid);
+        assert_eq!(d.socket_path(), data.join("run/launcher.sock"));
+        // Idempotent.
+        DataDir::prepare(&data, SERVICE).unwrap();
+    }
+
+    #[test]
+    fn world_writable_data_dir_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777))
+            .unwrap();
+        assert!(DataDir::prepare(&data, SERVICE).is_err());
+    }
+
+    #[test]
+    fn workspace_rules() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let d = DataDir::prepare(&data, SERVICE).unwrap();
+        let tid = Tid::parse("t1").unwrap();
+        assert!(matches!(
+            d.workspace(&tid).unwrap_err(),
+            LauncherError::Missing(_)
+        ));
+        let ws = data.join("tasks/t1/workspace");
+        std::fs::create_dir_all(&ws).unwrap();
+        assert!(matches!(
+            d.workspace(&tid).unwrap_err(),
+            LauncherError::Unsafe(_)
+        ));
+        std::os::unix::fs::chown(&ws, Some(SERVICE.uid), Some(SERVICE.gid)).unwrap();
+        d.workspace(&tid).unwrap();
+        // A symlinked task directory is refused even though its target is fine.
+        let tid2 = Tid::parse("t2").unwrap();
+        symlink(data.join("tasks/t1"), data.join("tasks/t2")).unwrap();
+        assert!(matches!(
+            d.workspace(&tid2).unwrap_err(),
+            LauncherError::Unsafe(_)
+        ));
+    }
+
+    #[test]
+    fn logs_are_root_owned_and_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let d = DataDir::prepare(&data, SERVICE).unwrap();
+        let tid = Tid::parse("t1").unwrap();
+        let (mut out, _err) = d.create_logs(&tid, LogKind::Check).unwrap();
+        std::io::Write::write_all(&mut out, b"hello").unwrap();
+        assert_eq!(d.read_log(&tid, LogKind::Check, Stream::Stdout, 3), "hel");
+        let logs = data.join("tasks/t1/logs");
+        assert_eq!(std::fs::metadata(&logs).unwrap().uid(), 0);
+        // A log replaced by a link to a secret reads as empty.
+        let secret = tmp.path().join("secret");
+        std::fs::write(&secret, b"s3cret").unwrap();
+        std::fs::remove_file(logs.join("check.stdout")).unwrap();
+        symlink(&secret, logs.join("check.stdout")).unwrap();
+        assert_eq!(d.read_log(&tid, LogKind::Check, Stream::Stdout, 100), "");
+        d.remove_logs(&tid, LogKind::Check);
+        assert!(!logs.exists());
+    }
+}

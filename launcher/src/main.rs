@@ -1,0 +1,7 @@
+//! `agentbox-launcher`: see [`agentbox_launcher::daemon`].
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    agentbox_launcher::daemon::main(agentbox_launcher::daemon::Args::parse())
+}

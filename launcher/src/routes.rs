@@ -1,0 +1,189 @@
+//! The HTTP surface: routes, caller authorization by `SO_PEERCRED`, body limits, and the JSON
+//! error bodies of [`crate::error`] for everything including unknown routes and methods.
+//!
+//! | method | path | success |
+//! |---|---|---|
+//! | POST | `/agents` | 201 [`AgentStatus`](crate::api::AgentStatus) |
+//! | GET | `/agents/{tid}` (`?wait=1` blocks until done) | 200 `AgentStatus` |
+//! | DELETE | `/agents/{tid}` | 200 final `AgentStatus` |
+//! | POST | `/checks` | 200 [`CheckResult`](crate::api::CheckResult) (synchronous) |
+//! | POST | `/repo/snapshot` | 200 `{repo, sha}` |
+//! | POST | `/repo/deliver` | 200 `{repo, branch, sha}` |
+//! | POST | `/repo/delete-branch` | 200 `{repo, branch, sha}` |
+//! | POST | `/backends/{model}/start`, `/backends/vllm/stop` | 501 (not implemented yet) |
+//! | GET | `/status` | 200 host readiness and runs |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use agentbox_http::PeerCred;
+use axum::Json;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::LauncherError;
+use crate::launcher::Launcher;
+
+/// Largest request body.
+pub const BODY_LIMIT: u64 = 1 << 20;
+/// How long a client may take to send its body.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+type Shared = State<Arc<Launcher>>;
+
+/// The router, with `launcher` as state.
+pub fn router(launcher: Arc<Launcher>) -> Router {
+    Router::new()
+        .route("/agents", post(post_agent))
+        .route("/agents/{tid}", get(get_agent).delete(delete_agent))
+        .route("/checks", post(post_check))
+        .route("/repo/snapshot", post(snapshot))
+        .route("/repo/deliver", post(deliver))
+        .route("/repo/delete-branch", post(delete_branch))
+        .route("/backends/{model}/start", post(backend_start))
+        .route("/backends/vllm/stop", post(backend_stop))
+        .route("/status", get(status))
+        .fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&launcher),
+            authorize,
+        ))
+        .with_state(launcher)
+}
+
+/// Only root and the service uid may talk to the launcher; the socket's mode is the first
+/// layer, this is the second.
+async fn authorize(State(l): Shared, req: Request, next: Next) -> Response {
+    let uid = req.extensions().get::<PeerCred>().map(|c| c.uid);
+    match uid {
+        Some(uid) if uid == 0 || uid == l.service().uid => next.run(req).await,
+        Some(uid) => LauncherError::Forbidden { uid }.into_response(),
+        None => LauncherError::Forbidden { uid: u32::MAX }.into_response(),
+    }
+}
+
+async fn json_body<T: DeserializeOwned>(
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<T, LauncherError> {
+    let bytes = agentbox_http::read_body(headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
+    serde_json::from_slice(&bytes).map_err(|e| LauncherError::BadRequest(e.to_string()))
+}
+
+async fn post_agent(
+    State(l): Shared,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, LauncherError> {
+    let req = json_body(&headers, body).await?;
+    let status = l.start_agent(req).await?;
+    Ok((StatusCode::CREATED, Json(status)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct WaitQuery {
+    wait: Option<String>,
+}
+
+async fn get_agent(
+    State(l): Shared,
+    Path(tid): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Result<Response, LauncherError> {
+    let wait = match q.wait.as_deref() {
+        None | Some("0" | "false") => false,
+        Some("1" | "true") => true,
+        Some(other) => {
+            return Err(LauncherError::BadRequest(format!(
+                "wait must be 0 or 1, got {other:?}"
+            )));
+        }
+    };
+    Ok(Json(l.agent_status(&tid, wait).await?).into_response())
+}
+
+async fn delete_agent(
+    State(l): Shared,
+    Path(tid): Path<String>,
+) -> Result<Response, LauncherError> {
+    Ok(Json(l.delete_agent(&tid).await?).into_response())
+}
+
+async fn post_check(
+    State(l): Shared,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, LauncherError> {
+    let req = json_body(&headers, body).await?;
+    Ok(Json(l.run_check(req).await?).into_response())
+}
+
+async fn snapshot(
+    State(l): Shared,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, LauncherError> {
+    let req = json_body(&headers, body).await?;
+    Ok(Json(l.snapshot(req).await?).into_response())
+}
+
+async fn deliver(
+    State(l): Shared,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, LauncherError> {
+    let req = json_body(&headers, body).await?;
+    Ok(Json(l.deliver(req).await?).into_response())
+}
+
+async fn delete_branch(
+    State(l): Shared,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, LauncherError> {
+    let req = json_body(&headers, body).await?;
+    Ok(Json(l.delete_branch(req).await?).into_response())
+}
+
+async fn backend_start(Path(model): Path<String>) -> LauncherError {
+    LauncherError::NotImplemented(format!(
+        "starting backends (model {:?})",
+        model.chars().take(64).collect::<String>()
+    ))
+}
+
+async fn backend_stop() -> LauncherError {
+    LauncherError::NotImplemented("stopping backends".to_owned())
+}
+
+async fn status(State(l): Shared) -> Response {
+    let host = crate::status::probe_host(l.bwrap().to_path_buf(), l.cgroups().clone()).await;
+    let mut body = l.runs_json();
+    if let (Some(obj), Ok(host)) = (body.as_object_mut(), serde_json::to_value(&host)) {
+        obj.insert(
+            "ready".to_owned(),
+            serde_json::Value::Bool(host["ready"].as_bool().unwrap_or(false)),
+        );
+        obj.insert("host".to_owned(), host);
+    }
+    Json(body).into_response()
+}
+
+async fn no_route(uri: Uri) -> LauncherError {
+    LauncherError::NoRoute(format!(
+        "{:?}",
+        uri.path().chars().take(200).collect::<String>()
+    ))
+}
+
+async fn method_not_allowed() -> LauncherError {
+    LauncherError::MethodNotAllowed
+}

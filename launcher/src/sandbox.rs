@@ -1,0 +1,601 @@
+//! The bubblewrap sandbox: its argument list (pure, unit-tested), its environment, and the
+//! spawn that joins the task cgroup and drops to the agent uid before bwrap runs.
+//!
+//! Identity (research §0.2, §4): bwrap started by root inherits every capability and maps the
+//! sandbox uid to host root. So the child first writes itself into the task's `cgroup.procs`
+//! (which needs root), then `setgroups([])`, `setresgid`, `setresuid` to the agent identity, and
+//! only then execs bwrap, unprivileged; `--cap-drop ALL` stays as a fail-safe. All of that
+//! runs in one `pre_exec` hook, because std's own uid switch happens before `pre_exec` and would
+//! leave the hook unable to write the root-owned `cgroup.procs`. The hook only makes raw
+//! syscalls on descriptors opened before the fork (async-signal-safe, no allocation).
+//!
+//! Descriptors: every inherited descriptor above 2 is marked close-on-exec, then exactly the
+//! ones bwrap consumes are kept: the `--args` memfd (so the argument list, environment and task
+//! token never appear in `/proc/<pid>/cmdline`), the synthetic `/etc/passwd`, `/etc/group` and
+//! `/etc/hosts`, the two seccomp programs, and `O_PATH` handles of the workspace, venv and
+//! gateway directory, which bwrap mounts by descriptor (`--bind-fd`), so the mounted directory is
+//! the one that was validated and handed over, whatever has been renamed since. bwrap closes each
+//! of them after use, so the sandboxed command starts with 0-2 only.
+//!
+//! The root is an explicit allowlist (never `--ro-bind / /`): `/usr` read-only with the usual
+//! merged-/usr symlinks, a few `/etc` entries, fresh `/proc`, `/dev`, size-capped tmpfs for
+//! `/tmp` and the home, a tmpfs `/opt` holding the claude binary and the venv. Unix sockets of
+//! the host (the launcher's, other tasks', D-Bus, Docker) are therefore simply absent, and
+//! `--unshare-net` leaves only a loopback interface (abstract sockets are per network
+//! namespace).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{Seek, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use agentbox_policy::secret::Secret;
+use rustix::fs::{MemfdFlags, Mode, OFlags};
+
+use crate::seccomp;
+
+/// The bubblewrap binary (root-owned, not writable by others; a `PATH` lookup could find one
+/// the caller planted).
+pub const BWRAP: &str = "/usr/bin/bwrap";
+/// Where the claude binary appears inside agent sandboxes.
+pub const CLAUDE_IN_SANDBOX: &str = "/opt/agentbox/bin/claude";
+/// The gateway directory inside agent sandboxes.
+pub const GATEWAY_DIR: &str = "/run/gw";
+/// The agent's home inside the sandbox.
+pub const HOME: &str = "/home/agent";
+/// The user name of the agent identity inside the sandbox.
+pub const AGENT_USER: &str = "agent";
+
+/// Soft and hard `RLIMIT_NOFILE` of sandboxed processes.
+const NOFILE: u64 = 4096;
+
+/// What runs inside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Program {
+    /// `claude <args>`: the binary from `launcher.claude_bin`.
+    Claude { args: Vec<String> },
+    /// `bash -c <command>` (checks).
+    Bash { command: String },
+}
+
+/// Everything that decides a sandbox's argument list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub program: Program,
+    /// The complete environment (see [`environment`]).
+    pub env: BTreeMap<String, String>,
+    pub with_venv: bool,
+    pub with_gateway: bool,
+    pub tmp_bytes: u64,
+    pub home_bytes: u64,
+    pub claude_bin: PathBuf,
+}
+
+/// Descriptor numbers, as the child will see them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FdNumbers {
+    pub workspace: RawFd,
+    pub venv: Option<RawFd>,
+    pub gateway: Option<RawFd>,
+    pub passwd: RawFd,
+    pub group: RawFd,
+    pub hosts: RawFd,
+    pub seccomp_main: RawFd,
+    pub seccomp_enosys: RawFd,
+}
+
+/// The sandbox environment: fixed launcher variables, then the request's allowlisted ones (the
+/// policy denylist guarantees those cannot override a launcher variable), then for agents the
+/// gateway settings and the task token.
+pub fn environment(
+    allowlisted: &BTreeMap<String, String>,
+    with_venv: bool,
+    agent_token: Option<&Secret>,
+    is_agent: bool,
+) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let mut set = |k: &str, v: &str| {
+        env.insert(k.to_owned(), v.to_owned());
+    };
+    let path = if with_venv {
+        "/opt/venv/bin:/opt/agentbox/bin:/usr/local/bin:/usr/bin:/bin"
+    } else {
+        "/opt/agentbox/bin:/usr/local/bin:/usr/bin:/bin"
+    };
+    set("PATH", path);
+    set("HOME", HOME);
+    set("USER", AGENT_USER);
+    set("LOGNAME", AGENT_USER);
+    set("SHELL", "/bin/bash");
+    set("TMPDIR", "/tmp");
+    set("LANG", "C.UTF-8");
+    if with_venv {
+        set("VIRTUAL_ENV", "/opt/venv");
+        set("PYTHONDONTWRITEBYTECODE", "1");
+    }
+    if is_agent {
+        set("ANTHROPIC_UNIX_SOCKET", "/run/gw/llm.sock");
+        set("ANTHROPIC_BASE_URL", "http://localhost");
+        set("DISABLE_AUTOUPDATER", "1");
+        set("DISABLE_TELEMETRY", "1");
+        set("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+        if let Some(token) = agent_token {
+            set("ANTHROPIC_AUTH_TOKEN", token.expose());
+        }
+    }
+    for (k, v) in allowlisted {
+        env.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    env
+}
+
+/// The bwrap argument list (given to bwrap through `--args`, NUL-separated).
+pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |items: &[&str]| a.extend(items.iter().map(OsString::from));
+    push(&[
+        "--unshare-all",
+        // --unshare-all only *tries* a user namespace; without one bwrap would need setuid.
+        "--unshare-user",
+        "--disable-userns",
+        "--assert-userns-disabled",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "agentbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/sbin",
+        "/sbin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--ro-bind-try",
+        "/etc/ssl",
+        "/etc/ssl",
+        "--ro-bind-try",
+        "/etc/ca-certificates",
+        "/etc/ca-certificates",
+        "--ro-bind-try",
+        "/etc/alternatives",
+        "/etc/alternatives",
+        "--ro-bind-try",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.cache",
+        "--ro-bind-try",
+        "/etc/localtime",
+        "/etc/localtime",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+    ]);
+    let fd = |n: RawFd| n.to_string();
+    let mut push_owned = |items: Vec<String>| a.extend(items.into_iter().map(OsString::from));
+    push_owned(vec![
+        "--ro-bind-data".into(),
+        fd(fds.passwd),
+        "/etc/passwd".into(),
+        "--ro-bind-data".into(),
+        fd(fds.group),
+        "/etc/group".into(),
+        "--ro-bind-data".into(),
+        fd(fds.hosts),
+        "/etc/hosts".into(),
+        "--perms".into(),
+        "1777".into(),
+        "--size".into(),
+        plan.tmp_bytes.to_string(),
+        "--tmpfs".into(),
+        "/tmp".into(),
+        "--perms".into(),
+        "0700".into(),
+        "--size".into(),
+        plan.home_bytes.to_string(),
+        "--tmpfs".into(),
+        HOME.into(),
+        // A tmpfs, so bind targets below it can be created (a target under read-only /usr
+        // that does not exist on the host cannot).
+        "--tmpfs".into(),
+        "/opt".into(),
+        "--bind-fd".into(),
+        fd(fds.workspace),
+        "/workspace".into(),
+    ]);
+    if let Some(v) = fds.venv.filter(|_| plan.with_venv) {
+        push_owned(vec!["--ro-bind-fd".into(), fd(v), "/opt/venv".into()]);
+    }
+    if let Some(g) = fds.gateway.filter(|_| plan.with_gateway) {
+        push_owned(vec!["--bind-fd".into(), fd(g), GATEWAY_DIR.into()]);
+    }
+    if let Program::Claude { .. } = plan.program {
+        a.push("--ro-bind".into());
+        a.push(plan.claude_bin.clone().into_os_string());
+        a.push(CLAUDE_IN_SANDBOX.into());
+    }
+    let mut push_owned = |items: Vec<String>| a.extend(items.into_iter().map(OsString::from));
+    push_owned(vec![
+        "--remount-ro".into(),
+        "/opt".into(),
+        // The root tmpfs itself (where /etc and the mount points live); the writable mounts
+        // below it are separate and stay writable.
+        "--remount-ro".into(),
+        "/".into(),
+        "--chdir".into(),
+        "/workspace".into(),
+        "--clearenv".into(),
+    ]);
+    for (k, v) in &plan.env {
+        push_owned(vec!["--setenv".into(), k.clone(), v.clone()]);
+    }
+    push_owned(vec![
+        "--add-seccomp-fd".into(),
+        fd(fds.seccomp_main),
+        "--add-seccomp-fd".into(),
+        fd(fds.seccomp_enosys),
+    ]);
+    a
+}
+
+/// The command bwrap runs, after `--`. bwrap takes it from its real argv only (whatever follows
+/// `--` inside an `--args` file is dropped), so it is the one part of the sandbox description
+/// visible in `/proc/<pid>/cmdline`; the environment and token stay in the `--args` memfd.
+pub fn command_args(plan: &Plan) -> Vec<OsString> {
+    let mut a: Vec<OsString> = vec!["--".into()];
+    match &plan.program {
+        Program::Claude { args } => {
+            a.push(CLAUDE_IN_SANDBOX.into());
+            a.extend(args.iter().map(OsString::from));
+        }
+        Program::Bash { command } => {
+            a.extend(["/bin/bash", "-c"].map(OsString::from));
+            a.push(command.into());
+        }
+    }
+    a
+}
+
+/// The synthetic `/etc/passwd`, `/etc/group` and `/etc/hosts` (Node and many tools want an
+/// entry for the current uid; nothing else about the host's users is shown).
+pub fn identity_files(uid: u32, gid: u32) -> (String, String, String) {
+    (
+        format!("{AGENT_USER}:x:{uid}:{gid}:agentbox agent:{HOME}:/bin/bash\n"),
+        format!("{AGENT_USER}:x:{gid}:\n"),
+        "127.0.0.1\tlocalhost\n::1\tlocalhost\n".to_owned(),
+    )
+}
+
+/// Why a sandbox could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Seccomp(#[from] seccomp::SeccompError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SpawnError {
+    let what = what.into();
+    move |source| SpawnError::Io { what, source }
+}
+
+/// An in-memory file with `data`, positioned at its start, for bwrap to read.
+fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, SpawnError> {
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC).map_err(|e| SpawnError::Io {
+        what: format!("memfd {name}"),
+        source: e.into(),
+    })?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(data)
+        .map_err(io(format!("writing memfd {name}")))?;
+    file.rewind()
+        .map_err(io(format!("rewinding memfd {name}")))?;
+    Ok(OwnedFd::from(file))
+}
+
+/// The descriptors of the directories bwrap mounts.
+#[derive(Debug)]
+pub struct Mounts {
+    pub workspace: OwnedFd,
+    pub venv: Option<OwnedFd>,
+    pub gateway: Option<OwnedFd>,
+}
+
+/// The identity the sandbox runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Starts bwrap for `plan` as `run_as`, inside the cgroup whose `cgroup.procs` files are given,
+/// with stdin from `/dev/null` and stdout/stderr piped.
+///
+/// Must be called from a long-lived thread (an async task on a runtime worker, not
+/// `spawn_blocking`): the parent-death signal set in the child fires when the *thread* that
+/// forked it exits.
+pub fn spawn(
+    plan: &Plan,
+    mounts: &Mounts,
+    cgroup_procs: &[PathBuf],
+    run_as: RunAs,
+    bwrap: &Path,
+) -> Result<tokio::process::Child, SpawnError> {
+    let (passwd, group, hosts) = identity_files(run_as.uid, run_as.gid);
+    let passwd = memfd("passwd", passwd.as_bytes())?;
+    let group = memfd("group", group.as_bytes())?;
+    let hosts = memfd("hosts", hosts.as_bytes())?;
+    let main = memfd("seccomp", &seccomp::to_bytes(&seccomp::main_filter()?))?;
+    let enosys = memfd(
+        "seccomp-enosys",
+        &seccomp::to_bytes(&seccomp::enosys_filter()?),
+    )?;
+    let numbers = FdNumbers {
+        workspace: mounts.workspace.as_raw_fd(),
+        venv: mounts.venv.as_ref().map(AsRawFd::as_raw_fd),
+        gateway: mounts.gateway.as_ref().map(AsRawFd::as_raw_fd),
+        passwd: passwd.as_raw_fd(),
+        group: group.as_raw_fd(),
+        hosts: hosts.as_raw_fd(),
+        seccomp_main: main.as_raw_fd(),
+        seccomp_enosys: enosys.as_raw_fd(),
+    };
+    let mut args_bytes = Vec::new();
+    for arg in bwrap_args(plan, &numbers) {
+        args_bytes.extend_from_slice(arg.as_encoded_bytes());
+        args_bytes.push(0);
+    }
+    let args = memfd("bwrap-args", &args_bytes)?;
+
+    let mut procs: Vec<OwnedFd> = Vec::new();
+    for path in cgroup_procs {
+        let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()).map_err(
+            |e| SpawnError::Io {
+                what: format!("open {}", path.display()),
+                source: e.into(),
+            },
+        )?;
+        procs.push(fd);
+    }
+    let procs_raw: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
+    let mut keep: Vec<RawFd> = vec![
+        numbers.workspace,
+        numbers.passwd,
+        numbers.group,
+        numbers.hosts,
+        numbers.seccomp_main,
+        numbers.seccomp_enosys,
+        args.as_raw_fd(),
+    ];
+    keep.extend(numbers.venv);
+    keep.extend(numbers.gateway);
+    let parent = rustix::process::getpid();
+
+    let mut cmd = tokio::process::Command::new(bwrap);
+    cmd.arg("--args")
+        .arg(args.as_raw_fd().to_string())
+        .args(command_args(plan))
+        .env_clear()
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    let (uid, gid) = (run_as.uid, run_as.gid);
+    // SAFETY: the hook runs in the forked child before exec; `child_setup` only makes raw
+    // syscalls on integers captured here and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || child_setup(&procs_raw, &keep, uid, gid, parent));
+    }
+    let child = cmd
+        .spawn()
+        .map_err(io(format!("spawn {}", bwrap.display())))?;
+    // The parent's copies of the descriptors close here; the child has its own.
+    drop((passwd, group, hosts, main, enosys, args, procs));
+    Ok(child)
+}
+
+/// Runs in the child between fork and exec. Async-signal-safe: raw syscalls only.
+fn child_setup(
+    procs: &[RawFd],
+    keep: &[RawFd],
+    uid: u32,
+    gid: u32,
+    parent: rustix::process::Pid,
+) -> std::io::Result<()> {
+    use rustix::process::{Resource, Rlimit, Signal};
+    for &fd in procs {
+        // SAFETY: opened before the fork and still open in this child.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        rustix::io::write(fd, b"0")?;
+    }
+    rustix::thread::set_thread_groups(&[])?;
+    let gid = rustix::process::Gid::from_raw(gid);
+    let uid = rustix::process::Uid::from_raw(uid);
+    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
+    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
+    // After the uid change: a credential change clears the parent-death signal.
+    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+    if rustix::process::getppid() != Some(parent) {
+        // The launcher died between fork and here; nobody would supervise this sandbox.
+        return Err(std::io::Error::other("launcher exited during spawn"));
+    }
+    let nofile = Rlimit {
+        current: Some(NOFILE),
+        maximum: Some(NOFILE),
+    };
+    rustix::process::setrlimit(Resource::Nofile, nofile)?;
+    let no_core = Rlimit {
+        current: Some(0),
+        maximum: Some(0),
+    };
+    rustix::process::setrlimit(Resource::Core, no_core)?;
+    // SAFETY: close_range only changes descriptor flags of this process.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3_u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    for &fd in keep {
+        // SAFETY: opened before the fork and still open in this child.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// The status a caller sees: the exit code, or `128 + signal` when killed.
+pub fn exit_code(status: std::process::ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().or_else(|| status.signal().map(|s| 128 + s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(program: Program, venv: bool, gateway: bool) -> Plan {
+        Plan {
+            program,
+            env: environment(&BTreeMap::new(), venv, None, gateway),
+            with_venv: venv,
+            with_gateway: gateway,
+            tmp_bytes: 1 << 20,
+            home_bytes: 2 << 20,
+            claude_bin: PathBuf::from("/opt/claude/bin/claude"),
+        }
+    }
+
+    const FDS: FdNumbers = FdNumbers {
+        workspace: 10,
+        venv: Some(11),
+        gateway: Some(12),
+        passwd: 13,
+        group: 14,
+        hosts: 15,
+        seccomp_main: 16,
+        seccomp_enosys: 17,
+    };
+
+    fn strings(a: &[OsString]) -> Vec<String> {
+        a.iter().map(|s| s.to_str().unwrap().to_owned()).collect()
+    }
+
+    fn has_seq(args: &[String], seq: &[&str]) -> bool {
+        args.windows(seq.len())
+            .any(|w| w.iter().zip(seq).all(|(a, b)| a == b))
+    }
+
+    #[test]
+    fn agent_args() {
+        let p = plan(
+            Program::Claude {
+                args: vec!["-p".into(), "x y".into()],
+            },
+            true,
+            true,
+        );
+        let a = strings(&bwrap_args(&p, &FDS));
+        for seq in [
+            &["--unshare-all", "--unshare-user"][..],
+            &["--cap-drop", "ALL"],
+            &["--ro-bind", "/usr", "/usr"],
+            &["--bind-fd", "10", "/workspace"],
+            &["--ro-bind-fd", "11", "/opt/venv"],
+            &["--bind-fd", "12", "/run/gw"],
+            &[
+                "--ro-bind",
+                "/opt/claude/bin/claude",
+                "/opt/agentbox/bin/claude",
+            ],
+            &["--size", "1048576", "--tmpfs", "/tmp"],
+            &[
+                "--perms",
+                "0700",
+                "--size",
+                "2097152",
+                "--tmpfs",
+                "/home/agent",
+            ],
+            &["--add-seccomp-fd", "16", "--add-seccomp-fd", "17"],
+            &["--setenv", "ANTHROPIC_UNIX_SOCKET", "/run/gw/llm.sock"],
+        ] {
+            assert!(has_seq(&a, seq), "{seq:?} missing in {a:?}");
+        }
+        assert!(has_seq(&a, &["--remount-ro", "/"]), "{a:?}");
+        assert!(!has_seq(&a, &["--ro-bind", "/", "/"]));
+        assert!(!a.iter().any(|s| s == "--share-net"));
+        assert_eq!(
+            strings(&command_args(&p)),
+            ["--", "/opt/agentbox/bin/claude", "-p", "x y"]
+        );
+    }
+
+    #[test]
+    fn check_args_have_no_gateway_or_claude() {
+        let p = plan(
+            Program::Bash {
+                command: "echo hi".into(),
+            },
+            false,
+            false,
+        );
+        let a = strings(&bwrap_args(&p, &FDS));
+        assert!(
+            !a.iter()
+                .any(|s| s == "/run/gw" || s == "/opt/venv" || s == CLAUDE_IN_SANDBOX)
+        );
+        assert_eq!(
+            strings(&command_args(&p)),
+            ["--", "/bin/bash", "-c", "echo hi"]
+        );
+        assert!(!a.iter().any(|s| s.starts_with("ANTHROPIC")));
+    }
+
+    #[test]
+    fn environment_layers() {
+        let allowed = BTreeMap::from([("MAX_THINKING_TOKENS".to_owned(), "5".to_owned())]);
+        let token = Secret::new("tok".to_owned()).unwrap();
+        let env = environment(&allowed, true, Some(&token), true);
+        assert_eq!(env["ANTHROPIC_AUTH_TOKEN"], "tok");
+        assert_eq!(env["MAX_THINKING_TOKENS"], "5");
+        assert!(env["PATH"].starts_with("/opt/venv/bin:"));
+        assert_eq!(env["HOME"], HOME);
+        let env = environment(&allowed, false, Some(&token), false);
+        assert!(!env.contains_key("ANTHROPIC_AUTH_TOKEN"));
+        assert!(!env.contains_key("VIRTUAL_ENV"));
+    }
+
+    #[test]
+    fn identity() {
+        let (p, g, h) = identity_files(64000, 64001);
+        assert_eq!(
+            p,
+            "agent:x:64000:64001:agentbox agent:/home/agent:/bin/bash\n"
+        );
+        assert_eq!(g, "agent:x:64001:\n");
+        assert!(h.contains("localhost"));
+    }
+}

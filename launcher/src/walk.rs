@@ -1,0 +1,571 @@
+//! Handing a workspace tree to the agent uid and back, as root, without ever acting on
+//! anything but the object that was checked.
+//!
+//! Root chowning a tree that someone else prepared is the classic way to chown `/etc/shadow`
+//! (research §6), so the walk is fd-based throughout:
+//! - directories are opened with `O_DIRECTORY|O_NOFOLLOW` relative to their parent's fd, and
+//!   every other entry with `O_PATH|O_NOFOLLOW` (which never opens a FIFO for I/O, so it can
+//!   not block, and opens a symlink itself rather than its target);
+//! - each opened handle is compared by `(dev, ino, type)` with the `statx` that classified the
+//!   name, and ownership and mode are changed through the handle (`AT_EMPTY_PATH`), never
+//!   through a name that could have been swapped in between;
+//! - hard-linked non-directories are refused: chowning one would also chown its other names,
+//!   which may lie outside the workspace (the systemd-tmpfiles rule); device nodes are refused;
+//!   nothing on another filesystem is touched;
+//! - setuid and setgid bits are stripped, so no file leaves the walk as a privilege carrier for
+//!   its new owner;
+//! - entry count and depth are bounded; the open fds are bounded by the depth.
+//!
+//! Hand-over first scans the whole tree and refuses it before changing anything; hand-back
+//! (after every agent process is dead) changes what it can and reports what it skipped, since
+//! leaving the whole tree to the agent uid would be worse than leaving a few entries.
+
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use agentbox_policy::resolve::Kind;
+use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, StatxFlags};
+use rustix::io::Errno;
+
+/// Who a tree is handed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Bounds on a walk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalkLimits {
+    pub max_entries: u64,
+    pub max_depth: usize,
+}
+
+impl Default for WalkLimits {
+    fn default() -> Self {
+        WalkLimits {
+            max_entries: 2_000_000,
+            max_depth: 256,
+        }
+    }
+}
+
+/// What a walk did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WalkReport {
+    /// Entries visited, the top directory included.
+    pub visited: u64,
+    /// Entries whose owner or mode was changed.
+    pub changed: u64,
+    /// Entries left alone on hand-back, with the reason (escaped relative paths).
+    pub skipped: Vec<String>,
+}
+
+/// Why a walk stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WalkError {
+    #[error("{path}: {reason}")]
+    Refused { path: String, reason: &'static str },
+    #[error("{path}: changed while being walked")]
+    Changed { path: String },
+    #[error("more than {0} entries")]
+    TooManyEntries(u64),
+    #[error("{path}: {op}: {source}")]
+    Io {
+        path: String,
+        op: &'static str,
+        #[source]
+        source: Errno,
+    },
+}
+
+/// What the walk does with an entry it must not touch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnBad {
+    Refuse,
+    Skip,
+}
+
+/// Whether the walk only checks or also changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Scan,
+    Apply,
+}
+
+/// Hands the tree under `top` (a directory handle, `O_PATH` is fine) to `to`: refuses the
+/// whole tree, changing nothing, if any entry is a hard link, a device node or on another
+/// filesystem; then changes every entry's owner and strips setuid/setgid bits.
+pub fn hand_over(
+    top: BorrowedFd<'_>,
+    to: Owner,
+    limits: WalkLimits,
+) -> Result<WalkReport, WalkError> {
+    walk(top, to, limits, Pass::Scan, OnBad::Refuse)?;
+    walk(top, to, limits, Pass::Apply, OnBad::Refuse)
+}
+
+/// Hands the tree back to `to`, skipping (and reporting) what must not be touched. Call only
+/// when nothing else can write the tree: every agent process must be dead.
+pub fn hand_back(
+    top: BorrowedFd<'_>,
+    to: Owner,
+    limits: WalkLimits,
+) -> Result<WalkReport, WalkError> {
+    walk(top, to, limits, Pass::Apply, OnBad::Skip)
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stat {
+    dev: u64,
+    ino: u64,
+    kind: Kind,
+    nlink: u64,
+    uid: u32,
+    gid: u32,
+    mode: u32,
+}
+
+fn stat_of(stx: &fs::Statx) -> Result<Stat, Errno> {
+    let raw = u32::from(stx.stx_mode);
+    let kind = match FileType::from_raw_mode(raw) {
+        FileType::Directory => Kind::Dir,
+        FileType::RegularFile => Kind::File,
+        FileType::Symlink => Kind::Symlink,
+        FileType::Socket => Kind::Socket,
+        FileType::Fifo => Kind::Fifo,
+        FileType::CharacterDevice => Kind::CharDev,
+        FileType::BlockDevice => Kind::BlockDev,
+        FileType::Unknown => return Err(Errno::INVAL),
+    };
+    Ok(Stat {
+        dev: fs::makedev(stx.stx_dev_major, stx.stx_dev_minor),
+        ino: stx.stx_ino,
+        kind,
+        nlink: u64::from(stx.stx_nlink),
+        uid: stx.stx_uid,
+        gid: stx.stx_gid,
+        mode: raw & 0o7777,
+    })
+}
+
+fn stat_at(dir: BorrowedFd<'_>, name: &CStr) -> Result<Stat, Errno> {
+    let stx = fs::statx(
+        dir,
+        name,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::BASIC_STATS,
+    )?;
+    stat_of(&stx)
+}
+
+fn stat_fd(fd: BorrowedFd<'_>) -> Result<Stat, Errno> {
+    let stx = fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)?;
+    stat_of(&stx)
+}
+
+/// One open directory and the names still to visit in it.
+struct Frame {
+    fd: OwnedFd,
+    names: Vec<CString>,
+    next: usize,
+    path: String,
+    depth: usize,
+}
+
+fn read_names(dir: BorrowedFd<'_>, path: &str) -> Result<Vec<CString>, WalkError> {
+    let io = |op, source| WalkError::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    };
+    let mut reader = fs::Dir::read_from(dir).map_err(|e| io("opendir", e))?;
+    let mut names = Vec::new();
+    while let Some(entry) = reader.read() {
+        let entry = entry.map_err(|e| io("readdir", e))?;
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        names.push(name.to_owned());
+    }
+    Ok(names)
+}
+
+fn child_path(parent: &str, name: &CStr) -> String {
+    let shown = format!("{:?}", String::from_utf8_lossy(name.to_bytes()));
+    let shown = shown.trim_matches('"');
+    if parent.is_empty() {
+        shown.to_owned()
+    } else {
+        format!("{parent}/{shown}")
+    }
+}
+
+struct Walker {
+    to: Owner,
+    pass: Pass,
+    on_bad: OnBad,
+    root_dev: u64,
+    report: WalkReport,
+}
+
+impl Walker {
+    fn bad(&mut self, path: &str, reason: &'static str) -> Result<(), WalkError> {
+        match self.on_bad {
+            OnBad::Refuse => Err(WalkError::Refused {
+                path: path.to_owned(),
+                reason,
+            }),
+            OnBad::Skip => {
+                tracing::warn!(path, reason, "left alone while handing a workspace back");
+                self.report.skipped.push(format!("{path}: {reason}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Changes owner and strips setuid/setgid through `fd`. `readable` says whether `fd` is a
+    /// real (non-`O_PATH`) descriptor, on which `fchmod` works.
+    fn apply(
+        &mut self,
+        fd: BorrowedFd<'_>,
+        st: &Stat,
+        readable: bool,
+        path: &str,
+    ) -> Result<(), WalkError> {
+        if self.pass == Pass::Scan {
+            return Ok(());
+        }
+        let io = |op, source| WalkError::Io {
+            path: path.to_owned(),
+            op,
+            source,
+        };
+        let mut changed = false;
+        if st.uid != self.to.uid || st.gid != self.to.gid {
+            fs::chownat(
+                fd,
+                "",
+                Some(fs::Uid::from_raw(self.to.uid)),
+                Some(fs::Gid::from_raw(self.to.gid)),
+                AtFlags::EMPTY_PATH,
+            )
+            .map_err(|e| io("chown", e))?;
+            changed = true;
+        }
+        // The kernel clears some of these bits on chown, not all (setgid without group
+        // execute stays), so look again.
+        if matches!(st.kind, Kind::File | Kind::Dir) {
+            let now = stat_fd(fd).map_err(|e| io("stat", e))?;
+            if now.mode & 0o6000 != 0 {
+                let mode = Mode::from_raw_mode(now.mode & 0o1777);
+                if readable {
+                    fs::fchmod(fd, mode).map_err(|e| io("chmod", e))?;
+                } else {
+                    // fchmod refuses O_PATH handles; the magic link reaches the same inode
+                    // without a name lookup anyone could race.
+                    let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+                    fs::chmodat(fs::CWD, proc_path.as_str(), mode, AtFlags::empty())
+                        .map_err(|e| io("chmod", e))?;
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            self.report.changed += 1;
+        }
+        Ok(())
+    }
+
+    fn same(opened: &Stat, listed: &Stat) -> bool {
+        opened.dev == listed.dev && opened.ino == listed.ino && opened.kind == listed.kind
+    }
+}
+
+fn walk(
+    top: BorrowedFd<'_>,
+    to: Owner,
+    limits: WalkLimits,
+    pass: Pass,
+    on_bad: OnBad,
+) -> Result<WalkReport, WalkError> {
+    let io = |path: &str, op, source| WalkError::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    };
+    let top_stat = stat_fd(top).map_err(|e| io(".", "stat", e))?;
+    if top_stat.kind != Kind::Dir {
+        return Err(WalkError::Refused {
+            path: ".".to_owned(),
+            reason: "not a directory",
+        });
+    }
+    let top_fd = fs::openat(
+        top,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(".", "open", e))?;
+    let opened = stat_fd(top_fd.as_fd()).map_err(|e| io(".", "stat", e))?;
+    if !Walker::same(&opened, &top_stat) {
+        return Err(WalkError::Changed {
+            path: ".".to_owned(),
+        });
+    }
+    let mut w = Walker {
+        to,
+        pass,
+        on_bad,
+        root_dev: top_stat.dev,
+        report: WalkReport::default(),
+    };
+    w.report.visited = 1;
+    w.apply(top_fd.as_fd(), &opened, true, ".")?;
+    let names = read_names(top_fd.as_fd(), ".")?;
+    let mut stack = vec![Frame {
+        fd: top_fd,
+        names,
+        next: 0,
+        path: String::new(),
+        depth: 0,
+    }];
+    while let Some(frame) = stack.last_mut() {
+        let Some(name) = frame.names.get(frame.next).cloned() else {
+            stack.pop();
+            continue;
+        };
+        frame.next += 1;
+        w.report.visited += 1;
+        if w.report.visited > limits.max_entries {
+            return Err(WalkError::TooManyEntries(limits.max_entries));
+        }
+        let path = child_path(&frame.path, &name);
+        let depth = frame.depth + 1;
+        let st = match stat_at(frame.fd.as_fd(), &name) {
+            Ok(st) => st,
+            // Vanished since it was listed: nothing left to hand over.
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(io(&path, "stat", e)),
+        };
+        if st.dev != w.root_dev {
+            w.bad(&path, "on another filesystem")?;
+            continue;
+        }
+        match st.kind {
+            Kind::Dir => {
+                if depth > limits.max_depth {
+                    w.bad(&path, "nested too deeply")?;
+                    continue;
+                }
+                let fd = match fs::openat(
+                    frame.fd.as_fd(),
+                    name.as_c_str(),
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) {
+                    Ok(fd) => fd,
+                    Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT) => {
+                        return Err(WalkError::Changed { path });
+                    }
+                    Err(e) => return Err(io(&path, "open", e)),
+                };
+                let opened = stat_fd(fd.as_fd()).map_err(|e| io(&path, "stat", e))?;
+                if !Walker::same(&opened, &st) {
+                    return Err(WalkError::Changed { path });
+                }
+                w.apply(fd.as_fd(), &opened, true, &path)?;
+                let names = read_names(fd.as_fd(), &path)?;
+                stack.push(Frame {
+                    fd,
+                    names,
+                    next: 0,
+                    path,
+                    depth,
+                });
+            }
+            Kind::File | Kind::Symlink | Kind::Fifo | Kind::Socket => {
+                if st.nlink > 1 {
+                    w.bad(&path, "has more than one hard link")?;
+                    continue;
+                }
+                let fd = match fs::openat(
+                    frame.fd.as_fd(),
+                    name.as_c_str(),
+                    OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) {
+                    Ok(fd) => fd,
+                    Err(Errno::NOENT) => return Err(WalkError::Changed { path }),
+                    Err(e) => return Err(io(&path, "open", e)),
+                };
+                let opened = stat_fd(fd.as_fd()).map_err(|e| io(&path, "stat", e))?;
+                if !Walker::same(&opened, &st) || opened.nlink > 1 {
+                    return Err(WalkError::Changed { path });
+                }
+                w.apply(fd.as_fd(), &opened, false, &path)?;
+            }
+            Kind::CharDev | Kind::BlockDev => {
+                w.bad(&path, "is a device node")?;
+            }
+        }
+    }
+    Ok(w.report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+    use std::path::Path;
+
+    const AGENT: Owner = Owner {
+        uid: 64123,
+        gid: 64124,
+    };
+    const SERVICE: Owner = Owner {
+        uid: 64125,
+        gid: 64126,
+    };
+
+    fn open_dir(p: &Path) -> OwnedFd {
+        fs::open(
+            p,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    fn owner(p: &Path) -> (u32, u32) {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        (m.uid(), m.gid())
+    }
+
+    fn mkfifo(p: &Path) {
+        fs::mknodat(fs::CWD, p, FileType::Fifo, Mode::from_raw_mode(0o644), 0).unwrap();
+    }
+
+    #[test]
+    fn hands_over_and_back_without_following() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        let outside = tmp.path().join("secret");
+        std::fs::write(&outside, b"x").unwrap();
+        std::fs::create_dir_all(ws.join("a/b")).unwrap();
+        std::fs::write(ws.join("a/b/f"), b"hi").unwrap();
+        symlink(&outside, ws.join("link")).unwrap();
+        symlink("/", ws.join("a/root")).unwrap();
+        mkfifo(&ws.join("fifo"));
+        let suid = ws.join("a/suid");
+        std::fs::write(&suid, b"#!").unwrap();
+        std::fs::set_permissions(&suid, std::fs::Permissions::from_mode(0o6755)).unwrap();
+        let sgid_noexec = ws.join("sgid");
+        std::fs::write(&sgid_noexec, b"").unwrap();
+        std::fs::set_permissions(&sgid_noexec, std::fs::Permissions::from_mode(0o2644)).unwrap();
+        let weird = ws.join("new\nline\u{7f}");
+        std::fs::write(&weird, b"").unwrap();
+
+        let fd = open_dir(&ws);
+        let report = hand_over(fd.as_fd(), AGENT, WalkLimits::default()).unwrap();
+        assert_eq!(report.visited, 10);
+        assert!(report.skipped.is_empty());
+        for p in [
+            "", "a", "a/b", "a/b/f", "link", "a/root", "fifo", "a/suid", "sgid",
+        ] {
+            assert_eq!(owner(&ws.join(p)), (AGENT.uid, AGENT.gid), "{p}");
+        }
+        assert_eq!(owner(&weird), (AGENT.uid, AGENT.gid));
+        // The symlinks themselves changed, their targets did not.
+        assert_eq!(owner(&outside), (0, 0));
+        assert_eq!(owner(Path::new("/")), (0, 0));
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        assert_eq!(mode(&suid), 0o755);
+        assert_eq!(mode(&sgid_noexec), 0o644);
+
+        std::fs::set_permissions(ws.join("a"), std::fs::Permissions::from_mode(0o2755)).unwrap();
+        let report = hand_back(fd.as_fd(), SERVICE, WalkLimits::default()).unwrap();
+        assert!(report.skipped.is_empty());
+        assert_eq!(owner(&ws.join("a/b/f")), (SERVICE.uid, SERVICE.gid));
+        assert_eq!(owner(&ws.join("link")), (SERVICE.uid, SERVICE.gid));
+        assert_eq!(mode(&ws.join("a")), 0o755);
+        assert_eq!(owner(&outside), (0, 0));
+    }
+
+    #[test]
+    fn hard_links_and_devices_refused_before_any_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(ws.join("d")).unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::write(&outside, b"x").unwrap();
+        std::fs::hard_link(&outside, ws.join("d/zz-hardlink")).unwrap();
+        std::fs::write(ws.join("a-first"), b"x").unwrap();
+        let fd = open_dir(&ws);
+        let err = hand_over(fd.as_fd(), AGENT, WalkLimits::default()).unwrap_err();
+        assert!(err.to_string().contains("hard link"), "{err}");
+        assert_eq!(owner(&ws), (0, 0));
+        assert_eq!(owner(&ws.join("a-first")), (0, 0));
+        assert_eq!(owner(&outside), (0, 0));
+
+        // Hand-back skips it and changes the rest.
+        let report = hand_back(fd.as_fd(), SERVICE, WalkLimits::default()).unwrap();
+        assert_eq!(report.skipped.len(), 1, "{report:?}");
+        assert_eq!(owner(&outside), (0, 0));
+        assert_eq!(owner(&ws.join("a-first")), (SERVICE.uid, SERVICE.gid));
+
+        std::fs::remove_file(ws.join("d/zz-hardlink")).unwrap();
+        fs::mknodat(
+            fs::CWD,
+            ws.join("d/null"),
+            FileType::CharacterDevice,
+            Mode::from_raw_mode(0o666),
+            fs::makedev(1, 3),
+        )
+        .unwrap();
+        let err = hand_over(fd.as_fd(), AGENT, WalkLimits::default()).unwrap_err();
+        assert!(err.to_string().contains("device node"), "{err}");
+    }
+
+    #[test]
+    fn bounds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        let mut deep = ws.clone();
+        for _ in 0..5 {
+            deep = deep.join("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        let fd = open_dir(&ws);
+        let limits = WalkLimits {
+            max_entries: 100,
+            max_depth: 3,
+        };
+        let err = hand_over(fd.as_fd(), AGENT, limits).unwrap_err();
+        assert!(err.to_string().contains("too deeply"), "{err}");
+        let report = hand_back(fd.as_fd(), SERVICE, limits).unwrap();
+        assert_eq!(report.skipped.len(), 1);
+        let limits = WalkLimits {
+            max_entries: 3,
+            max_depth: 10,
+        };
+        assert!(matches!(
+            hand_over(fd.as_fd(), AGENT, limits).unwrap_err(),
+            WalkError::TooManyEntries(3)
+        ));
+    }
+
+    #[test]
+    fn top_must_be_a_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = tmp.path().join("f");
+        std::fs::write(&f, b"").unwrap();
+        let fd = fs::open(&f, OFlags::PATH | OFlags::CLOEXEC, Mode::empty()).unwrap();
+        assert!(matches!(
+            hand_over(fd.as_fd(), AGENT, WalkLimits::default()).unwrap_err(),
+            WalkError::Refused { .. }
+        ));
+    }
+}

@@ -1,0 +1,429 @@
+//! Shared by the launcher's integration tests: a real `agentbox-launcher` process (as root) on
+//! a temp data dir with a temp config and its own cgroup parent, and a tiny blocking HTTP/1.1
+//! client over the real unix socket.
+//!
+//! Timeouts here are hang guards only; no test asserts on elapsed time.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// The service identity the tests give the launcher with `--service-uid`.
+pub const SERVICE_UID: u32 = 64010;
+/// The agent identity (config default).
+pub const AGENT_UID: u32 = 64000;
+
+/// A stand-in for the claude binary: runs its first argument as a bash script, so agent
+/// lifecycle tests can script what "the agent" does inside the sandbox.
+pub const FAKE_CLAUDE: &str = "#!/bin/bash\nexec /bin/bash -c \"$1\"\n";
+
+const HANG_GUARD: Duration = Duration::from_secs(600);
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// Options for a launcher under test.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub memory_mb: u64,
+    pub pids: u64,
+    pub tmp_mb: u64,
+    pub output_cap_kb: u64,
+    pub max_agent_timeout_s: u64,
+    pub claude_bin: Option<PathBuf>,
+    pub env_allowlist: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            memory_mb: 256,
+            pids: 64,
+            tmp_mb: 8,
+            output_cap_kb: 64,
+            max_agent_timeout_s: 600,
+            claude_bin: None,
+            env_allowlist: vec!["MAX_THINKING_TOKENS".to_owned()],
+        }
+    }
+}
+
+/// A response.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: u16,
+    pub body: Value,
+    pub raw: String,
+}
+
+impl Resp {
+    pub fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+/// A launcher process and its directories.
+pub struct Launcher {
+    pub base: PathBuf,
+    pub data: PathBuf,
+    pub repos: PathBuf,
+    pub venvs: PathBuf,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub cgroup_parent: String,
+    pub opts: Options,
+    child: Option<Child>,
+    stderr: Arc<Mutex<String>>,
+    _dir: tempfile::TempDir,
+}
+
+pub fn chown(path: &Path, uid: u32) {
+    std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
+}
+
+/// `chown -R` without following symlinks.
+pub fn chown_tree(path: &Path, uid: u32) {
+    let st = Command::new("chown")
+        .arg("-R")
+        .arg("-h")
+        .arg(format!("{uid}:{uid}"))
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+impl Launcher {
+    pub fn start(opts: Options) -> Launcher {
+        let dir = tempfile::Builder::new()
+            .prefix("launcher-it-")
+            .tempdir()
+            .unwrap();
+        // The service and agent uids must be able to traverse down to their directories.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let base = dir.path().to_path_buf();
+        let data = base.join("data");
+        let repos = base.join("repos");
+        let venvs = base.join("venvs");
+        for d in [&repos, &venvs] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        chown(&repos, SERVICE_UID);
+        let claude = match &opts.claude_bin {
+            Some(p) => p.clone(),
+            None => {
+                let p = base.join("fake-claude");
+                std::fs::write(&p, FAKE_CLAUDE).unwrap();
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+                p
+            }
+        };
+        let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+        let cgroup_parent = format!("agentbox-it-{}-{n}", std::process::id());
+        let allow: Vec<String> = opts
+            .env_allowlist
+            .iter()
+            .map(|k| format!("{k:?}"))
+            .collect();
+        let config = base.join("agentbox.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "data_dir = {data:?}\nservice_user = \"nobody-here\"\n\
+                 [launcher]\nrepo_roots = [{repos:?}]\nvenv_root = {venvs:?}\nclaude_bin = {claude:?}\n\
+                 env_allowlist = [{allow}]\n\
+                 [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\n\
+                 max_agent_timeout_s = {maxt}\nmax_check_timeout_s = 600\noutput_cap_kb = {cap}\n\
+                 [models.m1]\nbackend = \"ollama\"\nupstream_model = \"x\"\n",
+                allow = allow.join(", "),
+                mem = opts.memory_mb,
+                pids = opts.pids,
+                tmp = opts.tmp_mb,
+                maxt = opts.max_agent_timeout_s,
+                cap = opts.output_cap_kb,
+            ),
+        )
+        .unwrap();
+        let mut l = Launcher {
+            socket: data.join("run/launcher.sock"),
+            base,
+            data,
+            repos,
+            venvs,
+            config,
+            cgroup_parent,
+            opts,
+            child: None,
+            stderr: Arc::new(Mutex::new(String::new())),
+            _dir: dir,
+        };
+        l.spawn();
+        l
+    }
+
+    /// Starts (or restarts) the launcher process.
+    pub fn spawn(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_agentbox-launcher"))
+            .arg("--config")
+            .arg(&self.config)
+            .arg("--service-uid")
+            .arg(SERVICE_UID.to_string())
+            .arg("--cgroup-parent")
+            .arg(&self.cgroup_parent)
+            .env("RUST_LOG", "info")
+            .env_remove("AGENTBOX_DATA")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let buf = Arc::clone(&self.stderr);
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stderr);
+            let mut line = String::new();
+            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                buf.lock().unwrap().push_str(&line);
+                line.clear();
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            while r.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                if line.starts_with("listening on unix:") {
+                    let _ = tx.send(line.trim().to_owned());
+                }
+                line.clear();
+            }
+        });
+        let ready = rx.recv_timeout(Duration::from_secs(60));
+        assert!(ready.is_ok(), "launcher did not start:\n{}", self.stderr());
+        assert_eq!(
+            ready.unwrap(),
+            format!("listening on unix:{}", self.socket.display())
+        );
+        self.child = Some(child);
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM and wait; returns the exit status code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        for _ in 0..6000 {
+            if let Ok(Some(st)) = child.try_wait() {
+                return st.code();
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("launcher did not stop on SIGTERM:\n{}", self.stderr());
+    }
+
+    /// SIGKILL, as if the launcher crashed.
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Resp {
+        request(&self.socket, method, path, body)
+    }
+
+    pub fn post(&self, path: &str, body: &Value) -> Resp {
+        self.request("POST", path, Some(body))
+    }
+
+    pub fn get(&self, path: &str) -> Resp {
+        self.request("GET", path, None)
+    }
+
+    /// Creates `tasks/<tid>/workspace` owned by the service uid, and returns it.
+    pub fn workspace(&self, tid: &str) -> PathBuf {
+        let task = self.data.join("tasks").join(tid);
+        let ws = task.join("workspace");
+        std::fs::create_dir_all(&ws).unwrap();
+        chown(&task, SERVICE_UID);
+        chown(&ws, SERVICE_UID);
+        ws
+    }
+
+    /// Creates `sockets/<tid>/llm.sock` (a listening unix socket the agent may connect to);
+    /// keep the returned listener alive for as long as the socket should accept.
+    pub fn gateway_socket(&self, tid: &str) -> std::os::unix::net::UnixListener {
+        let dir = self.data.join("sockets").join(tid);
+        std::fs::create_dir_all(&dir).unwrap();
+        chown(&dir, SERVICE_UID);
+        let sock = dir.join("llm.sock");
+        let _ = std::fs::remove_file(&sock);
+        let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+        l
+    }
+
+    /// Runs a check to completion and returns its result.
+    pub fn check(&self, tid: &str, command: &str) -> Resp {
+        self.post(
+            "/checks",
+            &serde_json::json!({"tid": tid, "command": command, "timeout_s": 300}),
+        )
+    }
+
+    /// A check in a fresh workspace named after `tid`, asserting it was accepted.
+    pub fn probe(&self, tid: &str, command: &str) -> Value {
+        self.workspace(tid);
+        let r = self.check(tid, command);
+        assert_eq!(r.status, 200, "{}\n{}", r.raw, self.stderr());
+        r.body
+    }
+
+    /// Every cgroup directory of this launcher, over all hierarchies.
+    pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
+        let mut v = Vec::new();
+        for ctrl in ["memory", "pids", "cpu", "freezer"] {
+            let p = Path::new("/sys/fs/cgroup")
+                .join(ctrl)
+                .join(&self.cgroup_parent);
+            if p.is_dir() {
+                for e in std::fs::read_dir(&p).unwrap().flatten() {
+                    if e.file_type().unwrap().is_dir() {
+                        v.push(e.path());
+                    }
+                }
+            }
+        }
+        v
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.stop()));
+        }
+        for ctrl in ["memory", "pids", "cpu", "freezer"] {
+            let p = Path::new("/sys/fs/cgroup")
+                .join(ctrl)
+                .join(&self.cgroup_parent);
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                for e in entries.flatten() {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+            let _ = std::fs::remove_dir(&p);
+        }
+    }
+}
+
+/// One HTTP/1.1 exchange over a unix socket (`Connection: close`, read to EOF).
+pub fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> Resp {
+    let mut s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    parse_response(&raw)
+}
+
+fn parse_response(raw: &[u8]) -> Resp {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body_text = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    let body = serde_json::from_str(&body_text).unwrap_or(Value::Null);
+    Resp {
+        status,
+        body,
+        raw: text,
+    }
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n.min(rest.len())]);
+        s = rest.get(n + 2..).unwrap_or("");
+    }
+    out
+}
+
+/// Polls `f` until it returns `Some`, up to a generous hang guard.
+pub fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    for _ in 0..12_000 {
+        if let Some(v) = f() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("never happened: {what}");
+}
+
+/// Live processes whose command line starts with `prefix` (argv joined by spaces), e.g.
+/// `sleep 123` matches the sleep itself but not the shell or bwrap that mention it.
+pub fn processes_with(prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.starts_with(prefix) {
+            let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+            if stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, r)| r.starts_with('Z'))
+            {
+                continue;
+            }
+            out.push(format!("{}: {cmd}", e.file_name().to_string_lossy()));
+        }
+    }
+    out
+}
+
+pub fn owner_of(p: &Path) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p).unwrap().uid()
+}

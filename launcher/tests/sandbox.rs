@@ -1,0 +1,270 @@
+//! Inside the real sandbox, probed with `POST /checks` (bash as the agent uid under real bwrap,
+//! seccomp and cgroups): the properties of the attack catalogue (research §10, items 12-22).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{AGENT_UID, Launcher, Options, SERVICE_UID, owner_of};
+use serde_json::{Value, json};
+
+fn out(v: &Value) -> &str {
+    v["stdout"].as_str().unwrap()
+}
+
+#[test]
+fn identity_capabilities_and_descriptors() {
+    let l = Launcher::start(Options::default());
+    let v = l.probe(
+        "id1",
+        "id -u; id -g; id -G; grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status; \
+         ls /proc/self/fd | sort -n | tr '\\n' ' '; echo; pwd; echo $HOME; env | sort",
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let text = out(&v);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], AGENT_UID.to_string());
+    assert_eq!(lines[1], "64000");
+    assert_eq!(lines[2], "64000", "supplementary groups: {text}");
+    for cap in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert!(
+            text.contains(&format!("{cap}:\t0000000000000000")),
+            "{cap} in {text}"
+        );
+    }
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    assert!(text.contains("Seccomp:\t2"), "{text}");
+    // `ls` opens the directory it lists as fd 3.
+    assert!(text.contains("\n0 1 2 3 \n"), "fds: {text}");
+    assert!(text.contains("/workspace\n/home/agent\n"), "{text}");
+    assert!(
+        !text.contains("ANTHROPIC"),
+        "checks get no gateway settings: {text}"
+    );
+    assert!(
+        !text.contains("RUST_LOG"),
+        "the launcher's environment leaked: {text}"
+    );
+}
+
+#[test]
+fn network_is_loopback_only() {
+    let l = Launcher::start(Options::default());
+    let host = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = host.local_addr().unwrap().port();
+    let v = l.probe(
+        "net1",
+        &format!(
+            "if timeout 10 bash -c 'echo > /dev/tcp/127.0.0.1/{port}' 2>/dev/null; then echo host-reached; else echo host-unreachable; fi; \
+             if timeout 10 bash -c 'echo > /dev/tcp/1.1.1.1/53' 2>/dev/null; then echo net-reached; else echo net-unreachable; fi; \
+             echo ifaces $(tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '); \
+             python3 -c 'import socket; socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)' 2>&1 | tail -1; \
+             python3 -c 'import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)' 2>&1 | tail -1"
+        ),
+    );
+    let text = out(&v);
+    assert!(text.contains("host-unreachable"), "{text}");
+    assert!(text.contains("net-unreachable"), "{text}");
+    assert!(text.contains("\nifaces lo\n"), "interfaces: {text}");
+    assert_eq!(
+        text.matches("PermissionError").count(),
+        2,
+        "netlink/packet sockets: {text}"
+    );
+}
+
+#[test]
+fn host_files_are_invisible_and_the_root_read_only() {
+    let l = Launcher::start(Options::default());
+    let data = l.data.display().to_string();
+    let v = l.probe(
+        "fs1",
+        &format!(
+            "for p in /etc/shadow /root /home/user /var /run/gw /run/dbus {data} {data}/run/launcher.sock /sys/fs/cgroup/memory; do \
+               if [ -e $p ]; then echo present $p; else echo absent $p; fi; done; \
+             ls /run 2>&1; cat /etc/passwd; \
+             touch /usr/x 2>/dev/null && echo wrote-usr; touch /opt/x 2>/dev/null && echo wrote-opt; \
+             touch /etc/x 2>/dev/null && echo wrote-etc; touch /x 2>/dev/null && echo wrote-root; \
+             touch /tmp/x && touch ~/x && touch /workspace/x && echo writable-ok; \
+             mount -o remount,rw /usr 2>/dev/null && echo remounted; \
+             unshare -Ur true 2>/dev/null && echo unshared; \
+             python3 -c 'import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.syscall(101,0,1,0,0)==-1 else 1)' && echo ptrace-denied; \
+             python3 -c 'import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.syscall(425,1,0)==-1 else 1)' && echo io-uring-denied; \
+             python3 -c 'import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.syscall(323,0)==-1 else 1)' && echo userfaultfd-denied; \
+             python3 -c 'import ctypes,sys; l=ctypes.CDLL(None,use_errno=True); sys.exit(0 if l.syscall(0x40000000+39)==-1 else 1)' && echo x32-denied; \
+             python3 -c 'import fcntl,termios,sys; sys.exit(0)' && echo py-ok; \
+             ps -e -o pid=,comm= | wc -l"
+        ),
+    );
+    let text = out(&v);
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("present") || l.starts_with("absent"))
+    {
+        assert!(line.starts_with("absent"), "{line}\n{text}");
+    }
+    assert!(text.contains("agent:x:64000:64000"), "{text}");
+    assert!(!text.contains("root:x:0"), "host passwd leaked: {text}");
+    for bad in [
+        "wrote-usr",
+        "wrote-opt",
+        "wrote-etc",
+        "wrote-root",
+        "remounted",
+        "unshared",
+    ] {
+        assert!(!text.contains(bad), "{bad}: {text}");
+    }
+    for good in [
+        "writable-ok",
+        "ptrace-denied",
+        "io-uring-denied",
+        "userfaultfd-denied",
+        "x32-denied",
+        "py-ok",
+    ] {
+        assert!(
+            text.contains(good),
+            "{good} missing: {text}\n{}",
+            v["stderr"]
+        );
+    }
+    // Only the sandbox's own processes are visible (bwrap's init, bash, ps, wc).
+    let procs: usize = text.lines().last().unwrap().trim().parse().unwrap();
+    assert!(procs <= 6, "{procs} processes visible: {text}");
+}
+
+#[test]
+fn tmp_is_capped() {
+    let l = Launcher::start(Options {
+        tmp_mb: 4,
+        ..Options::default()
+    });
+    let v = l.probe(
+        "tmp1",
+        "head -c 8M /dev/zero > /tmp/fill; echo rc=$?; stat -c %s /tmp/fill",
+    );
+    let text = out(&v);
+    assert!(text.contains("rc=1"), "{text}");
+    assert!(
+        v["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("No space left on device"),
+        "{v}"
+    );
+    let size: u64 = text.lines().last().unwrap().parse().unwrap();
+    assert!(size <= 4 << 20, "{size}");
+}
+
+#[test]
+fn fork_bomb_is_contained_by_the_pids_limit() {
+    let l = Launcher::start(Options {
+        pids: 32,
+        ..Options::default()
+    });
+    // Bounded: 200 forks against a limit of 32 tasks; python itself needs no fork to report.
+    let v = l.probe(
+        "fork1",
+        "python3 -c '\nimport os, signal, time\nkids = []\nerr = None\nfor i in range(200):\n    try:\n        pid = os.fork()\n    except OSError as e:\n        err = e\n        break\n    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n    kids.append(pid)\nprint(\"started\", len(kids), err)\nfor k in kids:\n    os.kill(k, signal.SIGKILL)\n'",
+    );
+    let text = out(&v);
+    let started: usize = text
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("{v}"))
+        .parse()
+        .unwrap();
+    assert!(
+        started < 32,
+        "{started} processes started under pids.max 32: {v}"
+    );
+    assert!(text.contains("Resource temporarily unavailable"), "{v}");
+}
+
+#[test]
+fn memory_hog_is_oom_killed_and_reported() {
+    let l = Launcher::start(Options {
+        memory_mb: 64,
+        tmp_mb: 256,
+        ..Options::default()
+    });
+    let v = l.probe(
+        "oom1",
+        "python3 -c 'x = bytearray(512 << 20); print(len(x))'",
+    );
+    assert_eq!(v["oom_killed"], true, "{v}");
+    assert_eq!(v["exit_code"], 137, "{v}");
+    assert_eq!(v["timed_out"], false);
+    // The next check in a fresh cgroup is not marked.
+    let v = l.probe("oom1", "true");
+    assert_eq!(v["oom_killed"], false, "{v}");
+}
+
+#[test]
+fn timeouts_kill_everything_including_setsid_survivors() {
+    let l = Launcher::start(Options::default());
+    let marker = format!("{}", 900_000 + std::process::id());
+    let ws = l.workspace("to1");
+    let r = l.post(
+        "/checks",
+        &json!({"tid": "to1", "command": format!("setsid nohup sleep {marker} >/dev/null 2>&1 & sleep 1000"), "timeout_s": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert_eq!(r.body["timed_out"], true, "{}", r.raw);
+    assert_eq!(r.body["exit_code"], 137, "{}", r.raw);
+    assert!(common::processes_with(&format!("sleep {marker}")).is_empty());
+    assert!(l.cgroup_dirs().is_empty(), "{:?}", l.cgroup_dirs());
+    assert_eq!(owner_of(&ws), SERVICE_UID);
+}
+
+#[test]
+fn output_is_capped_and_workspace_handed_back() {
+    let l = Launcher::start(Options {
+        output_cap_kb: 4,
+        ..Options::default()
+    });
+    let ws = l.workspace("cap1");
+    let r = l.check(
+        "cap1",
+        "head -c 100000 /dev/zero | tr '\\0' a; echo err >&2; mkdir -p d; echo x > d/f; cp /bin/true d/suid; chmod 4755 d/suid; ln -s /etc/shadow d/link; mkfifo d/fifo; exit 3",
+    );
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert_eq!(r.body["exit_code"], 3);
+    assert_eq!(r.body["truncated"], true);
+    assert_eq!(r.body["stdout"].as_str().unwrap().len(), 4096);
+    assert_eq!(r.body["stderr"], "err\n");
+    for p in ["d", "d/f", "d/suid", "d/link", "d/fifo"] {
+        assert_eq!(owner_of(&ws.join(p)), SERVICE_UID, "{p}");
+    }
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(ws.join("d/suid"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777,
+        0o755
+    );
+    assert_eq!(owner_of(std::path::Path::new("/etc/shadow")), 0);
+    // Check logs are removed once returned, so the service user can clean up the task.
+    assert!(!l.data.join("tasks/cap1/logs").exists());
+}
+
+#[test]
+fn venv_is_mounted_read_only() {
+    let l = Launcher::start(Options::default());
+    let venv = l.venvs.join("py");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
+    l.workspace("venv1");
+    let r = l.post(
+        "/checks",
+        &json!({"tid": "venv1", "command": "which python; python -c 'print(6*7)'; echo $VIRTUAL_ENV; touch /opt/venv/x 2>/dev/null && echo wrote", "venv": venv, "timeout_s": 60}),
+    );
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert_eq!(
+        r.body["stdout"], "/opt/venv/bin/python\n42\n/opt/venv\n",
+        "{}",
+        r.raw
+    );
+}

@@ -1,0 +1,170 @@
+//! The real Claude Code inside the launcher's real sandbox (bwrap as the agent uid, seccomp,
+//! cgroup), reaching its model only through `/run/gw/llm.sock`: here fakellm listens on
+//! `sockets/<tid>/llm.sock` in place of the gateway, which proves the sandbox side of the
+//! end-to-end path (the gateway's own test covers the rest).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use agentbox_tests::harness::{Service, client_bin, unix_request, workspace_bin};
+use serde_json::{Value, json};
+
+const SERVICE_UID: u32 = 64010;
+
+fn chown(p: &Path, uid: u32) {
+    std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+}
+
+/// The agent uid must be able to read the binary, and the client cache lives under /root.
+fn readable_claude(dir: &Path) -> PathBuf {
+    let real =
+        std::fs::canonicalize(client_bin("claude").unwrap_or_else(|e| panic!("{e}"))).unwrap();
+    let target = dir.join("claude");
+    if std::fs::hard_link(&real, &target).is_err() {
+        std::fs::copy(&real, &target).unwrap();
+    }
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+    target
+}
+
+async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let r = unix_request(
+        socket,
+        method,
+        path,
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await
+    .unwrap();
+    (
+        r.status,
+        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test]
+async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
+    let base = tempfile::Builder::new()
+        .prefix("launcher-claude-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let data = base.path().join("data");
+    let claude = readable_claude(base.path());
+    let config = base.path().join("agentbox.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {data:?}\n[launcher]\nclaude_bin = {claude:?}\nvenv_root = \"/nonexistent/venvs\"\n\
+             [models.sonnet]\nbackend = \"ollama\"\nupstream_model = \"x\"\n"
+        ),
+    )
+    .unwrap();
+    let cgroup_parent = format!("agentbox-claude-it-{}", std::process::id());
+    let launcher_bin = workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap();
+    let mut cmd = Command::new(launcher_bin);
+    cmd.arg("--config")
+        .arg(&config)
+        .arg("--service-uid")
+        .arg(SERVICE_UID.to_string())
+        .arg("--cgroup-parent")
+        .arg(&cgroup_parent);
+    let (launcher, address) =
+        Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
+            l.strip_prefix("listening on unix:").map(str::to_owned)
+        })
+        .unwrap();
+    let socket = PathBuf::from(address);
+
+    let tid = "claude1";
+    let ws = data.join("tasks").join(tid).join("workspace");
+    std::fs::create_dir_all(&ws).unwrap();
+    chown(ws.parent().unwrap(), SERVICE_UID);
+    chown(&ws, SERVICE_UID);
+    let gw = data.join("sockets").join(tid);
+    std::fs::create_dir_all(&gw).unwrap();
+    chown(&gw, SERVICE_UID);
+
+    // fakellm plays the gateway on the task's socket.
+    let content = "hello from inside the sandbox\n";
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "ok"}],
+        "steps": [
+            {"match": {"has_tools": true},
+             "tool_calls": [{"id": "toolu_1", "name": "Write",
+                             "input": {"file_path": "/workspace/hello.txt", "content": content}}]},
+            {"match": {"has_tools": true, "body_contains": "tool_result"}, "text": "done"}
+        ]
+    });
+    let script_path = base.path().join("script.json");
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    let log = base.path().join("requests.jsonl");
+    let llm_sock = gw.join("llm.sock");
+    let mut fake = Command::new(env!("CARGO_BIN_EXE_fakellm"));
+    fake.arg("--script")
+        .arg(&script_path)
+        .arg("--log")
+        .arg(&log)
+        .arg("--unix")
+        .arg(&llm_sock);
+    let (_fake, _) = Service::start("fakellm", fake, Duration::from_secs(20), |l| {
+        l.strip_prefix("listening on ").map(str::to_owned)
+    })
+    .unwrap();
+    std::fs::set_permissions(&llm_sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+
+    let (status, body) = call(
+        &socket,
+        "POST",
+        "/agents",
+        Some(json!({
+            "tid": tid, "model": "sonnet", "timeout_s": 300, "token": "test-token",
+            "cmd": ["claude", "-p", "Create hello.txt in the current directory.",
+                    "--output-format", "stream-json", "--verbose",
+                    "--model", "claude-sonnet-4-5", "--permission-mode", "bypassPermissions"]
+        })),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}\n{}", launcher.describe());
+    let (status, v) = call(&socket, "GET", &format!("/agents/{tid}?wait=1"), None).await;
+    assert_eq!(status, 200, "{v}");
+    let requests = std::fs::read_to_string(&log).unwrap_or_default();
+    let diag = format!(
+        "{v:#}\n--- fakellm log ---\n{requests}\n{}",
+        launcher.describe()
+    );
+    assert_eq!(v["state"], "exited", "{diag}");
+    assert_eq!(v["exit_code"], 0, "{diag}");
+    let result = v["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "result")
+        .unwrap_or_else(|| panic!("no result event: {diag}"));
+    assert_eq!(result["result"], "done", "{diag}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("hello.txt")).unwrap(),
+        content
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata(ws.join("hello.txt")).unwrap().uid(),
+        SERVICE_UID,
+        "handed back"
+    );
+    let first: Value = serde_json::from_str(requests.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first["headers"]["authorization"], "Bearer test-token",
+        "{diag}"
+    );
+    drop(launcher);
+    for ctrl in ["memory", "pids", "cpu", "freezer"] {
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctrl).join(&cgroup_parent));
+    }
+}
