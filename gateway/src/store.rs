@@ -1,5 +1,6 @@
-//! The gateway's state file (`state/gateway.json`): every task's usage and budget, so a
-//! restart loses no money. Written atomically (temp file, fsync, rename, fsync of the
+//! The gateway's state file (`state/gateway/gateway.json`): every task's usage and budget, so
+//! a restart loses no money. The gateway keeps its own directory under `state/` because the
+//! launcher (root) keeps its state beside it, in a directory the service user cannot touch. Written atomically (temp file, fsync, rename, fsync of the
 //! directory), so a crash leaves either the old file or the new one, never half of either.
 
 use std::io::Write;
@@ -47,16 +48,23 @@ pub enum StoreError {
 }
 
 impl Store {
-    /// The store under `<data_dir>/state/` (the directory is created, mode 0700).
+    /// The store under `<data_dir>/state/gateway/` (created mode 0700 if missing; `state/`
+    /// itself, if the gateway has to create it, 0755 so the launcher's directory can sit
+    /// beside ours).
     pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
-        let dir = data_dir.join("state");
+        use std::os::unix::fs::DirBuilderExt;
+        let dir = data_dir.join("state").join("gateway");
         let io = |source| StoreError::Io {
             path: dir.clone(),
             source,
         };
-        std::fs::create_dir_all(&dir).map_err(io)?;
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
-            .map_err(io)?;
+        for (path, mode) in [(data_dir.join("state"), 0o755), (dir.clone(), 0o700)] {
+            match std::fs::DirBuilder::new().mode(mode).create(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
         Ok(Store {
             path: dir.join("gateway.json"),
         })
@@ -160,17 +168,17 @@ mod tests {
         );
         store.save(&s).unwrap();
         assert_eq!(store.load().unwrap(), s);
-        assert!(!d.path().join("state/gateway.json.tmp").exists());
+        assert!(!d.path().join("state/gateway/gateway.json.tmp").exists());
     }
 
     #[test]
     fn corrupt_and_future_files_are_refused() {
         let d = tempfile::tempdir().unwrap();
         let store = Store::open(d.path()).unwrap();
-        std::fs::write(d.path().join("state/gateway.json"), b"{not json").unwrap();
+        std::fs::write(d.path().join("state/gateway/gateway.json"), b"{not json").unwrap();
         assert!(matches!(store.load(), Err(StoreError::Corrupt { .. })));
         std::fs::write(
-            d.path().join("state/gateway.json"),
+            d.path().join("state/gateway/gateway.json"),
             br#"{"version":99,"tasks":{}}"#,
         )
         .unwrap();

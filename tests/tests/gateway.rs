@@ -448,7 +448,7 @@ async fn usage_survives_restarts_and_reopening() {
     );
 
     // A crash right after a request loses nothing once the state writer caught up.
-    let state = gw.data_dir().join("state/gateway.json");
+    let state = gw.data_dir().join("state/gateway/gateway.json");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while !std::fs::read_to_string(&state)
         .unwrap_or_default()
