@@ -2,11 +2,14 @@
 //! owners at startup, and every per-task path reached from one trusted directory handle without
 //! following a symlink (`policy::resolve`).
 //!
-//! Owners: `run/` root:service-group 0750 (the socket lives there), `state/` root 0700,
-//! `tasks/` and `sockets/` service-owned 0755 (the service user creates `tasks/<tid>/workspace`
-//! and the gateway `sockets/<tid>`), `tasks/<tid>/logs/` root:service-group 0750 with root-owned
-//! log files, so the service user can read output but never swap a log for a link the launcher
-//! would then read as root.
+//! Owners: `run/` root:service-group 1770 (sticky: the gateway, running as the service user,
+//! binds `run/gateway.sock` there, but cannot unlink or replace root's `launcher.sock`, so it can
+//! never swap it for a link between the launcher's bind and chmod), `state/` root 0711 (the
+//! launcher's own records under it stay root-only; the service user can only reach
+//! `state/gateway/`, its own 0700 directory), `tasks/` and `sockets/` service-owned 0755 (the
+//! service user creates `tasks/<tid>/workspace` and the gateway `sockets/<tid>`),
+//! `tasks/<tid>/logs/` root:service-group 0750 with root-owned log files, so the service user can
+//! read output but never swap a log for a link the launcher would then read as root.
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -126,8 +129,9 @@ impl DataDir {
             ));
         }
         let dir = DataDir { root, service };
-        dir.ensure_dir("run", 0, service.gid, 0o750)?;
-        dir.ensure_dir("state", 0, 0, 0o700)?;
+        dir.ensure_dir("run", 0, service.gid, 0o1770)?;
+        dir.ensure_dir("state", 0, 0, 0o711)?;
+        dir.ensure_subdir("state", "gateway", service.uid, service.gid, 0o700)?;
         dir.ensure_dir("tasks", service.uid, service.gid, 0o755)?;
         dir.ensure_dir("sockets", service.uid, service.gid, 0o755)?;
         Ok(dir)
@@ -145,6 +149,36 @@ impl DataDir {
             .resolve_dir(&r)
             .map_err(|e| bad(&shown, e.to_string()))?;
         let fd = resolved.into_fd();
+        chown_fd(&fd, uid, gid).map_err(|e| bad(&shown, format!("chown: {e}")))?;
+        chmod_fd(&fd, mode).map_err(|e| bad(&shown, format!("chmod: {e}")))?;
+        Ok(())
+    }
+
+    /// Like `ensure_dir` for `parent/name`, creating `name` through a handle of `parent` (which
+    /// must have been ensured first) so no symlink swapped in for `parent` is followed.
+    fn ensure_subdir(
+        &self,
+        parent: &str,
+        name: &str,
+        uid: u32,
+        gid: u32,
+        mode: u32,
+    ) -> Result<(), LayoutError> {
+        let shown = self.root.path().join(parent).join(name);
+        let rel = |p: &str| RelPath::parse(p).map_err(|e| bad(&shown, e.to_string()));
+        let parent_fd = self
+            .root
+            .resolve_dir(&rel(parent)?)
+            .map_err(|e| bad(&shown, e.to_string()))?;
+        match fs::mkdirat(&parent_fd, name, Mode::from_raw_mode(mode)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(bad(&shown, format!("mkdir: {e}"))),
+        }
+        let fd = self
+            .root
+            .resolve_dir(&rel(&format!("{parent}/{name}"))?)
+            .map_err(|e| bad(&shown, e.to_string()))?
+            .into_fd();
         chown_fd(&fd, uid, gid).map_err(|e| bad(&shown, format!("chown: {e}")))?;
         chmod_fd(&fd, mode).map_err(|e| bad(&shown, format!("chmod: {e}")))?;
         Ok(())
@@ -372,9 +406,13 @@ mod tests {
                 meta("run").gid(),
                 meta("run").mode() & 0o7777
             ),
-            (0, SERVICE.gid, 0o750)
+            (0, SERVICE.gid, 0o1770)
         );
-        assert_eq!(meta("state").mode() & 0o7777, 0o700);
+        assert_eq!(meta("state").mode() & 0o7777, 0o711);
+        assert_eq!(
+            (meta("state/gateway").uid(), meta("state/gateway").mode() & 0o7777),
+            (SERVICE.uid, 0o700)
+        );
         assert_eq!(meta("tasks").uid(), SERVICE.uid);
         assert_eq!(d.socket_path(), data.join("run/launcher.sock"));
         // Idempotent.

@@ -188,6 +188,8 @@ pub struct GatewayProcess {
     service: Service,
     config: PathBuf,
     env: Vec<(String, String)>,
+    /// Run as this uid/gid (the service user) instead of the test's own.
+    identity: Option<(u32, u32)>,
     // Declared last so the process is gone before its files are removed.
     dir: tempfile::TempDir,
 }
@@ -198,6 +200,19 @@ impl GatewayProcess {
     /// # Errors
     /// When the binary cannot be built or the gateway does not come up.
     pub fn start(config: &str, env: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        Self::start_as(config, env, None)
+    }
+
+    /// Like [`GatewayProcess::start`], running as `identity` (uid, gid) as in production, where
+    /// the gateway is the service user and owns the data dir.
+    ///
+    /// # Errors
+    /// When the binary cannot be built or the gateway does not come up.
+    pub fn start_as(
+        config: &str,
+        env: &[(&str, &str)],
+        identity: Option<(u32, u32)>,
+    ) -> Result<Self, HarnessError> {
         let dir = tempfile::Builder::new()
             .prefix("gateway-")
             .tempdir()
@@ -214,11 +229,25 @@ impl GatewayProcess {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        let service = Self::spawn(dir.path(), &path, &env)?;
+        if let Some((uid, gid)) = identity {
+            let io = |source| HarnessError::Io {
+                path: dir.path().to_path_buf(),
+                source,
+            };
+            std::fs::set_permissions(
+                dir.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            )
+            .map_err(io)?;
+            std::fs::create_dir_all(dir.path().join("data")).map_err(io)?;
+            std::os::unix::fs::chown(dir.path().join("data"), Some(uid), Some(gid)).map_err(io)?;
+        }
+        let service = Self::spawn(dir.path(), &path, &env, identity)?;
         Ok(Self {
             service,
             config: path,
             env,
+            identity,
             dir,
         })
     }
@@ -227,6 +256,7 @@ impl GatewayProcess {
         data: &Path,
         config: &Path,
         env: &[(String, String)],
+        identity: Option<(u32, u32)>,
     ) -> Result<Service, HarnessError> {
         let bin = workspace_bin("agentbox-gateway", "agentbox-gateway")?;
         let mut cmd = Command::new(bin);
@@ -237,6 +267,11 @@ impl GatewayProcess {
             .env("RUST_LOG", "info");
         for (k, v) in env {
             cmd.env(k, v);
+        }
+        if let Some((uid, gid)) = identity {
+            use std::os::unix::process::CommandExt;
+            // std clears the supplementary groups when root drops to another uid.
+            cmd.uid(uid).gid(gid);
         }
         std::fs::create_dir_all(data.join("data")).map_err(|source| HarnessError::Io {
             path: data.join("data"),
@@ -254,7 +289,7 @@ impl GatewayProcess {
     /// When it does not come back.
     pub fn restart(&mut self) -> Result<(), HarnessError> {
         self.service.stop();
-        self.service = Self::spawn(self.dir.path(), &self.config, &self.env)?;
+        self.service = Self::spawn(self.dir.path(), &self.config, &self.env, self.identity)?;
         Ok(())
     }
 
@@ -264,7 +299,7 @@ impl GatewayProcess {
     /// When it does not come back.
     pub fn crash_and_restart(&mut self) -> Result<(), HarnessError> {
         self.service.kill();
-        self.service = Self::spawn(self.dir.path(), &self.config, &self.env)?;
+        self.service = Self::spawn(self.dir.path(), &self.config, &self.env, self.identity)?;
         Ok(())
     }
 

@@ -1,0 +1,323 @@
+//! The whole path, every part real: the launcher (root) snapshots a repository and starts the
+//! real Claude Code in a bubblewrap sandbox as the agent uid; the agent reaches its model only
+//! through `/run/gw/llm.sock`, a task socket of the real gateway (running as the service user,
+//! sharing the data dir with the launcher), which forwards to fakellm. The scripted agent edits
+//! a file and plants hooks and git config in its workspace; `deliver` then brings
+//! `agent/<tid>` into the source repository on top of the snapshot commit, and nothing the
+//! agent planted ever runs on the host.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use agentbox_tests::harness::{
+    FakeLlm, GatewayProcess, Service, client_bin, unix_request, workspace_bin,
+};
+use serde_json::{Value, json};
+
+/// The service user's uid/gid for this test (no passwd entry needed: `--service-uid`).
+const SERVICE: u32 = 64020;
+const TOKEN: &str = "e2e-task-token-0123456789";
+
+async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let r = unix_request(
+        socket,
+        method,
+        path,
+        &[("content-type", "application/json")],
+        body,
+    )
+    .await
+    .unwrap();
+    (
+        r.status,
+        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
+    )
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    // The repository belongs to the service user; the test reads it as root.
+    let out = Command::new("git")
+        .current_dir(dir)
+        .args(["-c", "safe.directory=*"])
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
+fn chown_tree(p: &Path, uid: u32) {
+    let status = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{uid}:{uid}"))
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// The agent uid must be able to read the binary, and the client cache lives under /root.
+fn readable_claude(dir: &Path) -> PathBuf {
+    let real =
+        std::fs::canonicalize(client_bin("claude").unwrap_or_else(|e| panic!("{e}"))).unwrap();
+    let target = dir.join("claude");
+    if std::fs::hard_link(&real, &target).is_err() {
+        std::fs::copy(&real, &target).unwrap();
+    }
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
+    target
+}
+
+#[tokio::test]
+async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
+    let base = tempfile::Builder::new().prefix("e2e-").tempdir().unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sentinel = base.path().join("SENTINEL");
+
+    // A source repository owned by the service user, with one commit.
+    let repos = base.path().join("repos");
+    let repo = repos.join("proj");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "--quiet", "--initial-branch=main"]);
+    std::fs::write(repo.join("README.md"), "hello\n").unwrap();
+    git(&repo, &["add", "README.md"]);
+    git(&repo, &["commit", "--quiet", "-m", "initial"]);
+    let base_sha = git(&repo, &["rev-parse", "HEAD"]);
+    chown_tree(&repos, SERVICE);
+
+    // The model: read, edit, plant hooks and config with Bash, then finish.
+    let plant = format!(
+        "mkdir -p .git/hooks && for h in pre-commit post-commit post-checkout reference-transaction; do \
+         printf '#!/bin/sh\\ntouch {s}\\n' > .git/hooks/$h && chmod +x .git/hooks/$h; done && \
+         printf '[core]\\n\\tfsmonitor = touch {s}\\n\\thooksPath = .git/hooks\\n[filter \"evil\"]\\n\\tclean = touch {s}\\n\\tsmudge = touch {s}\\n' >> .git/config && \
+         printf '* filter=evil\\n' > .gitattributes && echo planted",
+        s = sentinel.display()
+    );
+    let fake = FakeLlm::start(
+        env!("CARGO_BIN_EXE_fakellm").as_ref(),
+        &json!({
+            "rules": [{"match": {"has_tools": false}, "text": "ok"}],
+            "steps": [
+                {"match": {"has_tools": true},
+                 "tool_calls": [{"name": "Read", "input": {"file_path": "/workspace/README.md"}}],
+                 "usage": {"input_tokens": 1000, "output_tokens": 10, "cache_creation_input_tokens": 500}},
+                {"match": {"has_tools": true, "body_contains": "tool_result"},
+                 "tool_calls": [{"name": "Edit", "input": {"file_path": "/workspace/README.md",
+                                 "old_string": "hello", "new_string": "hello, edited by the agent"}}],
+                 "usage": {"input_tokens": 1100, "output_tokens": 20, "cache_read_input_tokens": 500}},
+                {"match": {"has_tools": true, "body_contains": "tool_result"},
+                 "tool_calls": [{"name": "Bash", "input": {"command": plant, "description": "plant hooks"}}],
+                 "usage": {"input_tokens": 1200, "output_tokens": 30, "cache_read_input_tokens": 500}},
+                {"match": {"has_tools": true, "body_contains": "tool_result"},
+                 "text": "done",
+                 "usage": {"input_tokens": 1300, "output_tokens": 2, "cache_read_input_tokens": 500}}
+            ]
+        }),
+    )
+    .unwrap();
+
+    // The gateway, as the service user; its data dir is the launcher's too.
+    let model_toml =
+        "[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n".to_owned();
+    let gw = GatewayProcess::start_as(
+        &format!(
+            "[gateway]\nollama_url = \"{}\"\n{model_toml}",
+            fake.base_url()
+        ),
+        &[],
+        Some((SERVICE, SERVICE)),
+    )
+    .unwrap();
+    let data = gw.data_dir();
+
+    // The launcher, as root, on the same data dir.
+    let claude = readable_claude(base.path());
+    let config = base.path().join("launcher.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {data:?}\n[launcher]\nclaude_bin = {claude:?}\nrepo_roots = [{repos:?}]\nvenv_root = \"/nonexistent/venvs\"\n{model_toml}"
+        ),
+    )
+    .unwrap();
+    let cgroup_parent = format!("agentbox-e2e-{}", std::process::id());
+    let mut cmd = Command::new(workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap());
+    cmd.arg("--config")
+        .arg(&config)
+        .arg("--service-uid")
+        .arg(SERVICE.to_string())
+        .arg("--cgroup-parent")
+        .arg(&cgroup_parent);
+    let (launcher, address) =
+        Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
+            l.strip_prefix("listening on unix:").map(str::to_owned)
+        })
+        .unwrap();
+    let lsock = PathBuf::from(address);
+
+    // The gateway still works with the launcher's layout in place (run/ and state/ shared).
+    let tid = "e2e1";
+    let (s, snap) = call(
+        &lsock,
+        "POST",
+        "/repo/snapshot",
+        Some(json!({"tid": tid, "path": repo})),
+    )
+    .await;
+    assert_eq!(s, 200, "{snap}\n{}", launcher.describe());
+    assert_eq!(snap["sha"], base_sha);
+    let r = gw
+        .control("POST", "/tasks", Some(&json!({"tid": tid, "model": "local", "token": TOKEN, "budget": {"tokens": 1_000_000}})))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status,
+        201,
+        "{}\n{}",
+        String::from_utf8_lossy(&r.body),
+        gw.stderr()
+    );
+
+    let (s, v) = call(
+        &lsock,
+        "POST",
+        "/agents",
+        Some(json!({
+            "tid": tid, "model": "local", "timeout_s": 300, "token": TOKEN,
+            "cmd": ["claude", "-p", "Edit README.md.", "--output-format", "stream-json", "--verbose",
+                    "--model", "claude-sonnet-4-5", "--permission-mode", "bypassPermissions"]
+        })),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}\n{}", launcher.describe());
+    let (s, v) = call(&lsock, "GET", &format!("/agents/{tid}?wait=1"), None).await;
+    assert_eq!(s, 200, "{v}");
+    let log = fake.requests().unwrap();
+    let diag = || {
+        format!(
+            "{v:#}\n--- fakellm ---\n{}\n--- gateway ---\n{}\n--- launcher ---\n{}",
+            log.iter()
+                .map(|r| format!("{} {} {}", r["path"], r["served_by"], r["body"]["model"]))
+                .collect::<Vec<_>>()
+                .join("\n"),
+            gw.stderr(),
+            launcher.describe()
+        )
+    };
+    assert_eq!(v["state"], "exited", "{}", diag());
+    assert_eq!(v["exit_code"], 0, "{}", diag());
+    let result = v["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|e| e["type"] == "result")
+        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    assert_eq!(result["result"], "done", "{}", diag());
+    let bash_result = v["stdout"].as_str().unwrap().contains("planted");
+    assert!(
+        bash_result,
+        "the agent's Bash tool ran inside the sandbox: {}",
+        diag()
+    );
+    let commit = v["result_commit"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no result commit: {}", diag()))
+        .to_owned();
+
+    // Everything the agent sent went through the gateway, sanitized and metered.
+    assert_eq!(log.len(), 4, "{}", diag());
+    for r in &log {
+        assert_eq!(r["body"]["model"], "qwen-upstream");
+        assert!(r["body"].get("context_management").is_none());
+        assert!(
+            !r["headers"]
+                .as_object()
+                .unwrap()
+                .contains_key("anthropic-beta")
+        );
+        assert!(!r.to_string().contains(TOKEN));
+    }
+    let r = gw
+        .control("GET", &format!("/tasks/{tid}"), None)
+        .await
+        .unwrap();
+    let usage: Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(
+        usage["usage"]["input_tokens"],
+        1000 + 1100 + 1200 + 1300,
+        "{usage}"
+    );
+    assert_eq!(usage["usage"]["output_tokens"], 10 + 20 + 30 + 2);
+    assert_eq!(usage["usage"]["cache_read_input_tokens"], 1500);
+    assert_eq!(usage["usage"]["cache_creation_input_tokens"], 500);
+
+    // Deliver: agent/<tid> lands in the repo, on top of the snapshot, with the edit; the repo's
+    // HEAD and work tree are untouched; nothing planted ran.
+    let branch = format!("agent/{tid}");
+    let (s, d) = call(
+        &lsock,
+        "POST",
+        "/repo/deliver",
+        Some(json!({"tid": tid, "path": repo, "branch": branch})),
+    )
+    .await;
+    assert_eq!(s, 200, "{d}\n{}", launcher.describe());
+    let delivered = git(&repo, &["rev-parse", &format!("refs/heads/{branch}")]);
+    assert_eq!(delivered, commit);
+    assert_eq!(
+        git(&repo, &["rev-parse", &format!("{branch}^")]),
+        base_sha,
+        "parent is the snapshot commit"
+    );
+    assert_eq!(
+        git(&repo, &["show", &format!("{branch}:README.md")]),
+        "hello, edited by the agent"
+    );
+    assert_eq!(
+        git(&repo, &["rev-parse", "HEAD"]),
+        base_sha,
+        "HEAD untouched"
+    );
+    assert_eq!(git(&repo, &["symbolic-ref", "HEAD"]), "refs/heads/main");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("README.md")).unwrap(),
+        "hello\n",
+        "work tree untouched"
+    );
+    let tree = git(&repo, &["ls-tree", "-r", "--name-only", &branch]);
+    assert!(
+        !tree.lines().any(|p| p.starts_with(".git/")),
+        "no .git content delivered: {tree}"
+    );
+    assert!(
+        !sentinel.exists(),
+        "a hook or config the agent planted ran on the host"
+    );
+    // The workspace really carried the planted hooks (so the check above means something).
+    let ws_hook = data
+        .join("tasks")
+        .join(tid)
+        .join("workspace/.git/hooks/post-commit");
+    assert!(ws_hook.exists(), "the agent planted {}", ws_hook.display());
+
+    drop(launcher);
+    for ctrl in ["memory", "pids", "cpu", "freezer"] {
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctrl).join(&cgroup_parent));
+    }
+}
