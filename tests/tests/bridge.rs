@@ -555,3 +555,94 @@ async fn mid_stream_failure_ends_with_an_error_event() {
         );
     }
 }
+
+/// The same Anthropic request through an `openai` model, not streamed and streamed: what the
+/// provider receives is a faithful chat request with the provider key, and what comes back is
+/// an Anthropic message with the usage in Anthropic terms.
+#[tokio::test]
+async fn openai_translation_both_ways() {
+    let fake = fakellm(&json!({"steps": [
+        {"text": "translated", "usage": {"input_tokens": 70, "output_tokens": 9, "cache_read_input_tokens": 30}},
+        {"tool_calls": [{"name": "Write", "input": {"file_path": "a.txt", "content": "x"}}],
+         "usage": {"input_tokens": 80, "output_tokens": 12}}
+    ]}));
+    let bridge = start(&fake);
+    let mut req = request("gpt", false);
+    req["tool_choice"] =
+        json!({"type": "tool", "name": "Write", "disable_parallel_tool_use": true});
+    req["stop_sequences"] = json!(["STOP"]);
+
+    let resp = post(&bridge, &req).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    assert_eq!(v["type"], "message");
+    assert_eq!(v["model"], "gpt", "the client's model name is reported");
+    assert_eq!(
+        v["content"][0],
+        json!({"type": "text", "text": "translated"})
+    );
+    assert_eq!(v["stop_reason"], "end_turn");
+    // prompt_tokens 100 includes 30 cached: Anthropic's input_tokens excludes them.
+    assert_eq!(v["usage"]["input_tokens"], 70);
+    assert_eq!(v["usage"]["cache_read_input_tokens"], 30);
+    assert_eq!(v["usage"]["output_tokens"], 9);
+
+    req["stream"] = json!(true);
+    let resp = post(&bridge, &req).await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    let frames = parse_sse(&body);
+    let names: Vec<&str> = frames.iter().filter_map(|f| f.event.as_deref()).collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == "message_start").count(),
+        1,
+        "{body}"
+    );
+    assert_eq!(names.last(), Some(&"message_stop"), "{body}");
+    assert!(
+        body.contains("\"type\":\"tool_use\"") && body.contains("input_json_delta"),
+        "{body}"
+    );
+    assert!(body.contains("\"stop_reason\":\"tool_use\""), "{body}");
+
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs.len(), 2);
+    for (r, stream) in reqs.iter().zip([false, true]) {
+        assert_eq!(r["path"], "/v1/chat/completions");
+        assert_eq!(
+            r["headers"]["authorization"],
+            format!("Bearer {OPENAI_KEY}")
+        );
+        assert!(r["headers"].get("x-api-key").is_none());
+        let b = &r["body"];
+        assert_eq!(b["model"], "gpt-upstream");
+        assert_eq!(b["stream"], stream);
+        assert_eq!(b["messages"][0]["role"], "system");
+        assert_eq!(b["messages"][0]["content"], "You are a coding agent.");
+        assert_eq!(b["messages"][1]["role"], "user");
+        let tools = b["tools"].as_array().unwrap();
+        assert_eq!(tools.len(), 1, "server tool dropped: {tools:?}");
+        assert_eq!(tools[0]["type"], "function");
+        assert_eq!(tools[0]["function"]["name"], "Write");
+        assert_eq!(b["tool_choice"]["function"]["name"], "Write");
+        assert_eq!(b["parallel_tool_calls"], false);
+        assert_eq!(b["stop"], json!(["STOP"]));
+        assert_eq!(b["user"], "user-1");
+        assert_eq!(
+            b["max_completion_tokens"], 4096,
+            "clamped to max_output_tokens"
+        );
+        for gone in [
+            "context_management",
+            "metadata",
+            "x_unknown_field",
+            "thinking",
+        ] {
+            assert!(b.get(gone).is_none(), "{gone} sent to the provider: {b}");
+        }
+        if stream {
+            assert_eq!(b["stream_options"]["include_usage"], true);
+        }
+    }
+    assert_no_bridge_token(&reqs);
+}

@@ -42,8 +42,15 @@ provider = "openai"
 base_url = "{fake}/v1"
 upstream_model = "gpt-upstream"
 key_env = "OPENAI_KEY"
+
+[models.vl]
+backend = "vllm"
+upstream_model = "vllm-upstream"
+port = {port}
+command = ["vllm", "serve"]
 "#,
         fake = fake.base_url(),
+        port = fake.base_url().rsplit(':').next().unwrap(),
         bridge = bridge.map_or("http://127.0.0.1:9".to_owned(), BridgeProcess::base_url),
     )
 }
@@ -788,4 +795,28 @@ async fn control_socket_refuses_other_uids() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("forbidden"));
+}
+
+/// A vLLM model goes to `127.0.0.1:<port>/v1/messages` with the upstream model name.
+#[tokio::test]
+async fn vllm_models_go_to_their_loopback_port() {
+    let fake = fakellm(
+        &json!({"fallback": {"text": "from vllm", "usage": {"input_tokens": 3, "output_tokens": 2}}}),
+    );
+    let gw = start(&fake);
+    open(&gw, "v1", "vl", json!({})).await;
+    let r = send(&gw.task_socket("v1"), &request(false, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs[0]["path"], "/v1/messages");
+    assert_eq!(
+        reqs[0]["headers"]["host"]
+            .as_str()
+            .unwrap()
+            .split(':')
+            .next(),
+        Some("127.0.0.1")
+    );
+    assert_eq!(reqs[0]["body"]["model"], "vllm-upstream");
+    assert_eq!(task(&gw, "v1").await["usage"]["total_tokens"], 5);
 }
