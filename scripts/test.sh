@@ -11,6 +11,10 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v git >/dev/null || need_apt+=(git)
+# systemd's tools (not systemd as PID 1): the packaging test runs sysusers, tmpfiles and
+# systemd-analyze against a temp root.
+command -v systemd-analyze >/dev/null || need_apt+=(systemd)
+command -v curl >/dev/null || need_apt+=(curl)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "test.sh: missing ${need_apt[*]} and not root: install them first" >&2
