@@ -125,6 +125,40 @@ pub struct DeleteBranchResult {
     pub sha: String,
 }
 
+/// One vLLM backend, in `GET /status` and the answers of the backend routes.
+///
+/// `state` is `stopped`, `starting` (spawned, waiting for `GET /health` to answer 200),
+/// `healthy`, `stopping`, or `failed` (exited, or never became healthy; `error` says which).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub model: String,
+    pub state: String,
+    /// The server process (leader of its own process group), while it runs.
+    pub pid: Option<u32>,
+    /// It serves on `127.0.0.1:<port>`.
+    pub port: u16,
+    /// Running agents of this model: while there are any, the backend is busy and is not
+    /// stopped to make room for another.
+    pub agents: usize,
+    pub error: Option<String>,
+}
+
+/// `POST /backends/{model}/start` → the backend, healthy, and the idle backends that were
+/// stopped to make room for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStartResult {
+    #[serde(flatten)]
+    pub backend: BackendStatus,
+    pub stopped: Vec<String>,
+}
+
+/// `POST /backends/vllm/stop` → the backends that were running (or starting) and are now
+/// stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStopResult {
+    pub stopped: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -23,6 +23,9 @@ const CGROUP_SUPER_MAGIC: i64 = 0x0027_e0eb;
 /// How many freeze/kill rounds before giving up on emptying a cgroup.
 const KILL_ROUNDS: usize = 500;
 const KILL_PAUSE: Duration = Duration::from_millis(10);
+/// Pause while only exiting processes are left; many of them make the give-up bound.
+const EXIT_PAUSE: Duration = Duration::from_millis(1);
+const EXIT_ROUNDS: usize = 5000;
 
 /// CFS period used for the CPU quota, microseconds.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -55,7 +58,7 @@ pub enum CgroupError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}: processes still present after {KILL_ROUNDS} kill rounds")]
+    #[error("{0}: processes still present after {KILL_ROUNDS} kill rounds and {EXIT_ROUNDS} waits")]
     Unkillable(PathBuf),
 }
 
@@ -68,13 +71,41 @@ fn io_err(path: &Path, op: &'static str) -> impl FnOnce(std::io::Error) -> Cgrou
 pub trait Signaller: Send + Sync + fmt::Debug {
     /// Kills `pid`; a process that is already gone is not an error.
     fn kill(&self, pid: i32) -> std::io::Result<()>;
+
+    /// Whether `pid` is already on its way out, every thread of it (past the point where it
+    /// could run user code or fork again).
+    fn is_exiting(&self, _pid: i32) -> bool {
+        false
+    }
 }
+
+/// `PF_EXITING` in the flags of `/proc/<pid>/stat` (field 9).
+const PF_EXITING: u64 = 0x4;
 
 /// The real `kill(2)`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RealSignaller;
 
 impl Signaller for RealSignaller {
+    /// Every thread of `pid` must be exiting: a process whose main thread has exited can
+    /// go on running in its other threads.
+    fn is_exiting(&self, pid: i32) -> bool {
+        let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            // Gone already.
+            return true;
+        };
+        threads.flatten().all(|t| {
+            let Ok(stat) = std::fs::read_to_string(t.path().join("stat")) else {
+                return true;
+            };
+            // The command name may hold spaces and parentheses; the fields after it are fixed.
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+                .and_then(|f| f.parse::<u64>().ok())
+                .is_some_and(|flags| flags & PF_EXITING != 0)
+        })
+    }
+
     fn kill(&self, pid: i32) -> std::io::Result<()> {
         let Some(pid) = rustix::process::Pid::from_raw(pid) else {
             return Ok(());
@@ -283,6 +314,19 @@ impl Cgroups {
         name: &str,
         limits: CgroupLimits,
     ) -> Result<TaskCgroup, CgroupError> {
+        let task = self.fresh(name).await?;
+        task.write_limits(limits)?;
+        Ok(task)
+    }
+
+    /// Creates the cgroup `name` without limits: a vLLM backend sizes itself, and its cgroup
+    /// only makes "every process it started" exact for stopping it (workers included) and for
+    /// finding it after a restart.
+    pub async fn create_unlimited(&self, name: &str) -> Result<TaskCgroup, CgroupError> {
+        self.fresh(name).await
+    }
+
+    async fn fresh(&self, name: &str) -> Result<TaskCgroup, CgroupError> {
         agentbox_policy::path::validate_component(name)
             .map_err(|e| CgroupError::Unavailable(format!("cgroup name: {e}")))?;
         let task = TaskCgroup {
@@ -296,7 +340,6 @@ impl Cgroups {
         for dir in task.dirs.all() {
             std::fs::create_dir(&dir).map_err(io_err(&dir, "mkdir"))?;
         }
-        task.write_limits(limits)?;
         Ok(task)
     }
 
@@ -417,13 +460,21 @@ impl TaskCgroup {
         Ok(())
     }
 
-    /// The `cgroup.procs` files a new process writes `0` into to join (one per v1 controller).
-    pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.dirs
-            .all()
-            .into_iter()
-            .map(|d| d.join("cgroup.procs"))
-            .collect()
+    /// The files a new, still single-threaded process writes `0` into to join (one per v1
+    /// controller).
+    ///
+    /// On v1 these are the `tasks` files: moving only the calling thread is the one migration
+    /// the kernel performs without write-locking its global threadgroup lock, whose write side
+    /// waits for an RCU grace period (about 10 ms on the test machine, on every sandbox start;
+    /// see `BENCHMARKS.md`). A freshly forked child has a single thread, so moving that thread
+    /// moves the whole process, and everything it starts is born inside. v2 has no per-thread
+    /// membership for domain cgroups, so there it is `cgroup.procs`.
+    pub fn join_files(&self) -> Vec<PathBuf> {
+        let file = match self.dirs {
+            TaskDirs::V1 { .. } => "tasks",
+            TaskDirs::V2 { .. } => "cgroup.procs",
+        };
+        self.dirs.all().into_iter().map(|d| d.join(file)).collect()
     }
 
     /// The pids currently in the cgroup.
@@ -461,11 +512,21 @@ impl TaskCgroup {
                 write_file(&kill, "1")?;
             }
         }
-        for _ in 0..KILL_ROUNDS {
+        let (mut kill_rounds, mut exit_rounds) = (0, 0);
+        while kill_rounds < KILL_ROUNDS && exit_rounds < EXIT_ROUNDS {
             let pids = self.pids()?;
             if pids.is_empty() {
                 return Ok(());
             }
+            // A sandbox's init outlives bwrap for a moment while the kernel tears its
+            // namespaces down: nothing is left to stop, and freezing (which flips a kernel-wide
+            // static key on v1) would only slow it.
+            if pids.iter().all(|&p| self.signaller.is_exiting(p)) {
+                exit_rounds += 1;
+                tokio::time::sleep(EXIT_PAUSE).await;
+                continue;
+            }
+            kill_rounds += 1;
             let freezer = match &self.dirs {
                 TaskDirs::V1 { freezer, .. } => freezer.as_ref().filter(|f| f.is_dir()),
                 TaskDirs::V2 { .. } => None,
@@ -551,6 +612,16 @@ mod tests {
         }
     }
 
+    #[test]
+    fn exiting_processes() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert!(!RealSignaller.is_exiting(me), "a live process");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        child.wait().unwrap();
+        assert!(RealSignaller.is_exiting(pid), "a reaped process");
+    }
+
     const LIMITS: CgroupLimits = CgroupLimits {
         memory_bytes: 64 << 20,
         pids: 32,
@@ -579,7 +650,11 @@ mod tests {
             std::fs::read_to_string(tmp.path().join("cpu/agentbox/t1/cpu.cfs_quota_us")).unwrap(),
             "200000"
         );
-        assert_eq!(task.procs_files().len(), 4);
+        assert_eq!(
+            task.join_files(),
+            ["memory", "pids", "cpu", "freezer"]
+                .map(|c| tmp.path().join(c).join("agentbox/t1/tasks"))
+        );
         assert_eq!(cg.list(), vec!["t1".to_owned()]);
 
         std::fs::write(mem.join("cgroup.procs"), "11\n12\n").unwrap();

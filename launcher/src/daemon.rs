@@ -2,7 +2,10 @@
 //! the data directory and cgroups, recovers from a previous run, binds
 //! `$AGENTBOX_DATA/run/launcher.sock` (mode 0660, root:service-group), prints
 //! `listening on unix:<path>` once bound, and serves until SIGTERM or SIGINT; then it stops
-//! every sandbox (handing workspaces back) before exiting.
+//! every sandbox (handing workspaces back) and every vLLM backend before exiting.
+//!
+//! The launcher runs in a mount namespace of its own (a recursive slave of the host's), where
+//! it stages the directories it hands to bwrap ([`crate::stage`]).
 //!
 //! Exit codes: 0 after a clean shutdown, 78 (`EX_CONFIG`) for a bad config or an unknown
 //! service user, 77 (`EX_NOPERM`) when not root, 1 for other startup failures.
@@ -44,6 +47,10 @@ pub struct Args {
     /// Where the cgroup hierarchies are mounted.
     #[arg(long, default_value = "/sys/fs/cgroup")]
     pub cgroup_root: PathBuf,
+    /// How long a vLLM backend may take to answer `GET /health` with 200 after it was started
+    /// (loading a large model takes minutes); it is killed and reported failed after that.
+    #[arg(long, default_value_t = crate::backend::DEFAULT_START_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    pub backend_start_timeout_s: u64,
 }
 
 const EX_CONFIG: u8 = 78;
@@ -51,12 +58,7 @@ const EX_NOPERM: u8 = 77;
 
 /// Runs the launcher to completion.
 pub fn main(args: Args) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    agentbox_http::init_logging();
     let env = ProcessEnv;
     let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
         Ok(c) => c,
@@ -75,6 +77,11 @@ pub fn main(args: Args) -> ExitCode {
     if !rustix::process::geteuid().is_root() {
         eprintln!("agentbox-launcher: must run as root");
         return ExitCode::from(EX_NOPERM);
+    }
+    // Before the runtime starts any thread: unshare applies to the calling thread only.
+    if let Err(e) = isolate_mounts() {
+        eprintln!("agentbox-launcher: cannot create its mount namespace: {e}");
+        return ExitCode::FAILURE;
     }
     ensure_stdio();
     raise_nofile();
@@ -112,6 +119,7 @@ pub fn main(args: Args) -> ExitCode {
         data,
         cgroups,
         bwrap: PathBuf::from(crate::sandbox::BWRAP),
+        backend_start_timeout: std::time::Duration::from_secs(args.backend_start_timeout_s),
     };
     runtime.block_on(async move {
         let launcher = match Launcher::new(settings) {
@@ -148,7 +156,7 @@ pub fn main(args: Args) -> ExitCode {
         tokio::pin!(serve);
         tokio::select! {
             () = &mut serve => {}
-            () = wait_for_signal() => {
+            () = agentbox_http::shutdown_signal() => {
                 shutdown.cancel();
                 serve.await;
             }
@@ -198,6 +206,22 @@ fn service_identity(config: &Config, flag: Option<u32>) -> Result<Owner, String>
     Ok(owner)
 }
 
+/// Moves the launcher into a mount namespace of its own, so the staging mounts of
+/// [`crate::stage`] are never seen on the host (nor by other services) and vanish with the
+/// launcher. `/` becomes a recursive slave: mounts the host makes later (a repository root on
+/// a new filesystem) still appear here, ours never propagate back.
+fn isolate_mounts() -> rustix::io::Result<()> {
+    use rustix::mount::{MountPropagationFlags, mount_change};
+    use rustix::thread::{UnshareFlags, unshare_unsafe};
+    // SAFETY: only the mount namespace is unshared, and while the process has a single thread;
+    // nothing in this process holds state about mounts that the change would invalidate.
+    unsafe { unshare_unsafe(UnshareFlags::NEWNS) }?;
+    mount_change(
+        "/",
+        MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+    )
+}
+
 /// Makes sure fds 0-2 are open, so no descriptor the launcher opens later lands on a standard
 /// stream number (a sandbox's stdio is wired onto those numbers).
 fn ensure_stdio() {
@@ -242,23 +266,4 @@ fn bind(path: &Path, group: u32) -> std::io::Result<tokio::net::UnixListener> {
     std::os::unix::fs::chown(path, Some(0), Some(group))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     Ok(listener)
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-        }
-        (Err(e), _) | (_, Err(e)) => {
-            tracing::error!(error = %e, "cannot install signal handlers; stopping only on ctrl-c");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

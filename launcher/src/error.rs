@@ -95,9 +95,12 @@ pub enum LauncherError {
     /// The launcher is shutting down.
     #[error("the launcher is shutting down")]
     ShuttingDown,
-    /// Backend management is not available in this build.
-    #[error("not implemented: {0}")]
-    NotImplemented(String),
+    /// `/backends/{model}/start` names a model that is not served by vLLM.
+    #[error("model {0} is not a vllm model")]
+    NotVllm(String),
+    /// A vLLM backend exited, or did not become healthy in time, while starting.
+    #[error("backend failed: {0}")]
+    BackendFailed(String),
     /// A git helper failed.
     #[error("git failed: {0}")]
     Git(String),
@@ -138,7 +141,8 @@ impl LauncherError {
             LauncherError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             LauncherError::HostNotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "host_not_ready"),
             LauncherError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
-            LauncherError::NotImplemented(_) => (StatusCode::NOT_IMPLEMENTED, "not_implemented"),
+            LauncherError::NotVllm(_) => (StatusCode::BAD_REQUEST, "not_vllm"),
+            LauncherError::BackendFailed(_) => (StatusCode::BAD_GATEWAY, "backend_failed"),
             LauncherError::Git(_) => (StatusCode::INTERNAL_SERVER_ERROR, "git_failed"),
             LauncherError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_failed"),
             LauncherError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),

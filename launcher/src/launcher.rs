@@ -1,6 +1,6 @@
 //! The launcher's state and operations: starting and supervising sandbox runs (agents in the
 //! background, checks within their request), answering and waiting on them, deleting them,
-//! the git helpers, and recovery after a restart.
+//! the git helpers, the vLLM backend routes, and recovery after a restart.
 //!
 //! Shared state is the [`Registry`] behind one `std::sync::Mutex`, locked only to read or apply
 //! a transition, never across an `.await`. Every background task (supervisors, output capture)
@@ -9,10 +9,14 @@
 //!
 //! A run, in order: reserve the tid (409 if active) → resolve the workspace (and venv, gateway
 //! directory) without symlinks → hand the workspace to the agent uid (scan first, refuse before
-//! changing anything) → create the cgroup with the limits → spawn bwrap inside it as the agent
-//! uid → supervise: exit, timeout or stop (kill the whole cgroup) → kill survivors, read the OOM
-//! counter, remove the cgroup → hand the workspace back to the service uid → for agents with a
-//! snapshot, commit the tree onto `agent/<tid>` in the shadow → `Done`, persisted.
+//! changing anything) → stage the directories by descriptor under `mnt/<tid>` ([`crate::stage`])
+//! → create the cgroup with the limits → spawn bwrap inside it as the agent uid → supervise:
+//! exit, timeout or stop (kill the whole cgroup) → kill survivors, read the OOM counter, remove
+//! the cgroup, release the staging mounts → hand the workspace back to the service uid → for
+//! agents with a snapshot, commit the tree onto `agent/<tid>` in the shadow → `Done`, persisted.
+//!
+//! vLLM backends ([`crate::backend`]) share the tracker and the shutdown token; the launcher
+//! tells them which models have running agents.
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -21,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use agentbox_policy::config::Config;
+use agentbox_policy::config::{Backend, Config, ModelId};
 use agentbox_policy::id::{AgentBranch, Tid};
 use serde_json::{Value, json};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -30,15 +34,18 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{
-    AgentRequest, AgentStatus, CheckRequest, CheckResult, DeleteBranchRequest, DeleteBranchResult,
-    DeliverRequest, DeliverResult, SnapshotRequest, SnapshotResult,
+    AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
+    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, SnapshotRequest,
+    SnapshotResult,
 };
+use crate::backend::{BackendIdentity, BackendSettings, Backends, Busy};
 use crate::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
 use crate::error::LauncherError;
 use crate::git::{self, Git, TaskPaths};
 use crate::layout::{DataDir, LogKind, Stream};
 use crate::sandbox::{self, Mounts, Plan, Program, RunAs};
-use crate::state::{Record, StateStore};
+use crate::stage::{Sources, Staged, Staging};
+use crate::state::{BackendStore, Record, StateStore};
 use crate::task::{Entry, Event, Final, Outcome, Phase, Registry, RunKind, StopReason};
 use crate::validate;
 use crate::walk::{self, Owner, WalkLimits};
@@ -56,6 +63,8 @@ pub struct Settings {
     /// `Err` with the reason when cgroups are unusable; runs are then refused.
     pub cgroups: Result<Cgroups, String>,
     pub bwrap: PathBuf,
+    /// How long a vLLM backend may take to become healthy.
+    pub backend_start_timeout: Duration,
 }
 
 /// The launcher.
@@ -74,6 +83,8 @@ pub struct Launcher {
     store: StateStore,
     git: Git,
     walk_limits: WalkLimits,
+    backends: Arc<Backends>,
+    staging: Staging,
 }
 
 /// Counts a waiting `GET ?wait=1` for as long as it waits (dropped when the client goes away).
@@ -99,12 +110,15 @@ struct Running {
     captures: Vec<tokio::task::JoinHandle<bool>>,
     workspace: OwnedFd,
     workspace_gid: u32,
+    staged: Staged,
 }
 
 /// A validated run request.
 struct RunSpec {
     tid: Tid,
     kind: RunKind,
+    /// Agents only.
+    model: Option<ModelId>,
     program: Program,
     env: BTreeMap<String, String>,
     venv: Option<OwnedFd>,
@@ -117,6 +131,8 @@ impl Launcher {
     pub fn new(settings: Settings) -> Result<Arc<Launcher>, LauncherError> {
         let store = StateStore::open(&settings.data.agent_state_dir())
             .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        let backend_store = BackendStore::open(&settings.data.backend_state_dir())
+            .map_err(|e| LauncherError::Internal(e.to_string()))?;
         let agent = Owner {
             uid: settings.config.agent_uid,
             gid: settings.config.agent_gid,
@@ -126,6 +142,25 @@ impl Launcher {
                 "agent_uid must differ from the service uid".to_owned(),
             ));
         }
+        let staging = Staging::open(&settings.data)?;
+        let tracker = TaskTracker::new();
+        let shutdown = CancellationToken::new();
+        let backends = Backends::new(
+            &settings.config,
+            backend_store,
+            BackendSettings {
+                identity: BackendIdentity::lookup(settings.service),
+                start_timeout: settings.backend_start_timeout,
+                output_cap: settings
+                    .config
+                    .launcher
+                    .limits
+                    .output_cap_kb
+                    .saturating_mul(1024),
+            },
+            tracker.clone(),
+            shutdown.clone(),
+        );
         Ok(Arc::new(Launcher {
             git: Git::new(settings.service),
             config: settings.config,
@@ -135,11 +170,13 @@ impl Launcher {
             cgroups: settings.cgroups,
             bwrap: settings.bwrap,
             registry: Mutex::new(Registry::default()),
-            tracker: TaskTracker::new(),
-            shutdown: CancellationToken::new(),
+            tracker,
+            shutdown,
             waiters: AtomicUsize::new(0),
             store,
             walk_limits: WalkLimits::default(),
+            backends: Arc::new(backends),
+            staging,
         }))
     }
 
@@ -205,7 +242,9 @@ impl Launcher {
             .saturating_mul(1024)
     }
 
-    fn persist(&self, tid: &Tid) {
+    /// Saves the run's record; the write (with its fsyncs) runs off the async threads, and is
+    /// awaited, so records of one run are written in order.
+    async fn persist(&self, tid: &Tid) {
         let record = {
             let reg = self.lock();
             let Some(e) = reg.runs.get(tid) else {
@@ -227,8 +266,11 @@ impl Launcher {
                 workspace_gid: e.workspace_gid,
             }
         };
-        if let Err(e) = self.store.save(&record) {
-            tracing::error!(%tid, error = %e, "cannot persist run state");
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || store.save(&record)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(%tid, error = %e, "cannot persist run state"),
+            Err(e) => tracing::error!(%tid, error = %e, "cannot persist run state"),
         }
     }
 
@@ -240,7 +282,7 @@ impl Launcher {
         req: AgentRequest,
     ) -> Result<AgentStatus, LauncherError> {
         let tid = validate::tid(&req.tid)?;
-        validate::model(&self.config, &req.model)?;
+        let model = validate::model(&self.config, &req.model)?.id.clone();
         let args = validate::cmd(&req.cmd)?;
         let env = validate::env(&self.config, &req.env)?;
         let timeout = validate::timeout(
@@ -258,6 +300,7 @@ impl Launcher {
         let spec = RunSpec {
             tid: tid.clone(),
             kind: RunKind::Agent,
+            model: Some(model),
             program: Program::Claude { args },
             env,
             venv,
@@ -289,6 +332,7 @@ impl Launcher {
         let spec = RunSpec {
             tid: tid.clone(),
             kind: RunKind::Check,
+            model: None,
             program: Program::Bash {
                 command: req.command,
             },
@@ -343,7 +387,7 @@ impl Launcher {
         let stop = self.shutdown.child_token();
         let rx = {
             let mut reg = self.lock();
-            let entry = Entry::new(spec.kind, stop.clone(), 0);
+            let entry = Entry::new(spec.kind, spec.model.clone(), stop.clone(), 0);
             let rx = entry.watch.subscribe();
             reg.reserve(&spec.tid, entry).map_err(|phase| {
                 LauncherError::Conflict(format!("task {} is {phase}", spec.tid))
@@ -353,21 +397,33 @@ impl Launcher {
         let tid = spec.tid.clone();
         let kind = spec.kind;
         let timeout = spec.timeout;
-        match self.launch(spec, cgroups).await {
-            Ok(running) => {
-                self.event(&tid, Event::Spawned);
-                self.persist(&tid);
-                let me = Arc::clone(self);
-                self.tracker
-                    .spawn(async move { me.supervise(tid, kind, running, timeout, stop).await });
-                Ok(rx)
+        let cgroups = cgroups.clone();
+        // Launching runs in a task of its own: the request can be dropped at any await (the
+        // client went away), and a launch cut short would leave the tid reserved forever and
+        // the workspace with the agent uid. The request only waits for the outcome.
+        let (launched, outcome) = tokio::sync::oneshot::channel();
+        let me = Arc::clone(self);
+        self.tracker.spawn(async move {
+            match me.launch(spec, &cgroups).await {
+                Ok(running) => {
+                    me.event(&tid, Event::Spawned);
+                    me.persist(&tid).await;
+                    // The requester may be gone; the run goes on regardless.
+                    let _ = launched.send(Ok(()));
+                    me.supervise(tid, kind, running, timeout, stop).await;
+                }
+                Err(e) => {
+                    // Nothing ran: forget the reservation rather than keep a "failed" run
+                    // around.
+                    me.lock().runs.remove(&tid);
+                    let _ = launched.send(Err(e));
+                }
             }
-            Err(e) => {
-                // Nothing ran: forget the reservation rather than keep a "failed" run around.
-                self.lock().runs.remove(&tid);
-                Err(e)
-            }
-        }
+        });
+        outcome
+            .await
+            .map_err(|_| LauncherError::Internal("the launch task vanished".to_owned()))??;
+        Ok(rx)
     }
 
     async fn launch(
@@ -387,17 +443,41 @@ impl Launcher {
             .map_err(|e| LauncherError::Internal(e.to_string()))?;
         let agent = self.agent;
         let limits = self.walk_limits;
-        tokio::task::spawn_blocking(move || walk::hand_over(walk_fd.as_fd(), agent, limits))
-            .await
-            .map_err(|e| LauncherError::Internal(e.to_string()))?
-            .map_err(|e| LauncherError::Unsafe(format!("workspace: {e}")))?;
-        match self.spawn_sandbox(&spec, cgroups, &workspace).await {
-            Ok((child, cgroup, captures)) => Ok(Running {
+        let handed =
+            tokio::task::spawn_blocking(move || walk::hand_over(walk_fd.as_fd(), agent, limits))
+                .await
+                .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        if let Err(e) = handed {
+            // The scan refuses before anything changes, but the tree can change under the
+            // second pass (the service user still owns the names): whatever was already given
+            // to the agent uid goes back, or the next request would find a foreign workspace.
+            if e.changed_anything()
+                && let Err(back) = self.hand_back(&workspace, workspace_gid).await
+            {
+                tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed hand-over");
+            }
+            return Err(LauncherError::Unsafe(format!("workspace: {e}")));
+        }
+        let started = async {
+            let sources = Sources {
+                workspace: workspace.as_fd(),
+                gateway: spec.gateway.as_ref().map(AsFd::as_fd),
+                venv: spec.venv.as_ref().map(AsFd::as_fd),
+            };
+            let staged = self.staging.stage(tid, sources)?;
+            let (child, cgroup, captures) =
+                self.spawn_sandbox(&spec, cgroups, &staged.mounts).await?;
+            Ok::<_, LauncherError>((child, cgroup, captures, staged))
+        }
+        .await;
+        match started {
+            Ok((child, cgroup, captures, staged)) => Ok(Running {
                 child,
                 cgroup,
                 captures,
                 workspace,
                 workspace_gid,
+                staged,
             }),
             Err(e) => {
                 if let Err(back) = self.hand_back(&workspace, workspace_gid).await {
@@ -412,7 +492,7 @@ impl Launcher {
         self: &Arc<Self>,
         spec: &RunSpec,
         cgroups: &Cgroups,
-        workspace: &OwnedFd,
+        staged: &Mounts,
     ) -> Result<
         (
             tokio::process::Child,
@@ -446,16 +526,16 @@ impl Launcher {
                 .map_err(|e| LauncherError::Internal(e.to_string()))
         };
         let mounts = Mounts {
-            workspace: dup(workspace)?,
-            venv: spec.venv.as_ref().map(dup).transpose()?,
-            gateway: spec.gateway.as_ref().map(dup).transpose()?,
+            workspace: dup(&staged.workspace)?,
+            venv: staged.venv.as_ref().map(dup).transpose()?,
+            gateway: staged.gateway.as_ref().map(dup).transpose()?,
         };
         let run_as = RunAs {
             uid: self.agent.uid,
             gid: self.agent.gid,
         };
         let mut child =
-            match sandbox::spawn(&plan, &mounts, &cgroup.procs_files(), run_as, &self.bwrap) {
+            match sandbox::spawn(&plan, &mounts, &cgroup.join_files(), run_as, &self.bwrap) {
                 Ok(c) => c,
                 Err(e) => {
                     let _ = cgroup.remove();
@@ -506,6 +586,7 @@ impl Launcher {
             captures,
             workspace,
             workspace_gid,
+            staged,
         } = running;
         let kill = |cg: &TaskCgroup| {
             let cg = cg.clone();
@@ -546,6 +627,9 @@ impl Launcher {
         let oom_killed = cgroup.oom_kills() > 0;
         if let Err(e) = cgroup.remove() {
             errors.push(format!("removing the cgroup: {e}"));
+        }
+        if let Err(e) = staged.release() {
+            errors.push(format!("releasing the staged mounts: {e}"));
         }
         let mut truncated = false;
         for h in captures {
@@ -593,7 +677,7 @@ impl Launcher {
                 }
             }
         }
-        self.persist(&tid);
+        self.persist(&tid).await;
         tracing::info!(%tid, ?kind, ?exit_code, oom_killed, "sandbox run finished");
     }
 
@@ -699,12 +783,59 @@ impl Launcher {
         }
         agents.sort_by(|a, b| a["tid"].as_str().cmp(&b["tid"].as_str()));
         checks.sort_by(|a, b| a["tid"].as_str().cmp(&b["tid"].as_str()));
+        drop(reg);
+        let backends = self.backends.statuses(&self.busy_models());
         json!({
             "agents": agents,
             "checks": checks,
             "finished": finished,
             "waiters": self.waiters.load(Ordering::SeqCst),
+            "backends": backends,
         })
+    }
+
+    // === vLLM backends ===
+
+    /// Running agents per model: an agent counts from its reservation until its sandbox is
+    /// gone.
+    fn busy_models(&self) -> Busy {
+        let reg = self.lock();
+        let mut busy = Busy::new();
+        for e in reg.runs.values() {
+            if e.kind == RunKind::Agent
+                && e.phase.sandbox_may_run()
+                && let Some(model) = &e.model
+            {
+                *busy.entry(model.clone()).or_default() += 1;
+            }
+        }
+        busy
+    }
+
+    /// `POST /backends/{model}/start`.
+    pub async fn start_backend(&self, model: &str) -> Result<BackendStartResult, LauncherError> {
+        let m = validate::model(&self.config, model)?;
+        match &m.backend {
+            Backend::Vllm { .. } => {}
+            Backend::Ollama | Backend::Remote { .. } => {
+                return Err(LauncherError::NotVllm(format!("{:?}", m.id.as_str())));
+            }
+        }
+        if self.shutdown.is_cancelled() {
+            return Err(LauncherError::ShuttingDown);
+        }
+        let cgroups = self
+            .cgroups
+            .as_ref()
+            .map_err(|e| LauncherError::HostNotReady(e.clone()))?;
+        self.backends
+            .start(&m.id, &self.data, cgroups, &|| self.busy_models())
+            .await
+    }
+
+    /// `POST /backends/vllm/stop`.
+    pub async fn stop_backends(&self) -> Result<BackendStopResult, LauncherError> {
+        self.backends.stop_all(&|| self.busy_models()).await
     }
 
     // === git helpers ===
@@ -795,9 +926,13 @@ impl Launcher {
 
     // === restart ===
 
-    /// After a restart: kills every sandbox left in our cgroups, then restores the persisted
-    /// runs; a run that was still active is handed back and reported as `lost`.
+    /// After a restart: removes leftover staging directories, stops recorded backends that
+    /// still run, kills every process left in our cgroups (sandboxes and backends), then
+    /// restores the persisted runs; a run that was still active is handed back and reported as
+    /// `lost`.
     pub async fn recover(&self) {
+        self.staging.clean_all();
+        self.backends.recover();
         if let Ok(cg) = &self.cgroups {
             for name in cg.list() {
                 if let Some(task) = cg.open(&name) {
@@ -837,7 +972,7 @@ impl Launcher {
                 tid.clone(),
                 Entry::finished(record.kind, fin, outcome, record.workspace_gid),
             );
-            self.persist(&tid);
+            self.persist(&tid).await;
         }
     }
 }

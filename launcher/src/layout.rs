@@ -10,11 +10,16 @@
 //! service user creates `tasks/<tid>/workspace` and the gateway `sockets/<tid>`),
 //! `tasks/<tid>/logs/` root:service-group 0750 with root-owned log files, so the service user can
 //! read output but never swap a log for a link the launcher would then read as root.
+//! `backends/` and `backends/<model>/` root:service-group 0750 with root-owned log files, for the
+//! same reason; `backends/<model>/home/` service-owned 0700 is the home of a backend process
+//! when the service user has no passwd entry. `mnt/` root 0711 holds the launcher's staging
+//! mounts ([`crate::stage`]).
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
+use agentbox_policy::config::ModelId;
 use agentbox_policy::id::Tid;
 use agentbox_policy::path::RelPath;
 use agentbox_policy::resolve::{Kind, Resolved, Root};
@@ -134,6 +139,8 @@ impl DataDir {
         dir.ensure_subdir("state", "gateway", service.uid, service.gid, 0o700)?;
         dir.ensure_dir("tasks", service.uid, service.gid, 0o755)?;
         dir.ensure_dir("sockets", service.uid, service.gid, 0o755)?;
+        dir.ensure_dir("backends", 0, service.gid, 0o750)?;
+        dir.ensure_dir("mnt", 0, 0, 0o711)?;
         Ok(dir)
     }
 
@@ -204,6 +211,81 @@ impl DataDir {
     /// `state/agents`, created on first use.
     pub fn agent_state_dir(&self) -> PathBuf {
         self.path().join("state").join("agents")
+    }
+
+    /// `mnt/`, root-owned and writable by root only, as an `O_PATH` handle.
+    pub fn mnt_dir(&self) -> Result<OwnedFd, LauncherError> {
+        let dir = self
+            .root
+            .resolve_dir(&rel(&["mnt"])?)
+            .map_err(from_resolve)?;
+        let id = dir.identity();
+        if id.uid != 0 || id.mode & 0o022 != 0 {
+            return Err(LauncherError::Unsafe(format!(
+                "{} must be root-owned and writable by root only (uid {}, mode {:o})",
+                dir.display_path(),
+                id.uid,
+                id.mode
+            )));
+        }
+        Ok(dir.into_fd())
+    }
+
+    /// `state/backends`, created on first use.
+    pub fn backend_state_dir(&self) -> PathBuf {
+        self.path().join("state").join("backends")
+    }
+
+    /// `backends/<model>/` (created root:service-group 0750 if missing), as an `O_PATH` handle
+    /// the backend's logs are created and rotated through. Only root can write there, so names
+    /// inside it cannot be swapped.
+    pub fn backend_dir(&self, model: &ModelId) -> Result<OwnedFd, LauncherError> {
+        let backends = self
+            .root
+            .resolve_dir(&rel(&["backends"])?)
+            .map_err(from_resolve)?;
+        match fs::mkdirat(&backends, model.as_str(), Mode::from_raw_mode(0o750)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(LauncherError::Internal(format!("mkdir backend dir: {e}"))),
+        }
+        let dir = self
+            .root
+            .resolve_dir(&rel(&["backends", model.as_str()])?)
+            .map_err(from_resolve)?;
+        if dir.identity().uid != 0 {
+            return Err(LauncherError::Unsafe(format!(
+                "{} is owned by uid {}, expected root",
+                dir.display_path(),
+                dir.identity().uid
+            )));
+        }
+        let fd = dir.into_fd();
+        chown_fd(&fd, 0, self.service.gid)
+            .map_err(|e| LauncherError::Internal(format!("chown backend dir: {e}")))?;
+        chmod_fd(&fd, 0o750)
+            .map_err(|e| LauncherError::Internal(format!("chmod backend dir: {e}")))?;
+        Ok(fd)
+    }
+
+    /// `backends/<model>/home/`, created service-owned 0700 if missing; its path (the backend
+    /// process, as the service user, uses it by name).
+    pub fn backend_home(&self, model: &ModelId, dir: &OwnedFd) -> Result<PathBuf, LauncherError> {
+        match fs::mkdirat(dir, "home", Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(LauncherError::Internal(format!("mkdir backend home: {e}"))),
+        }
+        let home = self
+            .root
+            .resolve_dir(&rel(&["backends", model.as_str(), "home"])?)
+            .map_err(from_resolve)?;
+        let fd = home.into_fd();
+        chown_fd(&fd, self.service.uid, self.service.gid)
+            .map_err(|e| LauncherError::Internal(format!("chown backend home: {e}")))?;
+        Ok(self
+            .path()
+            .join("backends")
+            .join(model.as_str())
+            .join("home"))
     }
 
     /// `tasks/<tid>/workspace`: a directory owned by the service uid, reached without a
@@ -410,7 +492,10 @@ mod tests {
         );
         assert_eq!(meta("state").mode() & 0o7777, 0o711);
         assert_eq!(
-            (meta("state/gateway").uid(), meta("state/gateway").mode() & 0o7777),
+            (
+                meta("state/gateway").uid(),
+                meta("state/gateway").mode() & 0o7777
+            ),
             (SERVICE.uid, 0o700)
         );
         assert_eq!(meta("tasks").uid(), SERVICE.uid);

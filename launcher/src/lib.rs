@@ -1,6 +1,6 @@
 //! The privileged launcher (`agentbox-launcher`): validates requests on `run/launcher.sock`,
-//! starts agent and check sandboxes with bubblewrap, runs the git helpers and (later)
-//! supervises local vLLM backends.
+//! starts agent and check sandboxes with bubblewrap, runs the git helpers and supervises local
+//! vLLM backends.
 //!
 //! # Layout
 //! - [`daemon`]: command line, startup (config, identities, data dir, socket), shutdown.
@@ -10,7 +10,10 @@
 //! - [`validate`]: request fields against policy and config.
 //! - [`launcher`]: runs (start, supervise, wait, delete), git helper entry points, restart.
 //! - [`task`]: the run state machine and registry.
+//! - [`backend`]: vLLM backends: their state machine, the supervised server process, health.
 //! - [`sandbox`]: bwrap arguments, environment, and the spawn that drops to the agent uid.
+//! - [`stage`]: mount by descriptor: the validated directories bind-mounted onto root-only
+//!   paths for bwrap.
 //! - [`seccomp`]: the BPF filters.
 //! - [`cgroup`]: per-run cgroups (v1 and v2): limits, kill, OOM.
 //! - [`walk`]: the fd-based workspace hand-over and hand-back.
@@ -20,6 +23,7 @@
 //! - [`status`]: host readiness.
 
 pub mod api;
+pub mod backend;
 pub mod cgroup;
 pub mod daemon;
 pub mod error;
@@ -29,6 +33,7 @@ pub mod layout;
 pub mod routes;
 pub mod sandbox;
 pub mod seccomp;
+pub mod stage;
 pub mod state;
 pub mod status;
 pub mod task;

@@ -10,8 +10,9 @@
 //! | POST | `/repo/snapshot` | 200 `{repo, sha}` |
 //! | POST | `/repo/deliver` | 200 `{repo, branch, sha}` |
 //! | POST | `/repo/delete-branch` | 200 `{repo, branch, sha}` |
-//! | POST | `/backends/{model}/start`, `/backends/vllm/stop` | 501 (not implemented yet) |
-//! | GET | `/status` | 200 host readiness and runs |
+//! | POST | `/backends/{model}/start` | 200 [`BackendStartResult`](crate::api::BackendStartResult) once healthy |
+//! | POST | `/backends/vllm/stop` | 200 [`BackendStopResult`](crate::api::BackendStopResult) |
+//! | GET | `/status` | 200 host readiness, runs and backends |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,15 +154,41 @@ async fn delete_branch(
     Ok(Json(l.delete_branch(req).await?).into_response())
 }
 
-async fn backend_start(Path(model): Path<String>) -> LauncherError {
-    LauncherError::NotImplemented(format!(
-        "starting backends (model {:?})",
-        model.chars().take(64).collect::<String>()
-    ))
+/// The body of the backend routes: nothing, or an empty JSON object.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
+/// Reads (and so drains) a body that must be empty or `{}`: a request answered before its body
+/// was read would have its connection closed under the client's write.
+async fn no_body(headers: &HeaderMap, body: Body) -> Result<(), LauncherError> {
+    let bytes = agentbox_http::read_body(headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        serde_json::from_slice::<NoFields>(&bytes)
+            .map_err(|e| LauncherError::BadRequest(e.to_string()))?;
+    }
+    Ok(())
 }
 
-async fn backend_stop() -> LauncherError {
-    LauncherError::NotImplemented("stopping backends".to_owned())
+/// Waits until the backend is healthy (minutes for a large model). A client that goes away
+/// does not stop the start: the backend's supervisor runs on its own.
+async fn backend_start(
+    State(l): Shared,
+    Path(model): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, LauncherError> {
+    no_body(&headers, body).await?;
+    Ok(Json(l.start_backend(&model).await?).into_response())
+}
+
+async fn backend_stop(
+    State(l): Shared,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, LauncherError> {
+    no_body(&headers, body).await?;
+    Ok(Json(l.stop_backends().await?).into_response())
 }
 
 async fn status(State(l): Shared) -> Response {

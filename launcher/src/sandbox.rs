@@ -2,20 +2,24 @@
 //! spawn that joins the task cgroup and drops to the agent uid before bwrap runs.
 //!
 //! Identity (research §0.2, §4): bwrap started by root inherits every capability and maps the
-//! sandbox uid to host root. So the child first writes itself into the task's `cgroup.procs`
-//! (which needs root), then `setgroups([])`, `setresgid`, `setresuid` to the agent identity, and
-//! only then execs bwrap, unprivileged; `--cap-drop ALL` stays as a fail-safe. All of that
+//! sandbox uid to host root. So the child first writes itself into the task's cgroup (the files
+//! of [`TaskCgroup::join_files`](crate::cgroup::TaskCgroup::join_files), which needs root), then
+//! `setgroups([])`, `setresgid`, `setresuid` to the agent identity, and only then execs bwrap,
+//! unprivileged; `--cap-drop ALL` stays as a fail-safe. All of that
 //! runs in one `pre_exec` hook, because std's own uid switch happens before `pre_exec` and would
-//! leave the hook unable to write the root-owned `cgroup.procs`. The hook only makes raw
+//! leave the hook unable to write the root-owned cgroup files. The hook only makes raw
 //! syscalls on descriptors opened before the fork (async-signal-safe, no allocation).
 //!
 //! Descriptors: every inherited descriptor above 2 is marked close-on-exec, then exactly the
 //! ones bwrap consumes are kept: the `--args` memfd (so the argument list, environment and task
 //! token never appear in `/proc/<pid>/cmdline`), the synthetic `/etc/passwd`, `/etc/group` and
 //! `/etc/hosts`, the two seccomp programs, and `O_PATH` handles of the workspace, venv and
-//! gateway directory, which bwrap mounts by descriptor (`--bind-fd`), so the mounted directory is
-//! the one that was validated and handed over, whatever has been renamed since. bwrap closes each
-//! of them after use, so the sandboxed command starts with 0-2 only.
+//! gateway directory for `--bind-fd`. bwrap reads such a handle back as a path and mounts the
+//! path (checking device and inode afterwards), so the handles the launcher passes are those of
+//! its staging mounts under root-only `mnt/<tid>/` ([`crate::stage`]), whose paths nobody else
+//! can change: the mounted directory is the one that was validated and handed over, whatever
+//! has been renamed since. bwrap closes each of them after use, so the sandboxed command starts
+//! with 0-2 only.
 //!
 //! The root is an explicit allowlist (never `--ro-bind / /`): `/usr` read-only with the usual
 //! merged-/usr symlinks, a few `/etc` entries, fresh `/proc`, `/dev`, size-capped tmpfs for
@@ -324,7 +328,8 @@ pub struct RunAs {
     pub gid: u32,
 }
 
-/// Starts bwrap for `plan` as `run_as`, inside the cgroup whose `cgroup.procs` files are given,
+/// Starts bwrap for `plan` as `run_as`, inside the cgroup whose join files are given
+/// ([`TaskCgroup::join_files`](crate::cgroup::TaskCgroup::join_files); none: no cgroup),
 /// with stdin from `/dev/null` and stdout/stderr piped.
 ///
 /// Must be called from a long-lived thread (an async task on a runtime worker, not
@@ -333,7 +338,7 @@ pub struct RunAs {
 pub fn spawn(
     plan: &Plan,
     mounts: &Mounts,
-    cgroup_procs: &[PathBuf],
+    cgroup_join: &[PathBuf],
     run_as: RunAs,
     bwrap: &Path,
 ) -> Result<tokio::process::Child, SpawnError> {
@@ -364,7 +369,7 @@ pub fn spawn(
     let args = memfd("bwrap-args", &args_bytes)?;
 
     let mut procs: Vec<OwnedFd> = Vec::new();
-    for path in cgroup_procs {
+    for path in cgroup_join {
         let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()).map_err(
             |e| SpawnError::Io {
                 what: format!("open {}", path.display()),

@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use agentbox_policy::config::ModelId;
 use agentbox_policy::id::Tid;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -109,6 +110,15 @@ impl Phase {
         matches!(self, Phase::Done(_))
     }
 
+    /// Whether sandboxed processes may still be alive (and talking to their model): from the
+    /// reservation until the supervisor has seen the sandbox die.
+    pub fn sandbox_may_run(self) -> bool {
+        match self {
+            Phase::Starting | Phase::Running | Phase::Stopping(_) => true,
+            Phase::Finishing(_) | Phase::Done(_) => false,
+        }
+    }
+
     /// The `state` string of the API.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -154,6 +164,9 @@ pub struct Outcome {
 #[derive(Debug)]
 pub struct Entry {
     pub kind: RunKind,
+    /// The model an agent was started for (`None` for checks and restored runs); a vLLM
+    /// backend is busy while an agent of its model may run.
+    pub model: Option<ModelId>,
     pub phase: Phase,
     pub outcome: Outcome,
     /// Cancelled to stop the run (DELETE, shutdown); the reason is in `phase`.
@@ -165,9 +178,15 @@ pub struct Entry {
 }
 
 impl Entry {
-    pub fn new(kind: RunKind, stop: CancellationToken, workspace_gid: u32) -> Entry {
+    pub fn new(
+        kind: RunKind,
+        model: Option<ModelId>,
+        stop: CancellationToken,
+        workspace_gid: u32,
+    ) -> Entry {
         Entry {
             kind,
+            model,
             phase: Phase::Starting,
             outcome: Outcome::default(),
             stop,
@@ -181,6 +200,7 @@ impl Entry {
         let phase = Phase::Done(fin);
         Entry {
             kind,
+            model: None,
             phase,
             outcome,
             stop: CancellationToken::new(),
@@ -287,13 +307,13 @@ mod tests {
         let tid = Tid::parse("a").unwrap();
         r.reserve(
             &tid,
-            Entry::new(RunKind::Agent, CancellationToken::new(), 0),
+            Entry::new(RunKind::Agent, None, CancellationToken::new(), 0),
         )
         .unwrap();
         assert_eq!(
             r.reserve(
                 &tid,
-                Entry::new(RunKind::Check, CancellationToken::new(), 0)
+                Entry::new(RunKind::Check, None, CancellationToken::new(), 0)
             )
             .unwrap_err(),
             Phase::Starting
@@ -304,7 +324,7 @@ mod tests {
         assert!(rx.borrow_and_update().is_done());
         r.reserve(
             &tid,
-            Entry::new(RunKind::Check, CancellationToken::new(), 0),
+            Entry::new(RunKind::Check, None, CancellationToken::new(), 0),
         )
         .unwrap();
         assert_eq!(r.active().count(), 1);

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 
-use agentbox_policy::config::Config;
+use agentbox_policy::config::{Config, Model};
 use agentbox_policy::env::{self, Allowlist};
 use agentbox_policy::id::Tid;
 use agentbox_policy::path::{EqualsRoot, RequestPath};
@@ -28,11 +28,13 @@ pub fn tid(input: &str) -> Result<Tid, LauncherError> {
     Tid::parse(input).map_err(|e| LauncherError::InvalidTid(e.to_string()))
 }
 
-pub fn model(config: &Config, input: &str) -> Result<(), LauncherError> {
-    match config.model(input) {
-        Some(_) => Ok(()),
-        None => Err(LauncherError::UnknownModel(format!("{input:?}"))),
-    }
+/// A model of the catalogue; returns its id. Anything else, a malformed or path-like id
+/// included, is unknown (ids are checked against the id rule before any lookup).
+pub fn model<'c>(config: &'c Config, input: &str) -> Result<&'c Model, LauncherError> {
+    config.model(input).ok_or_else(|| {
+        let shown: String = input.chars().take(80).collect();
+        LauncherError::UnknownModel(format!("{shown:?}"))
+    })
 }
 
 /// `cmd[0]` must be exactly `claude`; returns the remaining arguments.

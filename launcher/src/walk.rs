@@ -77,6 +77,23 @@ pub enum WalkError {
         #[source]
         source: Errno,
     },
+    /// A hand-over that failed after it had begun changing owners (the tree changed between
+    /// the scan and the second pass): part of the tree belongs to the new owner now.
+    #[error("{0} (part of the tree was already handed over)")]
+    Partial(Box<WalkError>),
+}
+
+impl WalkError {
+    /// Whether the failed walk had changed anything, so the caller must hand the tree back.
+    pub fn changed_anything(&self) -> bool {
+        match self {
+            WalkError::Partial(_) => true,
+            WalkError::Refused { .. }
+            | WalkError::Changed { .. }
+            | WalkError::TooManyEntries(_)
+            | WalkError::Io { .. } => false,
+        }
+    }
 }
 
 /// What the walk does with an entry it must not touch.
@@ -95,14 +112,15 @@ enum Pass {
 
 /// Hands the tree under `top` (a directory handle, `O_PATH` is fine) to `to`: refuses the
 /// whole tree, changing nothing, if any entry is a hard link, a device node or on another
-/// filesystem; then changes every entry's owner and strips setuid/setgid bits.
+/// filesystem; then changes every entry's owner and strips setuid/setgid bits. An error of the
+/// second pass is [`WalkError::Partial`].
 pub fn hand_over(
     top: BorrowedFd<'_>,
     to: Owner,
     limits: WalkLimits,
 ) -> Result<WalkReport, WalkError> {
     walk(top, to, limits, Pass::Scan, OnBad::Refuse)?;
-    walk(top, to, limits, Pass::Apply, OnBad::Refuse)
+    walk(top, to, limits, Pass::Apply, OnBad::Refuse).map_err(|e| WalkError::Partial(Box::new(e)))
 }
 
 /// Hands the tree back to `to`, skipping (and reporting) what must not be touched. Call only
@@ -506,6 +524,7 @@ mod tests {
         let fd = open_dir(&ws);
         let err = hand_over(fd.as_fd(), AGENT, WalkLimits::default()).unwrap_err();
         assert!(err.to_string().contains("hard link"), "{err}");
+        assert!(!err.changed_anything());
         assert_eq!(owner(&ws), (0, 0));
         assert_eq!(owner(&ws.join("a-first")), (0, 0));
         assert_eq!(owner(&outside), (0, 0));

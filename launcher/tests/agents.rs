@@ -270,3 +270,44 @@ fn orphaned_cgroups_are_killed_at_startup() {
     assert_eq!(status.signal(), Some(9));
     assert!(l.cgroup_dirs().is_empty(), "{:?}", l.cgroup_dirs());
 }
+
+#[test]
+fn a_start_survives_its_client_going_away() {
+    let l = Launcher::start(Options::default());
+    let ws = l.workspace("g1");
+    let _gw = l.gateway_socket("g1");
+    // Enough entries that handing the workspace over takes a while, so the client is gone
+    // while the launch is still under way.
+    for d in 0..50 {
+        let dir = ws.join(format!("d{d}"));
+        std::fs::create_dir(&dir).unwrap();
+        for f in 0..400 {
+            std::fs::write(dir.join(f.to_string()), "").unwrap();
+        }
+    }
+    common::chown_tree(&ws, SERVICE_UID);
+    {
+        let body =
+            json!({"tid": "g1", "model": "m1", "cmd": ["claude", "echo ran"], "timeout_s": 60})
+                .to_string();
+        let mut s = UnixStream::connect(&l.socket).unwrap();
+        write!(
+            s,
+            "POST /agents HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        // The hand-over has begun (the top is handed over first): the launch is under way.
+        eventually("the hand-over starts", || {
+            (owner_of(&ws) == common::AGENT_UID).then_some(())
+        });
+        // Dropped here: the server sees the connection close in the middle of the launch.
+    }
+    let v = eventually("the run finishes", || {
+        let v = l.get("/agents/g1").body;
+        (v["state"] == "exited").then_some(v)
+    });
+    assert_eq!(v["stdout"], "ran\n", "{v}");
+    assert_eq!(owner_of(&ws), SERVICE_UID);
+    assert_eq!(owner_of(&ws.join("d7/123")), SERVICE_UID);
+}

@@ -227,7 +227,7 @@ fn validation_errors_have_codes() {
     let r = l.get("/agents/unknown");
     assert_eq!((r.status, r.code()), (404, "unknown_task"));
     let r = l.post("/backends/m1/start", &json!({}));
-    assert_eq!((r.status, r.code()), (501, "not_implemented"));
+    assert_eq!((r.status, r.code()), (400, "not_vllm"), "{}", r.raw);
     // Nothing above started anything.
     assert!(l.cgroup_dirs().is_empty());
 }

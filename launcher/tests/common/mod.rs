@@ -39,6 +39,10 @@ pub struct Options {
     pub max_agent_timeout_s: u64,
     pub claude_bin: Option<PathBuf>,
     pub env_allowlist: Vec<String>,
+    /// `--backend-start-timeout-s`.
+    pub backend_start_timeout_s: u64,
+    /// TOML appended to the config (more `[models.*]`).
+    pub extra_config: String,
 }
 
 impl Default for Options {
@@ -51,6 +55,8 @@ impl Default for Options {
             max_agent_timeout_s: 600,
             claude_bin: None,
             env_allowlist: vec!["MAX_THINKING_TOKENS".to_owned()],
+            backend_start_timeout_s: 120,
+            extra_config: String::new(),
         }
     }
 }
@@ -141,13 +147,14 @@ impl Launcher {
                  env_allowlist = [{allow}]\n\
                  [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\n\
                  max_agent_timeout_s = {maxt}\nmax_check_timeout_s = 600\noutput_cap_kb = {cap}\n\
-                 [models.m1]\nbackend = \"ollama\"\nupstream_model = \"x\"\n",
+                 [models.m1]\nbackend = \"ollama\"\nupstream_model = \"x\"\n{extra}",
                 allow = allow.join(", "),
                 mem = opts.memory_mb,
                 pids = opts.pids,
                 tmp = opts.tmp_mb,
                 maxt = opts.max_agent_timeout_s,
                 cap = opts.output_cap_kb,
+                extra = opts.extra_config,
             ),
         )
         .unwrap();
@@ -177,6 +184,8 @@ impl Launcher {
             .arg(SERVICE_UID.to_string())
             .arg("--cgroup-parent")
             .arg(&self.cgroup_parent)
+            .arg("--backend-start-timeout-s")
+            .arg(self.opts.backend_start_timeout_s.to_string())
             .env("RUST_LOG", "info")
             .env_remove("AGENTBOX_DATA")
             .stdin(Stdio::null())
@@ -426,4 +435,49 @@ pub fn processes_with(prefix: &str) -> Vec<String> {
 pub fn owner_of(p: &Path) -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(p).unwrap().uid()
+}
+
+/// The `fakellm` binary of this workspace (package `agentbox-tests`), built for the profile the
+/// tests run under: `cargo build` is a no-op when it is fresh, and a test of this package alone
+/// (`-p agentbox-launcher`) would otherwise find it missing or stale.
+pub fn fakellm_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            // Tests run from target/<profile>/deps/<test>-<hash>.
+            let exe = std::env::current_exe().unwrap();
+            let profile_dir = exe.parent().unwrap().parent().unwrap();
+            let target_dir = profile_dir.parent().unwrap();
+            let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+                Some("debug") | None => "dev",
+                Some(other) => other,
+            };
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+            let out = Command::new(cargo)
+                .current_dir(workspace)
+                .args(["build", "--quiet", "--profile", profile])
+                .args(["-p", "agentbox-tests", "--bin", "fakellm"])
+                .arg("--target-dir")
+                .arg(target_dir)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "cannot build fakellm:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            profile_dir.join("fakellm")
+        })
+        .clone()
+}
+
+/// A TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

@@ -2,8 +2,9 @@
 //! against `fakellm` so the figures are differences and ratios, not absolute times.
 //!
 //! ```text
-//! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|all] [--quick]
+//! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|launcher|all] [--quick]
 //! ```
+//! `launcher` must run as root (it starts the real launcher); see [`bench_launcher`].
 //! For each case it sends the same ~100 KB Claude-Code-sized request through the daemon and,
 //! alternating, the exact body the daemon forwarded straight to fakellm, and reports latency to
 //! the last byte (p50/p99), the difference, throughput at concurrency 64, and the daemon's CPU
@@ -11,10 +12,15 @@
 //! c=1: 30 warm-up pairs then 300 pairs; c=64: 4 rounds of 256 requests per side.
 //! Output is a Markdown table on stdout (pasted into BENCHMARKS.md).
 
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{BridgeProcess, FakeLlm, GatewayProcess, workspace_bin};
+use agentbox_tests::harness::{
+    BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess, workspace_bin,
+};
 use agentbox_tests::workload;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -451,13 +457,419 @@ async fn bench_gateway(plan: Plan) -> Result<()> {
     Ok(())
 }
 
+// === launcher ===
+
+/// The service uid the benchmark's launcher is given (`--service-uid`); the agent uid is the
+/// config default, 64000.
+const BENCH_SERVICE_UID: u32 = 64010;
+const AGENT_UID: u32 = 64000;
+
+#[derive(Debug, Clone, Copy)]
+struct StartPlan {
+    warmup: usize,
+    rounds: usize,
+    burst: usize,
+    burst_rounds: usize,
+}
+
+const START_FULL: StartPlan = StartPlan {
+    warmup: 5,
+    rounds: 100,
+    burst: 32,
+    burst_rounds: 3,
+};
+/// Pause before each c=1 start.
+const SETTLE: Duration = Duration::from_millis(50);
+
+const START_QUICK: StartPlan = StartPlan {
+    warmup: 2,
+    rounds: 20,
+    burst: 32,
+    burst_rounds: 1,
+};
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock `agent-stamp` writes inside the sandbox (no
+/// time namespace is unshared, so both sides read the same clock).
+fn monotonic_ns() -> i128 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    i128::from(t.tv_sec) * 1_000_000_000 + i128::from(t.tv_nsec)
+}
+
+fn read_stamp(ws: &Path) -> Result<i128> {
+    let path = ws.join("started");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("{}", path.display()))?;
+    Ok(text.trim().parse()?)
+}
+
+fn remove_stamp(ws: &Path) -> Result<()> {
+    match std::fs::remove_file(ws.join("started")) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn nanos(ns: i128) -> Duration {
+    Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
+}
+
+fn open_dir(p: &Path) -> Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::open(
+        p,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// The floor: the launcher's own sandbox plan for an agent, started straight from this
+/// process; optionally inside a fresh cgroup with the launcher's limits, which isolates what
+/// the kernel charges for creating and joining a cgroup.
+struct Floor {
+    plan: agentbox_launcher::sandbox::Plan,
+    gateway: OwnedFd,
+    cgroups: agentbox_launcher::cgroup::Cgroups,
+    limits: agentbox_launcher::cgroup::CgroupLimits,
+    next: AtomicUsize,
+}
+
+impl Floor {
+    /// One sandbox. Returns (t0, stamp).
+    async fn once(&self, ws: &Path, with_cgroup: bool) -> Result<(i128, i128)> {
+        use agentbox_launcher::sandbox::{self, Mounts, RunAs};
+        remove_stamp(ws)?;
+        let mounts = Mounts {
+            workspace: open_dir(ws)?,
+            gateway: Some(self.gateway.try_clone()?),
+            venv: None,
+        };
+        let run_as = RunAs {
+            uid: AGENT_UID,
+            gid: AGENT_UID,
+        };
+        let t0 = monotonic_ns();
+        let cgroup = if with_cgroup {
+            let name = format!("f{}", self.next.fetch_add(1, Ordering::SeqCst));
+            Some(self.cgroups.create(&name, self.limits).await?)
+        } else {
+            None
+        };
+        let procs = cgroup.as_ref().map(|c| c.join_files()).unwrap_or_default();
+        let child = sandbox::spawn(
+            &self.plan,
+            &mounts,
+            &procs,
+            run_as,
+            Path::new(sandbox::BWRAP),
+        )?;
+        let out = child.wait_with_output().await?;
+        if let Some(cg) = cgroup {
+            cg.kill_all().await?;
+            cg.remove()?;
+        }
+        if !out.status.success() {
+            bail!(
+                "bare bwrap failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok((t0, read_stamp(ws)?))
+    }
+}
+
+/// One agent through the launcher: `POST /agents`, wait for it to exit, read its stamp,
+/// `DELETE`. Returns (t0, stamp).
+async fn launcher_once(l: &LauncherProcess, tid: &str, ws: &Path) -> Result<(i128, i128)> {
+    remove_stamp(ws)?;
+    let body = json!({"tid": tid, "model": "m", "cmd": ["claude"], "timeout_s": 60});
+    let t0 = monotonic_ns();
+    let r = l.request("POST", "/agents", Some(&body)).await?;
+    if r.status != 201 {
+        bail!(
+            "POST /agents answered {}: {}",
+            r.status,
+            String::from_utf8_lossy(&r.body)
+        );
+    }
+    let done = l
+        .request("GET", &format!("/agents/{tid}?wait=1"), None)
+        .await?;
+    let v: serde_json::Value = serde_json::from_slice(&done.body)?;
+    if v["state"] != "exited" || v["exit_code"] != 0 {
+        bail!("the agent did not run cleanly: {v}");
+    }
+    let stamp = read_stamp(ws)?;
+    l.request("DELETE", &format!("/agents/{tid}"), None).await?;
+    Ok((t0, stamp))
+}
+
+/// The three ways a sandbox is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Floor,
+    FloorInCgroup,
+    Launcher,
+}
+
+const SIDES: [Side; 3] = [Side::Floor, Side::FloorInCgroup, Side::Launcher];
+
+/// Per side: (latencies, walls).
+type Samples = [(Vec<Duration>, Vec<Duration>); 3];
+
+fn side_index(side: Side) -> usize {
+    match side {
+        Side::Floor => 0,
+        Side::FloorInCgroup => 1,
+        Side::Launcher => 2,
+    }
+}
+
+/// `POST /agents` to the agent's first instruction, against bwrap started directly with the
+/// same arguments (the floor) and against the floor inside a fresh cgroup, in one run: c=1
+/// rounds (the order of the three rotating), then `burst` sandboxes at once per side. The
+/// agent is `agent-stamp` in place of claude; the bench must run as root.
+async fn bench_launcher(plan: StartPlan) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        bail!("the launcher benchmark must run as root, as the launcher does");
+    }
+    // The agent uid must read the binary: copy it out of the build tree into a 0755 dir.
+    let bin_dir = tempfile::Builder::new().prefix("bench-bin-").tempdir()?;
+    std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    let stamp = bin_dir.path().join("agent-stamp");
+    std::fs::copy(workspace_bin("agentbox-tests", "agent-stamp")?, &stamp)?;
+    std::fs::set_permissions(&stamp, std::fs::Permissions::from_mode(0o755))?;
+    let config = format!(
+        "[launcher]\nclaude_bin = {stamp:?}\nvenv_root = \"/nonexistent/venvs\"\n\
+         [models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\n"
+    );
+    let l = Arc::new(LauncherProcess::start(&config, BENCH_SERVICE_UID)?);
+    // The limits and tmpfs sizes the launcher applies under this config.
+    let limits = agentbox_policy::config::Config::from_toml_str(
+        &config,
+        "bench",
+        &agentbox_policy::config::FixedEnv::default(),
+    )?
+    .launcher
+    .limits;
+
+    let floor_dir = bin_dir.path().join("floor");
+    let gw_dir = floor_dir.join("gw");
+    std::fs::create_dir_all(&gw_dir)?;
+    drop(std::os::unix::net::UnixListener::bind(
+        gw_dir.join("llm.sock"),
+    )?);
+    let cgroups = agentbox_launcher::cgroup::Cgroups::detect(
+        Path::new("/sys/fs/cgroup"),
+        &format!("agentbox-bench-{}", std::process::id()),
+        Arc::new(agentbox_launcher::cgroup::RealSignaller),
+    )?;
+    cgroups.prepare()?;
+    let floor = Arc::new(Floor {
+        plan: agentbox_launcher::sandbox::Plan {
+            program: agentbox_launcher::sandbox::Program::Claude { args: Vec::new() },
+            env: agentbox_launcher::sandbox::environment(
+                &std::collections::BTreeMap::new(),
+                false,
+                None,
+                true,
+            ),
+            with_venv: false,
+            with_gateway: true,
+            tmp_bytes: limits.tmp_mb << 20,
+            home_bytes: limits.home_mb << 20,
+            claude_bin: stamp.clone(),
+        },
+        gateway: open_dir(&gw_dir)?,
+        cgroups: cgroups.clone(),
+        limits: agentbox_launcher::cgroup::CgroupLimits {
+            memory_bytes: limits.memory_mb << 20,
+            pids: limits.pids,
+            cpus: limits.cpus,
+        },
+        next: AtomicUsize::new(0),
+    });
+    let result = run_launcher_bench(plan, &l, &floor, &floor_dir).await;
+    // Our cgroup parents (the per-sandbox ones are gone already).
+    let parents: Vec<PathBuf> = match cgroups.hierarchy() {
+        agentbox_launcher::cgroup::Hierarchy::V1 {
+            memory,
+            pids,
+            cpu,
+            freezer,
+        } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
+            .into_iter()
+            .flatten()
+            .cloned()
+            .collect(),
+        agentbox_launcher::cgroup::Hierarchy::V2 { parent, .. } => vec![parent.clone()],
+    };
+    for p in parents {
+        let _ = std::fs::remove_dir(p);
+    }
+    result
+}
+
+async fn run_launcher_bench(
+    plan: StartPlan,
+    l: &Arc<LauncherProcess>,
+    floor: &Arc<Floor>,
+    floor_dir: &Path,
+) -> Result<()> {
+    let floor_ws = |i: usize| -> Result<PathBuf> {
+        let ws = floor_dir.join(format!("ws{i}"));
+        std::fs::create_dir_all(&ws)?;
+        std::os::unix::fs::chown(&ws, Some(AGENT_UID), Some(AGENT_UID))?;
+        Ok(ws)
+    };
+    let launcher_ws = |i: usize| -> Result<(String, PathBuf)> {
+        let tid = format!("b{i}");
+        let ws = l.workspace(&tid)?;
+        l.gateway_socket(&tid)?;
+        Ok((tid, ws))
+    };
+    let one = |side: Side, i: usize| {
+        let (l, floor) = (Arc::clone(l), Arc::clone(floor));
+        let fws = floor_ws(i);
+        let lws = launcher_ws(i);
+        async move {
+            match side {
+                Side::Floor => floor.once(&fws?, false).await,
+                Side::FloorInCgroup => floor.once(&fws?, true).await,
+                Side::Launcher => {
+                    let (tid, ws) = lws?;
+                    launcher_once(&l, &tid, &ws).await
+                }
+            }
+        }
+    };
+
+    eprintln!("bench: launcher c=1");
+    for _ in 0..plan.warmup {
+        for side in SIDES {
+            one(side, 0).await?;
+        }
+    }
+    let mut c1: Samples = Default::default();
+    let mut paired = Vec::new();
+    let cpu0 = cpu_time(l.pid())?;
+    for round in 0..plan.rounds {
+        let mut got = [0_f64; 3];
+        // Rotate the order so no side always meets a warmer cache.
+        for k in 0..SIDES.len() {
+            let side = SIDES[(round + k) % SIDES.len()];
+            // Starts in production are far apart: let the previous one's after-effects (kernel
+            // RCU state, deferred work) settle so no start rides on another's.
+            tokio::time::sleep(SETTLE).await;
+            let (t0, stamp) = one(side, 0).await?;
+            let d = nanos(stamp - t0);
+            c1[side_index(side)].0.push(d);
+            got[side_index(side)] = d.as_secs_f64() * 1000.0;
+        }
+        paired.push(got[2] - got[0]);
+    }
+    let cpu_ms =
+        cpu_time(l.pid())?.saturating_sub(cpu0).as_secs_f64() * 1000.0 / plan.rounds as f64;
+    paired.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        paired
+            .get(((paired.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    let c1_paired = (at(0.50), at(0.99));
+
+    eprintln!("bench: launcher {} at once", plan.burst);
+    let mut burst: Samples = Default::default();
+    for _ in 0..plan.burst_rounds {
+        for side in SIDES {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..plan.burst {
+                set.spawn(one(side, 100 + i));
+            }
+            let runs = set
+                .join_all()
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>>>()?;
+            let first = runs.iter().map(|r| r.0).min().unwrap_or(0);
+            let last = runs.iter().map(|r| r.1).max().unwrap_or(0);
+            let slot = &mut burst[side_index(side)];
+            slot.0.extend(runs.iter().map(|(t0, s)| nanos(s - t0)));
+            slot.1.push(nanos(last - first));
+        }
+    }
+
+    let p = |v: &[Duration]| percentiles(v.to_vec());
+    let median_ms = |v: &[Duration]| {
+        let mut v = v.to_vec();
+        v.sort();
+        v.get(v.len() / 2).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    };
+    println!("### launcher: `POST /agents` to the agent's first instruction vs bare bwrap\n");
+    println!(
+        "| case | floor: bare bwrap, same mounts p50/p99 ms | floor + fresh cgroup p50/p99 ms | through the launcher p50/p99 ms | **added vs floor p50/p99 ms** | paired added p50/p99 ms | **ratio p50 vs floor** (target ≤ 2) | ratio p50 vs floor + cgroup | wall until all stamps: floor / + cgroup / launcher ms | launcher CPU ms/start |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for (case, s, paired, cpu) in [
+        ("c=1".to_owned(), &c1, Some(c1_paired), Some(cpu_ms)),
+        (format!("{} at once", plan.burst), &burst, None, None),
+    ] {
+        let (f, fc, t) = (p(&s[0].0), p(&s[1].0), p(&s[2].0));
+        let walls = if s[0].1.is_empty() {
+            "—".to_owned()
+        } else {
+            format!(
+                "{:.1} / {:.1} / {:.1}",
+                median_ms(&s[0].1),
+                median_ms(&s[1].1),
+                median_ms(&s[2].1)
+            )
+        };
+        println!(
+            "| {case} | {:.2} / {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | **{:.2} / {:.2}** | {} | **{:.2}** | {:.2} | {walls} | {} |",
+            f.0,
+            f.1,
+            fc.0,
+            fc.1,
+            t.0,
+            t.1,
+            t.0 - f.0,
+            t.1 - f.1,
+            paired.map_or("—".to_owned(), |(a, b)| format!("{a:.2} / {b:.2}")),
+            t.0 / f.0,
+            t.0 / fc.0,
+            cpu.map_or("—".to_owned(), |c| format!("{c:.2}")),
+        );
+    }
+    println!(
+        "\nTime is CLOCK_MONOTONIC from just before the request (or the spawn) to the stamp the \
+         agent (`agent-stamp`, in place of claude) writes to /workspace as its first act. Floor: \
+         `agentbox_launcher::sandbox::spawn` called directly, i.e. bwrap with the launcher's own \
+         arguments (seccomp filters, synthetic /etc files, tmpfs sizes, workspace and /run/gw \
+         bound by descriptor) as uid {AGENT_UID}. Floor + fresh cgroup: the same inside a \
+         cgroup created for it with the launcher's limits (what the kernel charges for creating \
+         and joining one). Through the launcher: HTTP over launcher.sock, validation, the \
+         workspace hand-over walk, staging mounts, the task cgroup, the spawn. \"{n} at once\": \
+         {n} requests (or spawns) fired together; per-sandbox latency, and the wall time from \
+         the first request to the last stamp (median of {r} round(s)). Plan: c=1 {c} rounds \
+         of the three (order rotating, {settle} ms pause before each start) after {w} warm-up. \
+         Launcher CPU excludes its children.\n",
+        n = plan.burst,
+        r = plan.burst_rounds,
+        c = plan.rounds,
+        w = plan.warmup,
+        settle = SETTLE.as_millis(),
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let plan = if args.iter().any(|a| a == "--quick") {
-        QUICK
-    } else {
-        FULL
-    };
+    let quick = args.iter().any(|a| a == "--quick");
+    let plan = if quick { QUICK } else { FULL };
+    let start_plan = if quick { START_QUICK } else { START_FULL };
     let what = args
         .iter()
         .find(|a| !a.starts_with("--"))
@@ -466,10 +878,12 @@ fn main() -> Result<()> {
     match what {
         "bridge" => rt.block_on(bench_bridge(plan)),
         "gateway" => rt.block_on(bench_gateway(plan)),
+        "launcher" => rt.block_on(bench_launcher(start_plan)),
         "all" => rt.block_on(async {
             bench_bridge(plan).await?;
-            bench_gateway(plan).await
+            bench_gateway(plan).await?;
+            bench_launcher(start_plan).await
         }),
-        other => bail!("unknown benchmark {other:?}; known: bridge, gateway, all"),
+        other => bail!("unknown benchmark {other:?}; known: bridge, gateway, launcher, all"),
     }
 }

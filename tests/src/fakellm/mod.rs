@@ -28,6 +28,8 @@
 //!   object: "model", created, owned_by}], …}` whose entries also carry Anthropic's `type:
 //!   "model"`, `display_name` and `created_at`, plus Anthropic's `has_more`/`first_id`/`last_id`,
 //!   so either SDK can parse it.
+//! - `GET /health`: 200 `{"status": "ok"}`, without a key even when `api_key` is set (as
+//!   vLLM's), so fakellm can stand in for a vLLM server under the launcher's supervision.
 //! - Anything else: 404; a known path with the wrong method: 405. Error bodies are
 //!   OpenAI-shaped (`{"error":{"message","type","param","code"}}`) for paths under `/v1/chat`,
 //!   `/chat`, `/v1/completions`, `/completions`, `/v1/responses`, `/responses` and
@@ -39,7 +41,7 @@
 //! reply is sent: `{"seq", "ts" (unix ms), "method", "path" (with query), "headers" (lowercase
 //! name → value, repeats joined by ", "), "body" (parsed JSON, else a string, null if empty),
 //! "served_by"}`. `served_by` is `step N`, `rule N`, `fallback`, `exhausted`, `count_tokens`,
-//! `models` or `error` (refused before the script was consulted).
+//! `models`, `health` or `error` (refused before the script was consulted).
 //!
 //! # Script
 //! A JSON file, read once at start; unknown keys are errors.
@@ -106,7 +108,7 @@
 //! - `error_event` keeps the first `after_events` frames, then sends an in-stream error
 //!   (Anthropic `event: error`, OpenAI `data: {"error":{…}}`) and ends the stream (no
 //!   `message_stop` / `[DONE]`).
-//! - `count_tokens`, `/v1/models` and refused requests never consume steps or rules.
+//! - `count_tokens`, `/v1/models`, `/health` and refused requests never consume steps or rules.
 
 mod log;
 pub mod render;

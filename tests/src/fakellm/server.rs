@@ -203,6 +203,7 @@ enum Route {
     CountTokens,
     Chat,
     Models,
+    Health,
 }
 
 fn route(path: &str) -> Option<(Route, Method)> {
@@ -211,6 +212,7 @@ fn route(path: &str) -> Option<(Route, Method)> {
         "/v1/messages/count_tokens" => Some((Route::CountTokens, Method::POST)),
         "/v1/chat/completions" | "/chat/completions" => Some((Route::Chat, Method::POST)),
         "/v1/models" | "/models" => Some((Route::Models, Method::GET)),
+        "/health" => Some((Route::Health, Method::GET)),
         _ => None,
     }
 }
@@ -223,6 +225,7 @@ enum Plan {
     },
     CountTokens(u64),
     Models,
+    Health,
     Reply {
         api: Api,
         source: Source,
@@ -240,6 +243,7 @@ impl Plan {
             Self::Error { .. } => "error".to_owned(),
             Self::CountTokens(_) => "count_tokens".to_owned(),
             Self::Models => "models".to_owned(),
+            Self::Health => "health".to_owned(),
             Self::Reply { source, .. } => source.to_string(),
         }
     }
@@ -344,6 +348,10 @@ impl AppState {
                 &format!("fakellm: method {method} not allowed on {path}; use {want}"),
             );
         }
+        // Like vLLM's, the health check needs no key: supervisors probe it without one.
+        if route == Route::Health {
+            return Plan::Health;
+        }
         if let Some(key) = &self.api_key
             && !presents_key(headers, key)
         {
@@ -372,7 +380,9 @@ impl AppState {
         };
         let required: &[&'static str] = match route {
             Route::Messages => &["model", "messages", "max_tokens"],
-            Route::CountTokens | Route::Chat | Route::Models => &["model", "messages"],
+            Route::CountTokens | Route::Chat | Route::Models | Route::Health => {
+                &["model", "messages"]
+            }
         };
         if let Some((msg, field)) = missing_field(api, body, required) {
             return error_plan_param(
@@ -513,6 +523,7 @@ async fn respond(st: &AppState, seq: u64, plan: Plan) -> Response {
         Plan::Error { status, body } => json_response(status, seq, &body),
         Plan::CountTokens(n) => json_response(StatusCode::OK, seq, &json!({"input_tokens": n})),
         Plan::Models => json_response(StatusCode::OK, seq, &st.models_body()),
+        Plan::Health => json_response(StatusCode::OK, seq, &json!({"status": "ok"})),
         Plan::Reply {
             api,
             source,
@@ -797,5 +808,11 @@ mod tests {
         assert_eq!(api_of_path("/v1/messages"), Api::Anthropic);
         assert_eq!(api_of_path("/chatter"), Api::Anthropic);
         assert_eq!(api_of_path("/"), Api::Anthropic);
+    }
+
+    #[test]
+    fn health_is_a_get_route() {
+        assert_eq!(route("/health"), Some((Route::Health, Method::GET)));
+        assert_eq!(route("/health/x"), None);
     }
 }

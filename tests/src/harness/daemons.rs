@@ -1,5 +1,6 @@
-//! Our own daemons as child processes: locating (and freshening) their binaries, and a
-//! wrapper for `agentbox-bridge` with a temp config.
+//! Our own daemons as child processes: locating (and freshening) their binaries, and wrappers
+//! for `agentbox-bridge`, `agentbox-gateway` and `agentbox-launcher` (as root) with temp
+//! configs and data dirs.
 //!
 //! `env!("CARGO_BIN_EXE_*")` only covers binaries of the test's own package, and the daemons
 //! live in other packages. `scripts/test.sh` runs the whole workspace, which builds every
@@ -357,5 +358,176 @@ impl GatewayProcess {
     /// Whether it still runs.
     pub fn is_running(&mut self) -> bool {
         !self.service.has_exited()
+    }
+}
+
+/// A running `agentbox-launcher` (the caller must be root) on a fresh data dir, with its own
+/// cgroup parent (removed again on drop) and a 0755 temp directory the agent and service uids
+/// can traverse.
+#[derive(Debug)]
+pub struct LauncherProcess {
+    service: Service,
+    cgroup_parent: String,
+    service_uid: u32,
+    // Declared last so the process is gone before its files are removed.
+    dir: tempfile::TempDir,
+}
+
+impl LauncherProcess {
+    /// Starts the launcher with `config` (TOML; the wrapper prepends `data_dir`) and
+    /// `--service-uid service_uid`.
+    ///
+    /// # Errors
+    /// When the binary cannot be built or the launcher does not come up.
+    pub fn start(config: &str, service_uid: u32) -> Result<Self, HarnessError> {
+        use std::os::unix::fs::PermissionsExt;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let dir = tempfile::Builder::new()
+            .prefix("launcher-")
+            .tempdir()
+            .map_err(|source| HarnessError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| HarnessError::Io { path, source }
+        };
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .map_err(io(dir.path()))?;
+        let path = dir.path().join("agentbox.toml");
+        let data = dir.path().join("data");
+        std::fs::write(&path, format!("data_dir = {data:?}\n{config}")).map_err(io(&path))?;
+        let cgroup_parent = format!(
+            "agentbox-harness-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut cmd = Command::new(workspace_bin("agentbox-launcher", "agentbox-launcher")?);
+        cmd.arg("--config")
+            .arg(&path)
+            .arg("--service-uid")
+            .arg(service_uid.to_string())
+            .arg("--cgroup-parent")
+            .arg(&cgroup_parent)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("RUST_LOG", "warn");
+        let (service, _) =
+            Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
+                l.strip_prefix("listening on unix:").map(str::to_owned)
+            })?;
+        Ok(Self {
+            service,
+            cgroup_parent,
+            service_uid,
+            dir,
+        })
+    }
+
+    /// A 0755 directory for the caller's own files (binaries the agent uid must read).
+    #[must_use]
+    pub fn base(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `$AGENTBOX_DATA`.
+    #[must_use]
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// `run/launcher.sock`.
+    #[must_use]
+    pub fn socket(&self) -> PathBuf {
+        self.data_dir().join("run/launcher.sock")
+    }
+
+    /// One request on the launcher's socket; the body is JSON unless absent.
+    ///
+    /// # Errors
+    /// When the exchange fails.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<super::UnixResponse, HarnessError> {
+        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+        super::unix_request(
+            &self.socket(),
+            method,
+            path,
+            &[("content-type", "application/json")],
+            bytes,
+        )
+        .await
+    }
+
+    /// Creates `tasks/<tid>/workspace` (empty, owned by the service uid) and returns it.
+    ///
+    /// # Errors
+    /// When it cannot be created.
+    pub fn workspace(&self, tid: &str) -> Result<PathBuf, HarnessError> {
+        let task = self.data_dir().join("tasks").join(tid);
+        let ws = task.join("workspace");
+        std::fs::create_dir_all(&ws).map_err(|source| HarnessError::Io {
+            path: ws.clone(),
+            source,
+        })?;
+        for p in [&task, &ws] {
+            std::os::unix::fs::chown(p, Some(self.service_uid), Some(self.service_uid)).map_err(
+                |source| HarnessError::Io {
+                    path: p.clone(),
+                    source,
+                },
+            )?;
+        }
+        Ok(ws)
+    }
+
+    /// Creates `sockets/<tid>/llm.sock`, the gateway socket an agent sandbox requires (nothing
+    /// listens on it).
+    ///
+    /// # Errors
+    /// When it cannot be created.
+    pub fn gateway_socket(&self, tid: &str) -> Result<(), HarnessError> {
+        let dir = self.data_dir().join("sockets").join(tid);
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| HarnessError::Io { path, source }
+        };
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        std::os::unix::fs::chown(&dir, Some(self.service_uid), Some(self.service_uid))
+            .map_err(io(&dir))?;
+        let sock = dir.join("llm.sock");
+        if !sock.exists() {
+            drop(std::os::unix::net::UnixListener::bind(&sock).map_err(io(&sock))?);
+        }
+        Ok(())
+    }
+
+    /// The process id (for CPU readings).
+    #[must_use]
+    pub fn pid(&self) -> u32 {
+        self.service.pid()
+    }
+
+    /// The launcher's stderr so far.
+    #[must_use]
+    pub fn stderr(&self) -> String {
+        self.service.stderr()
+    }
+}
+
+impl Drop for LauncherProcess {
+    fn drop(&mut self) {
+        self.service.stop();
+        // The launcher removes its task cgroups; its parent directories stay behind.
+        let root = Path::new("/sys/fs/cgroup");
+        for dir in ["memory", "pids", "cpu", "freezer", ""].map(|c| root.join(c)) {
+            let _ = std::fs::remove_dir(dir.join(&self.cgroup_parent));
+        }
     }
 }

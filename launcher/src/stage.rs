@@ -1,0 +1,235 @@
+//! Mount by descriptor: the directories a sandbox gets (workspace, gateway directory, venv) are
+//! bind-mounted by the launcher from the validated descriptors onto root-only paths under
+//! `$AGENTBOX_DATA/mnt/<tid>/`, and bwrap is handed descriptors of those mounts.
+//!
+//! Why: bwrap cannot mount a descriptor opened in another mount namespace, so `--bind-fd`
+//! reads the descriptor's path back (`readlink /proc/self/fd/N`) and mounts that *path*, then
+//! compares device and inode and dies on a mismatch ("Race condition binding dirfd"). With the
+//! descriptor of `tasks/<tid>/workspace` itself, whoever can rename entries of `tasks/<tid>`
+//! (the service user) could swap the name between validation and bwrap's mount: bwrap would
+//! mount the swapped-in directory (or follow a swapped-in symlink to a host directory) before
+//! its check killed the sandbox. Nothing would have run, but a directory other than the
+//! validated one would have been mounted, and the start would fail. The race test
+//! (`tests/race.rs`) hit exactly that.
+//!
+//! Here the launcher, as root, mounts `/proc/self/fd/<validated fd>` (the kernel follows the
+//! magic link to the very object, no name is looked up), checks the new mount's root against
+//! the descriptor by device and inode, and gives bwrap a descriptor of the mount. The path
+//! bwrap reads back is `mnt/<tid>/<name>`: every component is root-owned and writable only by
+//! root, so it names the validated directory for as long as the run lasts.
+//!
+//! The mounts live in the launcher's own mount namespace (see
+//! [`crate::daemon`]): they never show up on the host and vanish with the launcher; a restart
+//! only removes the empty mount-point directories left behind.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use agentbox_policy::id::Tid;
+use rustix::fs::{self, AtFlags, Mode, OFlags, StatxFlags};
+use rustix::io::Errno;
+use rustix::mount::UnmountFlags;
+
+use crate::error::LauncherError;
+use crate::sandbox::Mounts;
+
+/// The mount points, in `mnt/<tid>/`.
+const WORKSPACE: &str = "workspace";
+const GATEWAY: &str = "gateway";
+const VENV: &str = "venv";
+
+/// `$AGENTBOX_DATA/mnt`, root-owned 0711: traversable by the agent uid (bwrap, running as it,
+/// resolves the paths below), writable and listable by root only.
+#[derive(Debug)]
+pub struct Staging {
+    path: PathBuf,
+    fd: OwnedFd,
+}
+
+/// What a sandbox mounts, validated.
+#[derive(Debug, Clone, Copy)]
+pub struct Sources<'a> {
+    pub workspace: BorrowedFd<'a>,
+    pub gateway: Option<BorrowedFd<'a>>,
+    pub venv: Option<BorrowedFd<'a>>,
+}
+
+/// The staged mounts of one run; unmounted on [`Staged::release`] or drop.
+#[derive(Debug)]
+pub struct Staged {
+    /// Descriptors of the mounts, for bwrap's `--bind-fd`.
+    pub mounts: Mounts,
+    dir: StagedDir,
+}
+
+/// `mnt/<tid>`: unmounts and removes everything below it when dropped, so a failure halfway
+/// through staging leaves nothing mounted.
+#[derive(Debug)]
+struct StagedDir {
+    path: PathBuf,
+    released: bool,
+}
+
+fn identity(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
+    let st = fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)?;
+    Ok((fs::makedev(st.stx_dev_major, st.stx_dev_minor), st.stx_ino))
+}
+
+fn internal(what: impl std::fmt::Display) -> LauncherError {
+    LauncherError::Internal(format!("staging mounts: {what}"))
+}
+
+impl Staging {
+    /// `mnt/` under the data directory, which [`crate::layout::DataDir::prepare`] created.
+    pub fn open(data: &crate::layout::DataDir) -> Result<Staging, LauncherError> {
+        let fd = data.mnt_dir()?;
+        Ok(Staging {
+            path: data.path().join("mnt"),
+            fd,
+        })
+    }
+
+    /// Mounts each source at `mnt/<tid>/<name>` and returns descriptors of the mounts. Any
+    /// leftover of an earlier run of `tid` is removed first.
+    pub fn stage(&self, tid: &Tid, sources: Sources<'_>) -> Result<Staged, LauncherError> {
+        self.clean(tid.as_str());
+        fs::mkdirat(&self.fd, tid.as_str(), Mode::from_raw_mode(0o711))
+            .map_err(|e| internal(format!("mkdir mnt/{tid}: {e}")))?;
+        let dir = StagedDir {
+            path: self.path.join(tid.as_str()),
+            released: false,
+        };
+        let tid_dir = fs::openat(&self.fd, tid.as_str(), dir_flags(), Mode::empty())
+            .map_err(|e| internal(format!("open mnt/{tid}: {e}")))?;
+        // The umask must not take the agent uid's search permission away.
+        chmod_fd(&tid_dir, 0o711).map_err(|e| internal(format!("chmod mnt/{tid}: {e}")))?;
+        let mount = |name: &str, source| mount_one(&tid_dir, &dir.path, name, source);
+        let mounts = Mounts {
+            workspace: mount(WORKSPACE, sources.workspace)?,
+            gateway: sources.gateway.map(|g| mount(GATEWAY, g)).transpose()?,
+            venv: sources.venv.map(|v| mount(VENV, v)).transpose()?,
+        };
+        Ok(Staged { mounts, dir })
+    }
+
+    /// Removes `mnt/<name>` and whatever is mounted below it (best effort: a leftover only
+    /// costs a directory).
+    fn clean(&self, name: &str) {
+        let dir = self.path.join(name);
+        for child in [WORKSPACE, GATEWAY, VENV] {
+            unmount_and_remove(&dir, child);
+        }
+        match fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a staging directory")
+            }
+        }
+    }
+
+    /// After a restart: removes every staging directory (the mounts themselves died with the
+    /// previous launcher's mount namespace).
+    pub fn clean_all(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if let Some(name) = e.file_name().to_str() {
+                self.clean(name);
+            }
+        }
+    }
+}
+
+fn dir_flags() -> OFlags {
+    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
+}
+
+fn chmod_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
+    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    fs::chmodat(
+        fs::CWD,
+        path.as_str(),
+        Mode::from_raw_mode(mode),
+        AtFlags::empty(),
+    )
+}
+
+/// Creates `dir/name`, bind-mounts `source` there through its magic link, and returns a
+/// descriptor of the mount's root after checking it is `source`.
+fn mount_one(
+    tid_dir: &OwnedFd,
+    dir: &Path,
+    name: &str,
+    source: BorrowedFd<'_>,
+) -> Result<OwnedFd, LauncherError> {
+    fs::mkdirat(tid_dir, name, Mode::from_raw_mode(0o700))
+        .map_err(|e| internal(format!("mkdir {name}: {e}")))?;
+    let target = dir.join(name);
+    let magic = format!("/proc/self/fd/{}", source.as_raw_fd());
+    rustix::mount::mount_bind(magic.as_str(), &target)
+        .map_err(|e| internal(format!("bind {name}: {e}")))?;
+    let fd = fs::openat(tid_dir, name, dir_flags(), Mode::empty())
+        .map_err(|e| internal(format!("open {name}: {e}")))?;
+    let want = identity(source).map_err(|e| internal(format!("stat {name}: {e}")))?;
+    let got = identity(fd.as_fd()).map_err(|e| internal(format!("stat {name}: {e}")))?;
+    if got != want {
+        return Err(internal(format!(
+            "{name}: the mount is {got:?}, the validated directory {want:?}"
+        )));
+    }
+    Ok(fd)
+}
+
+/// `umount2(dir/name, MNT_DETACH)` and `rmdir`; a directory that is not mounted on is just
+/// removed. The path is root-only, so it names what we mounted.
+fn unmount_and_remove(dir: &Path, name: &str) -> Option<String> {
+    let target = dir.join(name);
+    match rustix::mount::unmount(&target, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
+        Ok(()) | Err(Errno::INVAL | Errno::NOENT) => {}
+        Err(e) => return Some(format!("unmount {}: {e}", target.display())),
+    }
+    match std::fs::remove_dir(&target) {
+        Ok(()) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => Some(format!("rmdir {}: {e}", target.display())),
+    }
+}
+
+impl Staged {
+    /// Unmounts everything and removes `mnt/<tid>`; says what could not be undone.
+    pub fn release(mut self) -> Result<(), String> {
+        self.dir.release()
+    }
+}
+
+impl StagedDir {
+    fn release(&mut self) -> Result<(), String> {
+        if self.released {
+            return Ok(());
+        }
+        self.released = true;
+        let mut errors: Vec<String> = [WORKSPACE, GATEWAY, VENV]
+            .iter()
+            .filter_map(|name| unmount_and_remove(&self.path, name))
+            .collect();
+        match std::fs::remove_dir(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("rmdir {}: {e}", self.path.display())),
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        }
+    }
+}
+
+impl Drop for StagedDir {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            tracing::warn!(error = %e, "cannot release staged mounts");
+        }
+    }
+}
