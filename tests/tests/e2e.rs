@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use agentbox_tests::harness::{
-    FakeLlm, GatewayProcess, Service, client_bin, unix_request, workspace_bin,
+    FakeLlm, GatewayProcess, Service, client_bin, unix_json, workspace_bin,
 };
 use serde_json::{Value, json};
 
@@ -23,16 +23,9 @@ const SERVICE: u32 = 64020;
 const TOKEN: &str = "e2e-task-token-0123456789";
 
 async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let r = unix_request(
-        socket,
-        method,
-        path,
-        &[("content-type", "application/json")],
-        body,
-    )
-    .await
-    .unwrap();
+    let r = unix_json(socket, method, path, body.as_ref())
+        .await
+        .unwrap();
     (
         r.status,
         serde_json::from_slice(&r.body).unwrap_or(Value::Null),

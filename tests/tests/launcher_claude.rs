@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use agentbox_tests::harness::{Service, client_bin, unix_request, workspace_bin};
+use agentbox_tests::harness::{Service, client_bin, unix_json, workspace_bin};
 use serde_json::{Value, json};
 
 const SERVICE_UID: u32 = 64010;
@@ -31,16 +31,9 @@ fn readable_claude(dir: &Path) -> PathBuf {
 }
 
 async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let r = unix_request(
-        socket,
-        method,
-        path,
-        &[("content-type", "application/json")],
-        body,
-    )
-    .await
-    .unwrap();
+    let r = unix_json(socket, method, path, body.as_ref())
+        .await
+        .unwrap();
     (
         r.status,
         serde_json::from_slice(&r.body).unwrap_or(Value::Null),

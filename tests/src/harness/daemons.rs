@@ -332,15 +332,7 @@ impl GatewayProcess {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<super::UnixResponse, HarnessError> {
-        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
-        super::unix_request(
-            &self.control_socket(),
-            method,
-            path,
-            &[("content-type", "application/json")],
-            bytes,
-        )
-        .await
+        super::unix_json(&self.control_socket(), method, path, body).await
     }
 
     /// The process id (for CPU and memory readings).
@@ -454,15 +446,7 @@ impl LauncherProcess {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<super::UnixResponse, HarnessError> {
-        let bytes = body.map(|b| b.to_string()).unwrap_or_default();
-        super::unix_request(
-            &self.socket(),
-            method,
-            path,
-            &[("content-type", "application/json")],
-            bytes,
-        )
-        .await
+        super::unix_json(&self.socket(), method, path, body).await
     }
 
     /// Creates `tasks/<tid>/workspace` (empty, owned by the service uid) and returns it.

@@ -83,6 +83,28 @@ pub async fn unix_request(
     })
 }
 
+/// [`unix_request`] with an optional JSON body (`content-type: application/json`): the control
+/// sockets' calling convention.
+///
+/// # Errors
+/// When the exchange fails.
+pub async fn unix_json(
+    socket: &Path,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Result<UnixResponse, HarnessError> {
+    let bytes = body.map(|b| b.to_string()).unwrap_or_default();
+    unix_request(
+        socket,
+        method,
+        path,
+        &[("content-type", "application/json")],
+        bytes,
+    )
+    .await
+}
+
 /// One SSE frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SseFrame {

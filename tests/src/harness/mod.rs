@@ -11,7 +11,7 @@ mod process;
 pub use clients::{client_bin, clients_dir, workspace_root};
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, workspace_bin};
 pub use fake::FakeLlm;
-pub use http::{SseFrame, UnixResponse, parse_sse, unix_request};
+pub use http::{SseFrame, UnixResponse, parse_sse, unix_json, unix_request};
 pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
 
 use std::path::PathBuf;
