@@ -19,8 +19,12 @@
 //!   `refs/heads/agent/<tid>` in the repository; HEAD and work trees are never touched.
 //!
 //! Repositories are found by walking up from the request path to (not including) the
-//! configured root it lies in, each step opened without following symlinks. Linked worktrees
-//! and submodule checkouts (`.git` as a file) are refused rather than followed.
+//! configured root it lies in, each step opened without following symlinks. A linked worktree
+//! (`.git` is a file saying `gitdir: <abs path>`) is followed only when that git dir, and the
+//! common dir its `commondir` names, lie inside the configured roots, are reached without a
+//! symlink and belong to the service uid: git would otherwise read refs, objects and config
+//! from wherever the file points. Relative `gitdir:` lines (submodule checkouts) are refused
+//! rather than normalized.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -231,6 +235,101 @@ pub fn validate_ref(input: &str) -> Result<(), LauncherError> {
     Ok(())
 }
 
+/// Reads a `.git` file (at most 4 KiB) through its already validated handle.
+fn read_gitfile(found: &agentbox_policy::resolve::Resolved) -> Result<String, LauncherError> {
+    use std::io::Read;
+    use std::os::fd::{AsFd, AsRawFd};
+    let shown = found.display_path().to_owned();
+    // Re-open the O_PATH handle for reading: the object read is the one validated.
+    let file = std::fs::File::open(format!("/proc/self/fd/{}", found.as_fd().as_raw_fd()))
+        .map_err(|e| LauncherError::Unsafe(format!("{shown}: cannot read: {e}")))?;
+    let mut text = String::new();
+    file.take(4096)
+        .read_to_string(&mut text)
+        .map_err(|e| LauncherError::Unsafe(format!("{shown}: cannot read: {e}")))?;
+    Ok(text)
+}
+
+/// Resolves a directory named by an absolute, normalized path inside `roots` without following
+/// symlinks, and checks its owner.
+fn validated_dir(
+    roots: &[RootPath],
+    path: &str,
+    owner_uid: u32,
+    what: &str,
+) -> Result<PathBuf, LauncherError> {
+    let req = RequestPath::parse(path)
+        .map_err(|e| LauncherError::Unsafe(format!("{what} {path:?}: {e}")))?;
+    let within = req
+        .within(roots, EqualsRoot::Refuse)
+        .map_err(|e| LauncherError::Unsafe(format!("{what} {path:?}: {e}")))?;
+    let root = Root::open(within.root.as_path()).map_err(from_resolve)?;
+    let dir = root.resolve_dir(&within.rel).map_err(from_resolve)?;
+    if dir.identity().uid != owner_uid {
+        return Err(LauncherError::Unsafe(format!(
+            "{what} {path}: owned by uid {}, expected the service uid {owner_uid}",
+            dir.identity().uid
+        )));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// The git dir of a linked worktree whose `.git` file is `found` (in `top`), validated with
+/// its common dir.
+fn linked_git_dir(
+    roots: &[RootPath],
+    top: &Path,
+    found: &agentbox_policy::resolve::Resolved,
+    owner_uid: u32,
+) -> Result<PathBuf, LauncherError> {
+    let text = read_gitfile(found)?;
+    let target = text
+        .strip_suffix('\n')
+        .unwrap_or(&text)
+        .strip_prefix("gitdir: ")
+        .filter(|t| !t.contains('\n'))
+        .ok_or_else(|| {
+            LauncherError::Unsafe(format!("{}/.git: not a gitdir file", top.display()))
+        })?;
+    if !target.starts_with('/') {
+        return Err(LauncherError::Unsafe(format!(
+            "{}/.git: relative gitdir {target:?} (a submodule checkout?) is not supported",
+            top.display()
+        )));
+    }
+    let git_dir = validated_dir(roots, target, owner_uid, "gitdir")?;
+    // `commondir` (relative to the git dir, or absolute) is where refs, objects and config
+    // live; git follows it, so it gets the same checks.
+    let commondir = match std::fs::read_to_string(git_dir.join("commondir")) {
+        Ok(c) => c,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(LauncherError::Unsafe(format!(
+                "{target}: no commondir: not a linked worktree"
+            )));
+        }
+        Err(e) => return Err(LauncherError::Unsafe(format!("{target}/commondir: {e}"))),
+    };
+    let commondir = commondir.strip_suffix('\n').unwrap_or(&commondir);
+    let common = if commondir.starts_with('/') {
+        commondir.to_owned()
+    } else {
+        // The git dir was reached without a symlink, so `..` from it is lexical.
+        let mut parts: Vec<&str> = target.split('/').filter(|p| !p.is_empty()).collect();
+        for c in commondir.split('/') {
+            match c {
+                ".." => {
+                    parts.pop();
+                }
+                "" | "." => {}
+                other => parts.push(other),
+            }
+        }
+        format!("/{}", parts.join("/"))
+    };
+    validated_dir(roots, &common, owner_uid, "commondir")?;
+    Ok(git_dir)
+}
+
 /// Finds the repository containing `path`: walks up from `path` to (not including) its root,
 /// opening each step without following symlinks; the first level with a `.git` directory is
 /// the repository. Nothing is created. The top and its `.git` must be owned by `owner_uid`.
@@ -258,10 +357,18 @@ pub fn discover(roots: &[RootPath], path: &str, owner_uid: u32) -> Result<Repo, 
                 match found.kind() {
                     Kind::Dir => {}
                     Kind::File => {
-                        return Err(LauncherError::Unsafe(format!(
-                            "{}: .git is a file (linked worktree or submodule); not supported",
-                            top_path.display()
-                        )));
+                        let top = root.resolve_dir(&dir).map_err(from_resolve)?;
+                        if top.identity().uid != owner_uid || found.identity().uid != owner_uid {
+                            return Err(LauncherError::Unsafe(format!(
+                                "{}: not owned by the service uid {owner_uid}",
+                                top_path.display()
+                            )));
+                        }
+                        let git_dir = linked_git_dir(roots, &top_path, &found, owner_uid)?;
+                        return Ok(Repo {
+                            git_dir,
+                            top: top_path,
+                        });
                     }
                     other @ (Kind::Symlink
                     | Kind::Socket

@@ -393,3 +393,89 @@ fn snapshot_refusals() {
         sentinels(&sentinel)
     );
 }
+
+/// A linked worktree is followed through its `.git` file only when its git dir and common dir
+/// are inside the roots and the service user's; the snapshot is the worktree's HEAD.
+#[test]
+fn linked_worktrees_are_followed_only_inside_the_roots() {
+    let l = Launcher::start(Options::default());
+    let sentinel = sentinel_dir(&l);
+    let repo = hostile_repo(&l, &sentinel);
+    let wt = l.repos.join("proj-wt");
+    git(
+        &repo,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "-b",
+            "feature",
+            wt.to_str().unwrap(),
+        ],
+    );
+    std::fs::write(wt.join("FEATURE"), "only on the worktree's branch\n").unwrap();
+    git(&wt, &["add", "FEATURE"]);
+    git(&wt, &["commit", "-q", "-m", "feature"]);
+    chown_tree(&repo, SERVICE_UID);
+    chown_tree(&wt, SERVICE_UID);
+    let wt_head = git(&wt, &["rev-parse", "HEAD"]);
+    assert_ne!(wt_head, git(&repo, &["rev-parse", "HEAD"]));
+
+    let r = l.post("/repo/snapshot", &json!({"tid": "w1", "path": wt}));
+    assert_eq!(r.status, 200, "{}", r.raw);
+    assert_eq!(
+        r.body["sha"], wt_head,
+        "the worktree's HEAD, not the main one"
+    );
+    assert_eq!(r.body["repo"], wt.display().to_string());
+    let ws = l.data.join("tasks/w1/workspace");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("FEATURE")).unwrap(),
+        "only on the worktree's branch\n"
+    );
+    assert!(
+        sentinels(&sentinel).is_empty(),
+        "{:?}",
+        sentinels(&sentinel)
+    );
+
+    // A .git file pointing outside the roots, or relative, or at a non-worktree: refused.
+    let outside = tempfile::tempdir().unwrap();
+    for (name, content) in [
+        (
+            "evil-out",
+            format!("gitdir: {}\n", outside.path().display()),
+        ),
+        (
+            "evil-rel",
+            "gitdir: ../proj/.git/worktrees/proj-wt\n".to_owned(),
+        ),
+        (
+            "evil-main",
+            format!("gitdir: {}\n", repo.join(".git").display()),
+        ),
+        ("evil-junk", "not a gitdir line\n".to_owned()),
+    ] {
+        let dir = l.repos.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(".git"), content).unwrap();
+        chown_tree(&dir, SERVICE_UID);
+        let r = l.post("/repo/snapshot", &json!({"tid": "w2", "path": dir}));
+        assert_eq!(r.code(), "unsafe_path", "{name}: {}", r.raw);
+    }
+    // A worktree whose commondir was redirected outside the roots.
+    let wt_git = repo.join(".git/worktrees/proj-wt");
+    std::fs::write(
+        wt_git.join("commondir"),
+        format!("{}\n", outside.path().display()),
+    )
+    .unwrap();
+    let r = l.post("/repo/snapshot", &json!({"tid": "w3", "path": wt}));
+    assert_eq!(r.code(), "unsafe_path", "{}", r.raw);
+    assert!(!l.data.join("tasks/w3/shadow.git").exists());
+    assert!(
+        sentinels(&sentinel).is_empty(),
+        "{:?}",
+        sentinels(&sentinel)
+    );
+}
