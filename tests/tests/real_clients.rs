@@ -557,6 +557,36 @@ async fn gateway_task(fake: &FakeLlm, tid: &str, token: &str, budget: Value) -> 
     gw
 }
 
+/// Claude Code reaching its model only through the gateway's task socket, as inside a sandbox.
+async fn run_on_task_socket(
+    scratch: &Scratch,
+    gw: &GatewayProcess,
+    tid: &str,
+    token: &str,
+    prompt: &str,
+) -> ClaudeRun {
+    let sock = gw.task_socket(tid).to_string_lossy().into_owned();
+    ClaudeRun::run_with(
+        scratch,
+        "http://localhost",
+        token,
+        "claude-sonnet-4-5",
+        prompt,
+        &[("ANTHROPIC_UNIX_SOCKET", &sock)],
+    )
+    .await
+}
+
+/// What a failing gateway test prints: the client's output, fakellm's log, the gateway's log.
+fn gateway_diag(run: &ClaudeRun, fake: &FakeLlm, gw: &GatewayProcess) -> String {
+    format!(
+        "{}\n--- fakellm ---\n{}\n--- gateway ---\n{}",
+        run.out.describe(),
+        summarize_log(fake),
+        gw.stderr()
+    )
+}
+
 async fn task_view(gw: &GatewayProcess, tid: &str) -> Value {
     let r = unix_request(
         &gw.control_socket(),
@@ -585,25 +615,8 @@ async fn claude_code_completes_a_task_through_the_gateway_socket() {
     .unwrap();
     let token = "claude-task-token-0123456789";
     let gw = gateway_task(&fake, "cc1", token, json!({})).await;
-    let sock = gw.task_socket("cc1");
-    let sock_str = sock.to_string_lossy().into_owned();
-    let run = ClaudeRun::run_with(
-        &scratch,
-        "http://localhost",
-        token,
-        "claude-sonnet-4-5",
-        "Create gw.txt.",
-        &[("ANTHROPIC_UNIX_SOCKET", &sock_str)],
-    )
-    .await;
-    let diag = || {
-        format!(
-            "{}\n--- fakellm ---\n{}\n--- gateway ---\n{}",
-            run.out.describe(),
-            summarize_log(&fake),
-            gw.stderr()
-        )
-    };
+    let run = run_on_task_socket(&scratch, &gw, "cc1", token, "Create gw.txt.").await;
+    let diag = || gateway_diag(&run, &fake, &gw);
     assert!(run.out.status.success(), "claude failed: {}", diag());
     assert_eq!(
         run.result().map(|r| r["result"].clone()),
@@ -673,24 +686,8 @@ async fn claude_code_stops_when_the_budget_runs_out() {
     let token = "claude-budget-token-0123456789";
     // The first reply costs 120 tokens.
     let gw = gateway_task(&fake, "cc2", token, json!({"tokens": 100})).await;
-    let sock = gw.task_socket("cc2").to_string_lossy().into_owned();
-    let run = ClaudeRun::run_with(
-        &scratch,
-        "http://localhost",
-        token,
-        "claude-sonnet-4-5",
-        "Create never.txt.",
-        &[("ANTHROPIC_UNIX_SOCKET", &sock)],
-    )
-    .await;
-    let diag = || {
-        format!(
-            "{}\n--- fakellm ---\n{}\n--- gateway ---\n{}",
-            run.out.describe(),
-            summarize_log(&fake),
-            gw.stderr()
-        )
-    };
+    let run = run_on_task_socket(&scratch, &gw, "cc2", token, "Create never.txt.").await;
+    let diag = || gateway_diag(&run, &fake, &gw);
     let result = run
         .result()
         .unwrap_or_else(|| panic!("no result event: {}", diag()));

@@ -110,6 +110,24 @@ fn is_fresh(bin: &Path) -> bool {
     true
 }
 
+/// A fresh temp dir (named `<prefix>…`) holding `agentbox.toml` with `config`; the daemon
+/// wrappers keep the dir alive as long as their process.
+fn config_dir(prefix: &str, config: &str) -> Result<(tempfile::TempDir, PathBuf), HarnessError> {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|source| HarnessError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+    let path = dir.path().join("agentbox.toml");
+    std::fs::write(&path, config).map_err(|source| HarnessError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((dir, path))
+}
+
 /// A running `agentbox-bridge` on `127.0.0.1:0` with its own temp config.
 #[derive(Debug)]
 pub struct BridgeProcess {
@@ -127,18 +145,7 @@ impl BridgeProcess {
     /// When the binary cannot be built or the bridge does not come up.
     pub fn start(config: &str, env: &[(&str, &str)]) -> Result<Self, HarnessError> {
         let bin = workspace_bin("agentbox-bridge", "agentbox-bridge")?;
-        let dir = tempfile::Builder::new()
-            .prefix("bridge-")
-            .tempdir()
-            .map_err(|source| HarnessError::Io {
-                path: std::env::temp_dir(),
-                source,
-            })?;
-        let path = dir.path().join("agentbox.toml");
-        std::fs::write(&path, config).map_err(|source| HarnessError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let (dir, path) = config_dir("bridge-", config)?;
         let mut cmd = Command::new(bin);
         cmd.arg("--config")
             .arg(&path)
@@ -214,18 +221,7 @@ impl GatewayProcess {
         env: &[(&str, &str)],
         identity: Option<(u32, u32)>,
     ) -> Result<Self, HarnessError> {
-        let dir = tempfile::Builder::new()
-            .prefix("gateway-")
-            .tempdir()
-            .map_err(|source| HarnessError::Io {
-                path: std::env::temp_dir(),
-                source,
-            })?;
-        let path = dir.path().join("agentbox.toml");
-        std::fs::write(&path, config).map_err(|source| HarnessError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let (dir, path) = config_dir("gateway-", config)?;
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -375,20 +371,13 @@ impl LauncherProcess {
         use std::os::unix::fs::PermissionsExt;
         use std::sync::atomic::{AtomicUsize, Ordering};
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let dir = tempfile::Builder::new()
-            .prefix("launcher-")
-            .tempdir()
-            .map_err(|source| HarnessError::Io {
-                path: std::env::temp_dir(),
-                source,
-            })?;
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| HarnessError::Io { path, source }
         };
+        let (dir, path) = config_dir("launcher-", "")?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .map_err(io(dir.path()))?;
-        let path = dir.path().join("agentbox.toml");
         let data = dir.path().join("data");
         std::fs::write(&path, format!("data_dir = {data:?}\n{config}")).map_err(io(&path))?;
         let cgroup_parent = format!(
