@@ -131,7 +131,7 @@ pub async fn anthropic(
                 _ if *failed => None,
                 Ok(b) => {
                     if !b.is_empty() {
-                        *at_boundary = b.ends_with(b"\n\n") || b.ends_with(b"\r\n\r\n");
+                        *at_boundary = sse::ends_frame(&b);
                     }
                     Some(Ok::<Bytes, std::io::Error>(b))
                 }
@@ -141,17 +141,10 @@ pub async fn anthropic(
                 Err(e) if is_sse => {
                     tracing::warn!(error = %e, "upstream stream broke");
                     *failed = true;
-                    let mut out = if *at_boundary {
-                        Vec::new()
-                    } else {
-                        b"\n\n".to_vec()
-                    };
-                    let event = StreamEvent::error(
-                        ErrorType::ApiError,
+                    Some(Ok(Bytes::from(StreamEvent::failure_frame(
+                        !*at_boundary,
                         format!("upstream stream broke: {}", agentbox_http::error_chain(&e)),
-                    );
-                    write_events(&[event], &mut out);
-                    Some(Ok(Bytes::from(out)))
+                    ))))
                 }
                 Err(e) => {
                     *failed = true;

@@ -18,7 +18,7 @@ use agentbox_http::{BodyError, read_body};
 use agentbox_policy::id::Tid;
 use agentbox_policy::sanitize;
 use agentbox_policy::secret::presented_token;
-use agentbox_wire::anthropic::{ErrorType, StreamEvent};
+use agentbox_wire::anthropic::StreamEvent;
 use agentbox_wire::error::client_error_for_upstream;
 use agentbox_wire::usage::{BodyKind, MeteredUsage, UsageMeter};
 use axum::Router;
@@ -270,7 +270,7 @@ impl Stream for MeteredBody {
                     m.feed(&chunk);
                 }
                 if !chunk.is_empty() {
-                    this.at_boundary = chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n");
+                    this.at_boundary = agentbox_wire::sse::ends_frame(&chunk);
                 }
                 Poll::Ready(Some(Ok(chunk)))
             }
@@ -281,24 +281,13 @@ impl Stream for MeteredBody {
                 if this.is_sse {
                     // End the stream with an Anthropic `error` event, so the client sees a
                     // failure rather than a silently truncated answer.
-                    let mut out = if this.at_boundary {
-                        Vec::new()
-                    } else {
-                        b"\n\n".to_vec()
-                    };
-                    let event = StreamEvent::error(
-                        ErrorType::ApiError,
+                    Poll::Ready(Some(Ok(Bytes::from(StreamEvent::failure_frame(
+                        !this.at_boundary,
                         format!(
                             "upstream failed mid-stream: {}",
                             agentbox_http::error_chain(&e)
                         ),
-                    );
-                    if event.write_sse(&mut out).is_err() {
-                        return Poll::Ready(Some(Err(std::io::Error::other(
-                            "upstream failed mid-stream",
-                        ))));
-                    }
-                    Poll::Ready(Some(Ok(Bytes::from(out))))
+                    )))))
                 } else {
                     Poll::Ready(Some(Err(std::io::Error::other(
                         agentbox_http::error_chain(&e),

@@ -529,6 +529,20 @@ impl StreamEvent {
         }
     }
 
+    /// The bytes that end a passthrough stream whose upstream broke: an `api_error` event, after
+    /// a blank line when the bytes forwarded so far stopped mid-frame (see
+    /// [`crate::sse::ends_frame`]), so the error is a frame of its own, not the tail of a cut one.
+    pub fn failure_frame(mid_frame: bool, message: impl Into<String>) -> Vec<u8> {
+        let mut out = if mid_frame {
+            b"\n\n".to_vec()
+        } else {
+            Vec::new()
+        };
+        // An error event holds two strings; serializing it cannot fail.
+        let _ = StreamEvent::error(ErrorType::ApiError, message).write_sse(&mut out);
+        out
+    }
+
     /// Appends this event as one SSE frame (`event: <type>\ndata: <json>\n\n`). Compact JSON
     /// holds no raw line breaks, so one `data:` line always suffices.
     pub fn write_sse(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {

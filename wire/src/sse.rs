@@ -20,6 +20,12 @@ use memchr::memchr2;
 /// tool call whose whole argument JSON (a file being written) arrives in one chunk.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
 
+/// Whether a chunk of an event stream ends at a frame boundary (a blank line), as far as the
+/// chunk itself shows; an empty chunk says nothing, so callers keep their previous answer.
+pub fn ends_frame(chunk: &[u8]) -> bool {
+    chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n") || chunk.ends_with(b"\r\r")
+}
+
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Event {
