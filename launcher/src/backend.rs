@@ -63,7 +63,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -73,17 +73,52 @@ use agentbox_policy::config::{Backend, Config, ModelId};
 use bytes::Bytes;
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{BackendStartResult, BackendStatus, BackendStopResult};
-use crate::cgroup::{Cgroups, TaskCgroup};
-use crate::error::LauncherError;
-use crate::layout::DataDir;
+use agentbox_sandbox::cgroup::{Cgroups, TaskCgroup};
+use agentbox_sandbox::proc::{self, ChildSetup, Sink};
+use agentbox_sandbox::walk::Owner;
+
+use crate::layout::{DataDir, DataError};
 use crate::state::{BackendRecord, BackendStore};
-use crate::walk::Owner;
+
+/// Why a backend request failed. Mapped to HTTP in [`crate::error`].
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend exited, or did not become healthy in time, while starting.
+    #[error("backend failed: {0}")]
+    Failed(String),
+    /// Another backend has running agents (or, for stop-all, any has).
+    #[error("conflict: {0}")]
+    InUse(String),
+    /// A stop came in while this start waited.
+    #[error("conflict: backend {0} was stopped while starting")]
+    StoppedWhileStarting(ModelId),
+    /// The launcher is shutting down.
+    #[error("the launcher is shutting down")]
+    ShuttingDown,
+    /// The backend's directory in the data dir is refused or failed.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// A fresh log file could not be created.
+    #[error("backends/{model}/{name}: {source}")]
+    Log {
+        model: ModelId,
+        name: &'static str,
+        #[source]
+        source: Errno,
+    },
+    /// The model has no slot although validation said it is a vLLM model (a bug).
+    #[error("no backend slot for {0}")]
+    NoSlot(ModelId),
+    /// A transition the state machine refuses (a bug).
+    #[error(transparent)]
+    Transition(#[from] BadBackendTransition),
+}
 
 /// How long a vLLM server may take to answer `/health` with 200 by default: loading a large
 /// model and capturing CUDA graphs takes minutes.
@@ -283,7 +318,7 @@ struct Spawned {
     child: tokio::process::Child,
     pid: u32,
     cgroup: TaskCgroup,
-    captures: Vec<tokio::task::JoinHandle<()>>,
+    captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
     dir: Arc<OwnedFd>,
 }
 
@@ -383,19 +418,19 @@ impl Backends {
         data: &DataDir,
         cgroups: &Cgroups,
         busy: &(dyn Fn() -> Busy + Sync),
-    ) -> Result<BackendStartResult, LauncherError> {
+    ) -> Result<BackendStartResult, BackendError> {
         let _switch = self.switch.lock().await;
         let mut stopped: BTreeSet<String> = BTreeSet::new();
         loop {
             if self.shutdown.is_cancelled() {
-                return Err(LauncherError::ShuttingDown);
+                return Err(BackendError::ShuttingDown);
             }
             let busy_now = busy();
             let waits = {
                 let mut slots = self.lock();
-                let me = slots.get(model).ok_or_else(|| {
-                    LauncherError::Internal(format!("no backend slot for {model}"))
-                })?;
+                let me = slots
+                    .get(model)
+                    .ok_or_else(|| BackendError::NoSlot(model.clone()))?;
                 match me.phase {
                     BackendPhase::Healthy => {
                         return Ok(BackendStartResult {
@@ -419,7 +454,7 @@ impl Backends {
                             })
                             .collect();
                         if !in_use.is_empty() {
-                            return Err(LauncherError::Conflict(format!(
+                            return Err(BackendError::InUse(format!(
                                 "cannot start {model}: backend in use: {}",
                                 in_use.join(", ")
                             )));
@@ -453,23 +488,21 @@ impl Backends {
         let slots = self.lock();
         let me = slots
             .get(model)
-            .ok_or_else(|| LauncherError::Internal(format!("no backend slot for {model}")))?;
+            .ok_or_else(|| BackendError::NoSlot(model.clone()))?;
         match me.phase {
             BackendPhase::Healthy => Ok(BackendStartResult {
                 backend: Self::view(model, me, &busy_now),
                 stopped: stopped.into_iter().collect(),
             }),
-            BackendPhase::Failed => Err(LauncherError::BackendFailed(format!(
+            BackendPhase::Failed => Err(BackendError::Failed(format!(
                 "{model}: {}",
                 me.error.as_deref().unwrap_or("unknown error")
             ))),
             BackendPhase::Stopped | BackendPhase::Starting | BackendPhase::Stopping => {
                 if self.shutdown.is_cancelled() {
-                    Err(LauncherError::ShuttingDown)
+                    Err(BackendError::ShuttingDown)
                 } else {
-                    Err(LauncherError::Conflict(format!(
-                        "backend {model} was stopped while starting"
-                    )))
+                    Err(BackendError::StoppedWhileStarting(model.clone()))
                 }
             }
         }
@@ -479,7 +512,7 @@ impl Backends {
     pub async fn stop_all(
         &self,
         busy: &(dyn Fn() -> Busy + Sync),
-    ) -> Result<BackendStopResult, LauncherError> {
+    ) -> Result<BackendStopResult, BackendError> {
         let in_use: Vec<String> = {
             let busy_now = busy();
             let slots = self.lock();
@@ -492,7 +525,7 @@ impl Backends {
                 .collect()
         };
         if !in_use.is_empty() {
-            return Err(LauncherError::Conflict(format!(
+            return Err(BackendError::InUse(format!(
                 "vLLM agents are running: {}",
                 in_use.join(", ")
             )));
@@ -530,16 +563,19 @@ impl Backends {
     /// What a launch needs from the data directory (the backend's directory, home and fresh
     /// logs), prepared within the request: a refusal (a planted directory) is the request's
     /// error, and the slot does not change.
-    fn prepare(&self, model: &ModelId, data: &DataDir) -> Result<Prepared, LauncherError> {
+    fn prepare(&self, model: &ModelId, data: &DataDir) -> Result<Prepared, BackendError> {
         let gid = self.settings.identity.gid;
         let dir = data.backend_dir(model)?;
         let home = match &self.settings.identity.home {
             Some(h) => h.clone(),
             None => data.backend_home(model, &dir)?,
         };
-        let log = |name: &str| {
-            fresh_log(dir.as_fd(), name, gid)
-                .map_err(|e| LauncherError::Internal(format!("backends/{model}/{name}: {e}")))
+        let log = |name: &'static str| {
+            fresh_log(dir.as_fd(), name, gid).map_err(|source| BackendError::Log {
+                model: model.clone(),
+                name,
+                source,
+            })
         };
         let (stdout, stderr) = (log("stdout")?, log("stderr")?);
         Ok(Prepared {
@@ -559,14 +595,13 @@ impl Backends {
         model: &ModelId,
         prepared: Prepared,
         cgroups: &Cgroups,
-    ) -> Result<watch::Receiver<BackendPhase>, LauncherError> {
+    ) -> Result<watch::Receiver<BackendPhase>, BackendError> {
         let (port, command, stop, rx) = {
             let mut slots = self.lock();
             let slot = slots
                 .get_mut(model)
-                .ok_or_else(|| LauncherError::Internal(format!("no backend slot for {model}")))?;
-            slot.apply(BackendEvent::Launch)
-                .map_err(|e| LauncherError::Internal(e.to_string()))?;
+                .ok_or_else(|| BackendError::NoSlot(model.clone()))?;
+            slot.apply(BackendEvent::Launch)?;
             slot.pid = None;
             slot.error = None;
             slot.stop = self.shutdown.child_token();
@@ -674,17 +709,13 @@ impl Backends {
         let mut captures = Vec::new();
         if let Some(pipe) = child.stdout.take() {
             let d = Arc::clone(&dir);
-            captures.push(
-                self.tracker
-                    .spawn(capture(pipe, out, d, "stdout", id.gid, cap)),
-            );
+            let log = RotatingLog::new(out, d, "stdout", id.gid, cap);
+            captures.push(self.tracker.spawn(proc::capture(pipe, log, None)));
         }
         if let Some(pipe) = child.stderr.take() {
             let d = Arc::clone(&dir);
-            captures.push(
-                self.tracker
-                    .spawn(capture(pipe, err, d, "stderr", id.gid, cap)),
-            );
+            let log = RotatingLog::new(err, d, "stderr", id.gid, cap);
+            captures.push(self.tracker.spawn(proc::capture(pipe, log, None)));
         }
         Ok(Spawned {
             child,
@@ -751,7 +782,7 @@ impl Backends {
             }
         }
         if exited.is_none() {
-            terminate(&mut child, pid, &cgroup, &model).await;
+            terminate(&mut child, &model).await;
         }
         // Workers outlive their leader unless killed.
         if let Err(e) = cgroup.kill_all().await {
@@ -812,41 +843,23 @@ fn shown_status(s: &std::io::Result<ExitStatus>) -> String {
 }
 
 fn signal_group(pid: u32, signal: rustix::process::Signal) {
-    let Some(pid) = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw)
-    else {
-        return;
-    };
-    match rustix::process::kill_process_group(pid, signal) {
-        Ok(()) | Err(Errno::SRCH) => {}
-        Err(e) => {
-            tracing::warn!(pid = pid.as_raw_nonzero().get(), error = %e, "cannot signal a backend")
-        }
+    if let Err(e) = proc::signal_group(pid, signal) {
+        tracing::warn!(pid, error = %e, "cannot signal a backend");
     }
 }
 
-/// SIGTERM to the group, then, after [`STOP_GRACE`], SIGKILL to everything in the cgroup.
-async fn terminate(
-    child: &mut tokio::process::Child,
-    pid: u32,
-    cgroup: &TaskCgroup,
-    model: &ModelId,
-) {
-    signal_group(pid, rustix::process::Signal::TERM);
-    if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_ok() {
-        return;
-    }
-    tracing::warn!(%model, pid, "backend ignored SIGTERM; killing it");
-    if let Err(e) = cgroup.kill_all().await {
-        tracing::error!(%model, error = %e, "cannot kill the backend's processes");
-        // Without the cgroup, at least the leader must go, or the wait below never ends.
+/// SIGTERM to the group, then, after [`STOP_GRACE`], SIGKILL to the group; the supervisor then
+/// kills whatever is left in the cgroup.
+async fn terminate(child: &mut tokio::process::Child, model: &ModelId) {
+    if let Err(e) = proc::terminate_group(child, STOP_GRACE).await {
+        tracing::error!(%model, error = %e, "cannot stop the backend");
+        // At least the leader must go, or the wait below never ends.
         if let Err(e) = child.start_kill() {
             tracing::error!(%model, error = %e, "cannot kill the backend");
         }
-    }
-    if let Err(e) = child.wait().await {
-        tracing::error!(%model, error = %e, "cannot reap the backend");
+        if let Err(e) = child.wait().await {
+            tracing::error!(%model, error = %e, "cannot reap the backend");
+        }
     }
 }
 
@@ -898,29 +911,19 @@ async fn probe_health(port: u16) -> Result<(), String> {
         .unwrap_or_else(|_| Err(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())))
 }
 
-/// Spawns `program` as `id` inside the cgroup whose join files are given
-/// ([`TaskCgroup::join_files`]).
+/// Spawns `program` as `id` in a session of its own, inside the cgroup whose join files are
+/// given ([`TaskCgroup::join_files`]), through the sandbox engine's one child setup.
 fn spawn_process(
     program: &str,
     args: &[String],
     home: &std::path::Path,
     id: &BackendIdentity,
     cgroup_join: &[PathBuf],
-) -> Result<tokio::process::Child, String> {
-    let mut procs: Vec<OwnedFd> = Vec::new();
-    for path in cgroup_join {
-        let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| format!("open {}: {e}", path.display()))?;
-        procs.push(fd);
-    }
-    let procs_raw: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
-    let groups: Vec<rustix::process::Gid> = id
-        .groups
-        .iter()
-        .map(|g| rustix::process::Gid::from_raw(*g))
-        .collect();
-    let (uid, gid) = (id.uid, id.gid);
-    let parent = rustix::process::getpid();
+) -> Result<tokio::process::Child, proc::SpawnError> {
+    let setup = ChildSetup::new(id.uid, id.gid)
+        .groups(&id.groups)
+        .new_session()
+        .join_cgroup(cgroup_join)?;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args)
         .env_clear()
@@ -935,55 +938,7 @@ fn spawn_process(
     if let Some(name) = &id.name {
         cmd.env("USER", name).env("LOGNAME", name);
     }
-    // SAFETY: the hook runs in the forked child before exec; `child_setup` only makes raw
-    // syscalls on values captured here and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || child_setup(&procs_raw, &groups, uid, gid, parent));
-    }
-    let child = cmd.spawn().map_err(|e| e.to_string())?;
-    drop(procs);
-    Ok(child)
-}
-
-/// Runs in the child between fork and exec: joins the cgroup (needs root, so first), starts a
-/// session (its own process group), drops to the service identity, arms the parent-death
-/// signal (after the uid change, which clears it), marks every inherited descriptor above 2
-/// close-on-exec. Async-signal-safe: raw syscalls only.
-fn child_setup(
-    procs: &[RawFd],
-    groups: &[rustix::process::Gid],
-    uid: u32,
-    gid: u32,
-    parent: rustix::process::Pid,
-) -> std::io::Result<()> {
-    for &fd in procs {
-        // SAFETY: opened before the fork and still open in this child.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        rustix::io::write(fd, b"0")?;
-    }
-    rustix::process::setsid()?;
-    rustix::thread::set_thread_groups(groups)?;
-    let gid = rustix::process::Gid::from_raw(gid);
-    let uid = rustix::process::Uid::from_raw(uid);
-    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
-    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
-    if rustix::process::getppid() != Some(parent) {
-        return Err(std::io::Error::other("launcher exited during spawn"));
-    }
-    // SAFETY: close_range only changes descriptor flags of this process.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3_u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    setup.spawn(cmd)
 }
 
 /// Moves `dir/name` to `dir/name.1` (replacing an older one) and creates a fresh, empty
@@ -1008,51 +963,66 @@ fn fresh_log(dir: BorrowedFd<'_>, name: &str, gid: u32) -> Result<std::fs::File,
     Ok(std::fs::File::from(fd))
 }
 
-/// Copies a backend's output into `dir/name`, starting a fresh file (the old one becomes
-/// `name.1`) whenever `cap` bytes are written; keeps reading until the pipe closes, so the
-/// backend never blocks on it.
-async fn capture<R: AsyncRead + Unpin>(
-    mut pipe: R,
-    file: std::fs::File,
+/// A backend's output file: a fresh file is started (the old one becomes `name.1`) whenever
+/// `cap` bytes are written, so at most twice the cap is kept, and it is the latest output.
+struct RotatingLog {
+    file: Option<tokio::fs::File>,
     dir: Arc<OwnedFd>,
     name: &'static str,
     gid: u32,
     cap: u64,
-) {
-    let mut file = Some(tokio::fs::File::from_std(file));
-    let mut buf = vec![0_u8; 64 * 1024];
-    let mut written: u64 = 0;
-    loop {
-        let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let mut chunk = buf.get(..n).unwrap_or(&[]);
+    written: u64,
+}
+
+impl RotatingLog {
+    fn new(
+        file: std::fs::File,
+        dir: Arc<OwnedFd>,
+        name: &'static str,
+        gid: u32,
+        cap: u64,
+    ) -> RotatingLog {
+        RotatingLog {
+            file: Some(tokio::fs::File::from_std(file)),
+            dir,
+            name,
+            gid,
+            cap,
+            written: 0,
+        }
+    }
+}
+
+impl Sink for RotatingLog {
+    async fn write(&mut self, mut chunk: &[u8]) {
         while !chunk.is_empty() {
-            let Some(f) = file.as_mut() else { break };
-            if written >= cap {
+            let Some(f) = self.file.as_mut() else { break };
+            if self.written >= self.cap {
                 let _ = f.flush().await;
-                file = match fresh_log(dir.as_fd(), name, gid) {
+                self.file = match fresh_log(self.dir.as_fd(), self.name, self.gid) {
                     Ok(f) => Some(tokio::fs::File::from_std(f)),
                     Err(e) => {
-                        tracing::warn!(log = name, error = %e, "cannot rotate backend output; dropping the rest");
+                        tracing::warn!(log = self.name, error = %e, "cannot rotate backend output; dropping the rest");
                         None
                     }
                 };
-                written = 0;
+                self.written = 0;
                 continue;
             }
-            let room = usize::try_from(cap - written).unwrap_or(usize::MAX);
+            let room = usize::try_from(self.cap - self.written).unwrap_or(usize::MAX);
             let (now, rest) = chunk.split_at(room.min(chunk.len()));
             if let Err(e) = f.write_all(now).await {
-                tracing::warn!(log = name, error = %e, "cannot write backend output");
+                tracing::warn!(log = self.name, error = %e, "cannot write backend output");
             }
-            written += now.len() as u64;
+            self.written += now.len() as u64;
             chunk = rest;
         }
     }
-    if let Some(mut f) = file {
-        let _ = f.flush().await;
+
+    async fn finish(&mut self) {
+        if let Some(f) = self.file.as_mut() {
+            let _ = f.flush().await;
+        }
     }
 }
 
@@ -1170,7 +1140,8 @@ mod tests {
         let file = fresh_log(dir.as_fd(), "stderr", gid).unwrap();
         let dir = Arc::new(dir);
         let text = b"one\ntwo\nthree\nfour-is-long\n\n".as_slice();
-        rt.block_on(capture(text, file, Arc::clone(&dir), "stderr", gid, 8));
+        let log = RotatingLog::new(file, Arc::clone(&dir), "stderr", gid, 8);
+        rt.block_on(proc::capture(text, log, None));
         // Files of at most 8 bytes; the last two are kept.
         let cur = std::fs::read_to_string(tmp.path().join("stderr")).unwrap();
         let old = std::fs::read_to_string(tmp.path().join("stderr.1")).unwrap();

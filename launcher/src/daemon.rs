@@ -5,7 +5,7 @@
 //! every sandbox (handing workspaces back) and every vLLM backend before exiting.
 //!
 //! The launcher runs in a mount namespace of its own (a recursive slave of the host's), where
-//! it stages the directories it hands to bwrap ([`crate::stage`]).
+//! it stages the directories it hands to bwrap ([`agentbox_sandbox::stage`]).
 //!
 //! Exit codes: 0 after a clean shutdown, 78 (`EX_CONFIG`) for a bad config or an unknown
 //! service user, 77 (`EX_NOPERM`) when not root, 1 for other startup failures.
@@ -16,12 +16,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use agentbox_policy::config::{Config, ProcessEnv, config_path};
+use agentbox_sandbox::cgroup::{Cgroups, RealSignaller};
+use agentbox_sandbox::proc;
+use agentbox_sandbox::walk::Owner;
 use clap::Parser;
 
-use crate::cgroup::{Cgroups, RealSignaller};
 use crate::launcher::{Launcher, Settings};
 use crate::layout::DataDir;
-use crate::walk::Owner;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -79,11 +80,11 @@ pub fn main(args: Args) -> ExitCode {
         return ExitCode::from(EX_NOPERM);
     }
     // Before the runtime starts any thread: unshare applies to the calling thread only.
-    if let Err(e) = isolate_mounts() {
+    if let Err(e) = proc::isolate_mounts() {
         eprintln!("agentbox-launcher: cannot create its mount namespace: {e}");
         return ExitCode::FAILURE;
     }
-    ensure_stdio();
+    proc::ensure_stdio();
     raise_nofile();
     let data = match DataDir::prepare(&config.data_dir, service) {
         Ok(d) => d,
@@ -118,7 +119,7 @@ pub fn main(args: Args) -> ExitCode {
         service,
         data,
         cgroups,
-        bwrap: PathBuf::from(crate::sandbox::BWRAP),
+        bwrap: PathBuf::from(agentbox_sandbox::bwrap::BWRAP),
         backend_start_timeout: std::time::Duration::from_secs(args.backend_start_timeout_s),
     };
     runtime.block_on(async move {
@@ -204,40 +205,6 @@ fn service_identity(config: &Config, flag: Option<u32>) -> Result<Owner, String>
         return Err("the service identity must differ from agent_uid/agent_gid".to_owned());
     }
     Ok(owner)
-}
-
-/// Moves the launcher into a mount namespace of its own, so the staging mounts of
-/// [`crate::stage`] are never seen on the host (nor by other services) and vanish with the
-/// launcher. `/` becomes a recursive slave: mounts the host makes later (a repository root on
-/// a new filesystem) still appear here, ours never propagate back.
-fn isolate_mounts() -> rustix::io::Result<()> {
-    use rustix::mount::{MountPropagationFlags, mount_change};
-    use rustix::thread::{UnshareFlags, unshare_unsafe};
-    // SAFETY: only the mount namespace is unshared, and while the process has a single thread;
-    // nothing in this process holds state about mounts that the change would invalidate.
-    unsafe { unshare_unsafe(UnshareFlags::NEWNS) }?;
-    mount_change(
-        "/",
-        MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
-    )
-}
-
-/// Makes sure fds 0-2 are open, so no descriptor the launcher opens later lands on a standard
-/// stream number (a sandbox's stdio is wired onto those numbers).
-fn ensure_stdio() {
-    for fd in 0..3 {
-        // SAFETY: only inspects the flags of a descriptor number.
-        let open = unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
-        if !open
-            && let Ok(null) = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open("/dev/null")
-        {
-            // The lowest free number is `fd`, so this fills the hole; keep it open for good.
-            std::mem::forget(null);
-        }
-    }
 }
 
 /// The workspace walks keep one descriptor per directory level open.

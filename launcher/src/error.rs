@@ -6,10 +6,21 @@
 //! Callers (the CLI, tests) branch on `code`; `message` is for people and may change. Untrusted
 //! input only ever appears escaped and shortened (the policy crate's errors already do that).
 
+use agentbox_policy::env::EnvError;
+use agentbox_policy::resolve::ResolveError;
+use agentbox_sandbox::bwrap::SpawnError;
+use agentbox_sandbox::cgroup::CgroupError;
+use agentbox_sandbox::stage::StageError;
+use agentbox_sandbox::walk::WalkError;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+
+use crate::backend::BackendError;
+use crate::git::GitError;
+use crate::layout::DataError;
+use crate::state::StateError;
 
 /// A failed launcher request.
 #[derive(Debug, thiserror::Error)]
@@ -98,18 +109,45 @@ pub enum LauncherError {
     /// `/backends/{model}/start` names a model that is not served by vLLM.
     #[error("model {0} is not a vllm model")]
     NotVllm(String),
-    /// A vLLM backend exited, or did not become healthy in time, while starting.
-    #[error("backend failed: {0}")]
-    BackendFailed(String),
+    /// The data directory refused or failed an operation.
+    #[error(transparent)]
+    Data(#[from] DataError),
     /// A git helper failed.
-    #[error("git failed: {0}")]
-    Git(String),
-    /// Starting or supervising a sandbox failed.
+    #[error(transparent)]
+    Git(#[from] GitError),
+    /// A vLLM backend request failed.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The workspace could not be handed to the agent uid.
+    #[error("workspace: {0}")]
+    HandOver(#[source] WalkError),
+    /// The workspace could not be handed back to the service uid.
+    #[error("handing the workspace back: {0}")]
+    HandBack(#[source] WalkError),
+    /// Staging the sandbox's mounts failed.
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    /// Creating the run's cgroup failed.
     #[error("sandbox failed: {0}")]
-    Sandbox(String),
-    /// Anything else that is our fault.
+    Cgroup(#[from] CgroupError),
+    /// Spawning bwrap failed.
+    #[error("sandbox failed: {0}")]
+    Spawn(#[from] SpawnError),
+    /// The launcher's records could not be opened.
+    #[error("state: {0}")]
+    State(#[from] StateError),
+    /// The configured env allowlist is unusable.
+    #[error("config allowlist: {0}")]
+    Allowlist(#[from] EnvError),
+    /// A descriptor could not be duplicated.
+    #[error("duplicating a descriptor: {0}")]
+    Dup(#[source] std::io::Error),
+    /// A blocking task panicked or was cancelled.
+    #[error("a blocking task failed: {0}")]
+    Blocking(#[from] tokio::task::JoinError),
+    /// An invariant of the launcher itself broke (a bug).
     #[error("internal error: {0}")]
-    Internal(String),
+    Internal(&'static str),
 }
 
 impl LauncherError {
@@ -142,10 +180,87 @@ impl LauncherError {
             LauncherError::HostNotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "host_not_ready"),
             LauncherError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             LauncherError::NotVllm(_) => (StatusCode::BAD_REQUEST, "not_vllm"),
-            LauncherError::BackendFailed(_) => (StatusCode::BAD_GATEWAY, "backend_failed"),
-            LauncherError::Git(_) => (StatusCode::INTERNAL_SERVER_ERROR, "git_failed"),
-            LauncherError::Sandbox(_) => (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_failed"),
-            LauncherError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            LauncherError::Data(e) => data_status(e),
+            LauncherError::Git(e) => git_status(e),
+            LauncherError::Backend(e) => backend_status(e),
+            LauncherError::HandOver(_) | LauncherError::HandBack(_) => {
+                (StatusCode::BAD_REQUEST, "unsafe_path")
+            }
+            LauncherError::Cgroup(_) | LauncherError::Spawn(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "sandbox_failed")
+            }
+            LauncherError::Stage(_)
+            | LauncherError::State(_)
+            | LauncherError::Allowlist(_)
+            | LauncherError::Dup(_)
+            | LauncherError::Blocking(_)
+            | LauncherError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+/// A path the launcher resolved on the host: a missing object is "not found", everything else
+/// (symlink, mount, wrong type, I/O) is a refusal.
+fn resolve_status(e: &ResolveError) -> (StatusCode, &'static str) {
+    match e {
+        ResolveError::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+        ResolveError::RootNotAbsolute { .. }
+        | ResolveError::Symlink { .. }
+        | ResolveError::CrossesMount { .. }
+        | ResolveError::NotADirectory { .. }
+        | ResolveError::WrongKind { .. }
+        | ResolveError::Changed { .. }
+        | ResolveError::OtherRoot { .. }
+        | ResolveError::BadComponent { .. }
+        | ResolveError::Openat2Unavailable { .. }
+        | ResolveError::Io { .. } => (StatusCode::BAD_REQUEST, "unsafe_path"),
+    }
+}
+
+fn data_status(e: &DataError) -> (StatusCode, &'static str) {
+    match e {
+        DataError::Resolve(r) => resolve_status(r),
+        DataError::Refused { .. } => (StatusCode::BAD_REQUEST, "unsafe_path"),
+        DataError::Io { .. } | DataError::Name(_) => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+        }
+    }
+}
+
+/// Git: a timeout is `git_timeout` (504: git did not answer in time, nothing is known to be
+/// wrong with the request), never a missing ref; a ref that git says does not exist is the
+/// caller's `invalid_ref`/`not_found`; git failing otherwise is `git_failed`.
+fn git_status(e: &GitError) -> (StatusCode, &'static str) {
+    match e {
+        GitError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),
+        GitError::InvalidRef(_) | GitError::NoSuchCommit(_) => {
+            (StatusCode::BAD_REQUEST, "invalid_ref")
+        }
+        GitError::Resolve(r) => resolve_status(r),
+        GitError::Refused(_) => (StatusCode::BAD_REQUEST, "unsafe_path"),
+        GitError::NoRepository(_) | GitError::BranchMissing(_) => {
+            (StatusCode::NOT_FOUND, "not_found")
+        }
+        GitError::CheckedOut(_) => (StatusCode::CONFLICT, "conflict"),
+        GitError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "git_timeout"),
+        GitError::Spawn { .. }
+        | GitError::Failed { .. }
+        | GitError::BadOutput { .. }
+        | GitError::Workspace(_) => (StatusCode::INTERNAL_SERVER_ERROR, "git_failed"),
+        GitError::Blocking(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+    }
+}
+
+fn backend_status(e: &BackendError) -> (StatusCode, &'static str) {
+    match e {
+        BackendError::Failed(_) => (StatusCode::BAD_GATEWAY, "backend_failed"),
+        BackendError::InUse(_) | BackendError::StoppedWhileStarting(_) => {
+            (StatusCode::CONFLICT, "conflict")
+        }
+        BackendError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+        BackendError::Data(d) => data_status(d),
+        BackendError::NoSlot(_) | BackendError::Transition(_) | BackendError::Log { .. } => {
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
         }
     }
 }
@@ -168,25 +283,6 @@ impl From<agentbox_http::BodyError> for LauncherError {
             agentbox_http::BodyError::Timeout(_) => LauncherError::BodyTimeout,
             agentbox_http::BodyError::Read(m) => LauncherError::BadRequest(m),
         }
-    }
-}
-
-/// Maps a resolver error on a host path: a missing object is "not found", everything else
-/// (symlink, mount, wrong type, I/O) is a refusal.
-pub fn from_resolve(e: agentbox_policy::resolve::ResolveError) -> LauncherError {
-    use agentbox_policy::resolve::ResolveError as R;
-    match e {
-        R::NotFound { .. } => LauncherError::Missing(e.to_string()),
-        R::RootNotAbsolute { .. }
-        | R::Symlink { .. }
-        | R::CrossesMount { .. }
-        | R::NotADirectory { .. }
-        | R::WrongKind { .. }
-        | R::Changed { .. }
-        | R::OtherRoot { .. }
-        | R::BadComponent { .. }
-        | R::Openat2Unavailable { .. }
-        | R::Io { .. } => LauncherError::Unsafe(e.to_string()),
     }
 }
 

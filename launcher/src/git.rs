@@ -26,17 +26,80 @@
 //! from wherever the file points. Relative `gitdir:` lines (submodule checkouts) are refused
 //! rather than normalized.
 
-use std::ffi::OsString;
+use std::ffi::{CString, OsString};
+use std::io::Read;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use agentbox_policy::id::{AgentBranch, Tid};
 use agentbox_policy::path::{EqualsRoot, RelPath, RequestPath, RootPath};
-use agentbox_policy::resolve::{Kind, ResolveError, Root};
+use agentbox_policy::resolve::{Identity, Kind, ResolveError, Resolved, Root};
+use agentbox_sandbox::walk::Owner;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxFlags};
+use rustix::io::Errno;
 
-use crate::error::{LauncherError, from_resolve};
-use crate::walk::Owner;
+/// Why a git helper failed. Mapped to HTTP in [`crate::error`].
+#[derive(Debug, thiserror::Error)]
+pub enum GitError {
+    /// The request's path broke a string rule or lies outside the roots.
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    /// A ref the caller named is unacceptable.
+    #[error("invalid ref: {0}")]
+    InvalidRef(String),
+    /// A valid ref that does not name a commit of the repository.
+    #[error("invalid ref: {0}")]
+    NoSuchCommit(String),
+    /// A path on the way to the repository is refused or missing.
+    #[error("{0}")]
+    Resolve(#[from] ResolveError),
+    /// The repository (or a git file in it) is refused: wrong owner or type, a linked
+    /// worktree pointing somewhere it must not. Never carries the content of a file.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// No repository at or above the path.
+    #[error("not found: {0}")]
+    NoRepository(String),
+    /// The branch to deliver or delete does not exist.
+    #[error("not found: {0}")]
+    BranchMissing(String),
+    /// The branch is checked out in a worktree of the repository.
+    #[error("conflict: {0}")]
+    CheckedOut(String),
+    /// git did not finish in time (it was killed).
+    #[error("git {what}: timed out after {}s", after.as_secs())]
+    Timeout { what: String, after: Duration },
+    /// git could not be started.
+    #[error("git {what}: cannot run: {source}")]
+    Spawn {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// git exited unsuccessfully.
+    #[error("git {what}: {status}: {stderr}")]
+    Failed {
+        what: String,
+        /// The exit code, if it exited (not killed).
+        code: Option<i32>,
+        status: String,
+        /// The end of its stderr, escaped.
+        stderr: String,
+    },
+    /// git succeeded but printed something unexpected.
+    #[error("git {what}: unexpected output")]
+    BadOutput { what: String },
+    /// The workspace could not be scanned for nested repositories or its index removed.
+    #[error("workspace: {0}")]
+    Workspace(String),
+    /// A blocking helper thread failed.
+    #[error("a blocking task failed: {0}")]
+    Blocking(#[from] tokio::task::JoinError),
+}
 
 /// The git binary (absolute: a `PATH` lookup is a choice someone else could make).
 pub const GIT: &str = "/usr/bin/git";
@@ -114,7 +177,7 @@ impl Git {
         cwd: &Path,
         env: &[(&str, &Path)],
         args: &[&std::ffi::OsStr],
-    ) -> Result<Vec<u8>, LauncherError> {
+    ) -> Result<Vec<u8>, GitError> {
         let mut cmd = tokio::process::Command::new(&self.binary);
         cmd.env_clear()
             .env("PATH", "/usr/bin:/bin")
@@ -152,22 +215,28 @@ impl Git {
             .collect::<Vec<_>>()
             .join(" ");
         let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
-            Err(_) => return Err(LauncherError::Git(format!("git {what}: timed out"))),
-            Ok(Err(e)) => return Err(LauncherError::Git(format!("git {what}: cannot run: {e}"))),
+            Err(_) => {
+                return Err(GitError::Timeout {
+                    what,
+                    after: self.timeout,
+                });
+            }
+            Ok(Err(source)) => return Err(GitError::Spawn { what, source }),
             Ok(Ok(out)) => out,
         };
         if out.status.success() {
             Ok(out.stdout)
         } else {
-            Err(LauncherError::Git(format!(
-                "git {what}: {}: {}",
-                out.status,
-                shown(&out.stderr)
-            )))
+            Err(GitError::Failed {
+                what,
+                code: out.status.code(),
+                status: out.status.to_string(),
+                stderr: shown(&out.stderr),
+            })
         }
     }
 
-    async fn rev_parse(&self, git_dir: &Path, spec: &str) -> Result<Option<String>, LauncherError> {
+    async fn rev_parse(&self, git_dir: &Path, spec: &str) -> Result<Option<String>, GitError> {
         let args: Vec<OsString> = vec![
             "rev-parse".into(),
             "--verify".into(),
@@ -182,17 +251,25 @@ impl Git {
                 if sha.len() >= 40 && sha.bytes().all(|b| b.is_ascii_hexdigit()) {
                     Ok(Some(sha))
                 } else {
-                    Err(LauncherError::Git(format!("rev-parse printed {sha:?}")))
+                    Err(GitError::BadOutput {
+                        what: "rev-parse".to_owned(),
+                    })
                 }
             }
-            // --verify --quiet: a missing ref is exit 1 with no output.
-            Err(LauncherError::Git(_)) => Ok(None),
+            // --verify --quiet: a missing ref is exit 1 with no output. Anything else (a
+            // timeout, git failing to start, a broken repository) is an error, not a missing
+            // ref.
+            Err(GitError::Failed {
+                code: Some(1),
+                ref stderr,
+                ..
+            }) if stderr == "\"\"" => Ok(None),
             Err(other) => Err(other),
         }
     }
 
     /// Whether any worktree of the repository has `refname` checked out.
-    async fn checked_out(&self, repo: &Repo, refname: &str) -> Result<bool, LauncherError> {
+    async fn checked_out(&self, repo: &Repo, refname: &str) -> Result<bool, GitError> {
         let out = self
             .run(
                 &repo.git_dir,
@@ -210,9 +287,9 @@ impl Git {
 /// A git revision a caller may name: a ref or a commit, optionally with `~N`/`^N` suffixes.
 /// No leading `-` (option injection), no `:` (refspecs), no whitespace or control characters,
 /// no `..` (ranges), no `@{` (reflog lookups).
-pub fn validate_ref(input: &str) -> Result<(), LauncherError> {
+pub fn validate_ref(input: &str) -> Result<(), GitError> {
     let bad = |why: &str| {
-        Err(LauncherError::InvalidRef(format!(
+        Err(GitError::InvalidRef(format!(
             "{:?}: {why}",
             input.chars().take(80).collect::<String>()
         )))
@@ -235,43 +312,94 @@ pub fn validate_ref(input: &str) -> Result<(), LauncherError> {
     Ok(())
 }
 
-/// Reads a `.git` file (at most 4 KiB) through its already validated handle.
-fn read_gitfile(found: &agentbox_policy::resolve::Resolved) -> Result<String, LauncherError> {
-    use std::io::Read;
-    use std::os::fd::{AsFd, AsRawFd};
-    let shown = found.display_path().to_owned();
-    // Re-open the O_PATH handle for reading: the object read is the one validated.
-    let file = std::fs::File::open(format!("/proc/self/fd/{}", found.as_fd().as_raw_fd()))
-        .map_err(|e| LauncherError::Unsafe(format!("{shown}: cannot read: {e}")))?;
-    let mut text = String::new();
-    file.take(4096)
-        .read_to_string(&mut text)
-        .map_err(|e| LauncherError::Unsafe(format!("{shown}: cannot read: {e}")))?;
-    Ok(text)
+/// Longest git file root reads (`.git`, `commondir`): they hold one path.
+const GIT_FILE_CAP: u64 = 4096;
+
+/// A short category for a refused path, without the path: the path may come from a file's
+/// content, and errors never echo file contents.
+fn why_refused(e: &ResolveError) -> &'static str {
+    match e {
+        ResolveError::NotFound { .. } => "it does not exist",
+        ResolveError::Symlink { .. } | ResolveError::BadComponent { .. } => {
+            "a symlink is in the way"
+        }
+        ResolveError::CrossesMount { .. } => "a mount is in the way",
+        ResolveError::NotADirectory { .. } | ResolveError::WrongKind { .. } => "wrong file type",
+        ResolveError::RootNotAbsolute { .. }
+        | ResolveError::Changed { .. }
+        | ResolveError::OtherRoot { .. }
+        | ResolveError::Openat2Unavailable { .. }
+        | ResolveError::Io { .. } => "it cannot be opened safely",
+    }
 }
 
-/// Resolves a directory named by an absolute, normalized path inside `roots` without following
-/// symlinks, and checks its owner.
+/// Reads a small regular file through its validated `O_PATH` handle: re-opened through the
+/// handle's magic link (the object read is the one validated, no name is looked up) with
+/// `O_NONBLOCK` (a FIFO swapped in could never block us; the type is checked on the opened
+/// descriptor anyway), at most [`GIT_FILE_CAP`] bytes, owned by `owner_uid`. Errors name
+/// `shown` and never the content.
+fn read_small(found: &Resolved, owner_uid: u32, shown: &str) -> Result<String, GitError> {
+    let refuse = |why: &str| GitError::Refused(format!("{shown}: {why}"));
+    if found.kind() != Kind::File {
+        return Err(refuse("not a regular file"));
+    }
+    if found.identity().uid != owner_uid {
+        return Err(refuse("not owned by the service uid"));
+    }
+    let magic = format!("/proc/self/fd/{}", found.as_fd().as_raw_fd());
+    let fd = rustix::fs::open(
+        magic.as_str(),
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|_| refuse("cannot be opened"))?;
+    let opened = Identity::of(fd.as_fd()).map_err(|_| refuse("cannot be inspected"))?;
+    if opened.kind != Kind::File || !opened.same_object(found.identity()) {
+        return Err(refuse("changed while being read"));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(GIT_FILE_CAP + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|_| refuse("cannot be read"))?;
+    if bytes.len() as u64 > GIT_FILE_CAP {
+        return Err(refuse("too large"));
+    }
+    String::from_utf8(bytes).map_err(|_| refuse("not UTF-8"))
+}
+
+/// A directory named by an absolute, normalized path inside `roots`, reached without a
+/// symlink and owned by `owner_uid`, with the root it was resolved under.
+struct ValidDir {
+    root: Root,
+    rel: RelPath,
+}
+
+/// Resolves a directory named in a git file. `named_in` says which file named it; the path
+/// itself (file content) is not repeated in errors.
 fn validated_dir(
     roots: &[RootPath],
     path: &str,
     owner_uid: u32,
     what: &str,
-) -> Result<PathBuf, LauncherError> {
-    let req = RequestPath::parse(path)
-        .map_err(|e| LauncherError::Unsafe(format!("{what} {path:?}: {e}")))?;
+    named_in: &str,
+) -> Result<ValidDir, GitError> {
+    let refuse = |why: &str| GitError::Refused(format!("the {what} named in {named_in}: {why}"));
+    let req = RequestPath::parse(path).map_err(|_| refuse("not an absolute, normal path"))?;
     let within = req
         .within(roots, EqualsRoot::Refuse)
-        .map_err(|e| LauncherError::Unsafe(format!("{what} {path:?}: {e}")))?;
-    let root = Root::open(within.root.as_path()).map_err(from_resolve)?;
-    let dir = root.resolve_dir(&within.rel).map_err(from_resolve)?;
+        .map_err(|_| refuse("outside the repository roots"))?;
+    let root = Root::open(within.root.as_path()).map_err(|e| refuse(why_refused(&e)))?;
+    let dir = root
+        .resolve_dir(&within.rel)
+        .map_err(|e| refuse(why_refused(&e)))?;
     if dir.identity().uid != owner_uid {
-        return Err(LauncherError::Unsafe(format!(
-            "{what} {path}: owned by uid {}, expected the service uid {owner_uid}",
-            dir.identity().uid
-        )));
+        return Err(refuse("not owned by the service uid"));
     }
-    Ok(PathBuf::from(path))
+    Ok(ValidDir {
+        root,
+        rel: within.rel,
+    })
 }
 
 /// The git dir of a linked worktree whose `.git` file is `found` (in `top`), validated with
@@ -279,35 +407,44 @@ fn validated_dir(
 fn linked_git_dir(
     roots: &[RootPath],
     top: &Path,
-    found: &agentbox_policy::resolve::Resolved,
+    found: &Resolved,
     owner_uid: u32,
-) -> Result<PathBuf, LauncherError> {
-    let text = read_gitfile(found)?;
+) -> Result<PathBuf, GitError> {
+    let dotgit = format!("{}/.git", top.display());
+    let text = read_small(found, owner_uid, &dotgit)?;
     let target = text
         .strip_suffix('\n')
         .unwrap_or(&text)
         .strip_prefix("gitdir: ")
         .filter(|t| !t.contains('\n'))
-        .ok_or_else(|| {
-            LauncherError::Unsafe(format!("{}/.git: not a gitdir file", top.display()))
-        })?;
+        .ok_or_else(|| GitError::Refused(format!("{dotgit}: not a gitdir file")))?;
     if !target.starts_with('/') {
-        return Err(LauncherError::Unsafe(format!(
-            "{}/.git: relative gitdir {target:?} (a submodule checkout?) is not supported",
-            top.display()
+        return Err(GitError::Refused(format!(
+            "{dotgit}: a relative gitdir (a submodule checkout?) is not supported"
         )));
     }
-    let git_dir = validated_dir(roots, target, owner_uid, "gitdir")?;
+    let git_dir = validated_dir(roots, target, owner_uid, "gitdir", &dotgit)?;
     // `commondir` (relative to the git dir, or absolute) is where refs, objects and config
-    // live; git follows it, so it gets the same checks.
-    let commondir = match std::fs::read_to_string(git_dir.join("commondir")) {
-        Ok(c) => c,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Err(LauncherError::Unsafe(format!(
-                "{target}: no commondir: not a linked worktree"
+    // live; git follows it, so it gets the same checks, and is read like the `.git` file:
+    // through the resolver, never a symlink, FIFO or device.
+    let named_in = "the gitdir's commondir file";
+    let commondir_rel = git_dir
+        .rel
+        .join("commondir")
+        .map_err(|_| GitError::Refused(format!("{dotgit}: the gitdir is refused")))?;
+    let commondir = match git_dir.root.resolve(&commondir_rel) {
+        Ok(found) => read_small(&found, owner_uid, named_in)?,
+        Err(ResolveError::NotFound { .. }) => {
+            return Err(GitError::Refused(format!(
+                "{dotgit}: the gitdir has no commondir: not a linked worktree"
             )));
         }
-        Err(e) => return Err(LauncherError::Unsafe(format!("{target}/commondir: {e}"))),
+        Err(e) => {
+            return Err(GitError::Refused(format!(
+                "{named_in}: {}",
+                why_refused(&e)
+            )));
+        }
     };
     let commondir = commondir.strip_suffix('\n').unwrap_or(&commondir);
     let common = if commondir.starts_with('/') {
@@ -326,40 +463,48 @@ fn linked_git_dir(
         }
         format!("/{}", parts.join("/"))
     };
-    validated_dir(roots, &common, owner_uid, "commondir")?;
-    Ok(git_dir)
+    validated_dir(roots, &common, owner_uid, "common dir", named_in)?;
+    Ok(PathBuf::from(target))
+}
+
+/// Finds the repository containing `path` (see [`discover_blocking`]) on a blocking thread:
+/// it opens and reads files, and nothing it meets may stall an async worker.
+pub async fn discover(roots: &[RootPath], path: &str, owner_uid: u32) -> Result<Repo, GitError> {
+    let roots = roots.to_vec();
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || discover_blocking(&roots, &path, owner_uid)).await?
 }
 
 /// Finds the repository containing `path`: walks up from `path` to (not including) its root,
 /// opening each step without following symlinks; the first level with a `.git` directory is
 /// the repository. Nothing is created. The top and its `.git` must be owned by `owner_uid`.
-pub fn discover(roots: &[RootPath], path: &str, owner_uid: u32) -> Result<Repo, LauncherError> {
-    let req = RequestPath::parse(path).map_err(|e| LauncherError::InvalidPath(e.to_string()))?;
+pub fn discover_blocking(roots: &[RootPath], path: &str, owner_uid: u32) -> Result<Repo, GitError> {
+    let req = RequestPath::parse(path).map_err(|e| GitError::InvalidPath(e.to_string()))?;
     let within = req
         .within(roots, EqualsRoot::Refuse)
-        .map_err(|e| LauncherError::InvalidPath(e.to_string()))?;
-    let root = Root::open(within.root.as_path()).map_err(from_resolve)?;
-    root.resolve_dir(&within.rel).map_err(from_resolve)?;
+        .map_err(|e| GitError::InvalidPath(e.to_string()))?;
+    let root = Root::open(within.root.as_path())?;
+    root.resolve_dir(&within.rel)?;
     let parts: Vec<&str> = within.rel.components().collect();
     for n in (1..=parts.len()).rev() {
         let mut dir = RelPath::empty();
         for p in parts.iter().take(n) {
             dir = dir
                 .join(p)
-                .map_err(|e| LauncherError::InvalidPath(e.to_string()))?;
+                .map_err(|e| GitError::InvalidPath(e.to_string()))?;
         }
         let dotgit = dir
             .join(".git")
-            .map_err(|e| LauncherError::InvalidPath(e.to_string()))?;
+            .map_err(|e| GitError::InvalidPath(e.to_string()))?;
         match root.resolve(&dotgit) {
             Ok(found) => {
                 let top_path = within.root.as_path().join(dir.as_str());
                 match found.kind() {
                     Kind::Dir => {}
                     Kind::File => {
-                        let top = root.resolve_dir(&dir).map_err(from_resolve)?;
+                        let top = root.resolve_dir(&dir)?;
                         if top.identity().uid != owner_uid || found.identity().uid != owner_uid {
-                            return Err(LauncherError::Unsafe(format!(
+                            return Err(GitError::Refused(format!(
                                 "{}: not owned by the service uid {owner_uid}",
                                 top_path.display()
                             )));
@@ -375,19 +520,19 @@ pub fn discover(roots: &[RootPath], path: &str, owner_uid: u32) -> Result<Repo, 
                     | Kind::Fifo
                     | Kind::CharDev
                     | Kind::BlockDev) => {
-                        return Err(LauncherError::Unsafe(format!(
+                        return Err(GitError::Refused(format!(
                             "{}: .git is a {other}",
                             top_path.display()
                         )));
                     }
                 }
-                let top = root.resolve_dir(&dir).map_err(from_resolve)?;
+                let top = root.resolve_dir(&dir)?;
                 for (what, uid) in [
                     ("repository", top.identity().uid),
                     (".git", found.identity().uid),
                 ] {
                     if uid != owner_uid {
-                        return Err(LauncherError::Unsafe(format!(
+                        return Err(GitError::Refused(format!(
                             "{}: {what} is owned by uid {uid}, expected the service uid {owner_uid}",
                             top_path.display()
                         )));
@@ -399,10 +544,10 @@ pub fn discover(roots: &[RootPath], path: &str, owner_uid: u32) -> Result<Repo, 
                 });
             }
             Err(ResolveError::NotFound { .. }) => {}
-            Err(e) => return Err(from_resolve(e)),
+            Err(e) => return Err(e.into()),
         }
     }
-    Err(LauncherError::Missing(format!(
+    Err(GitError::NoRepository(format!(
         "no git repository at or above {req}"
     )))
 }
@@ -422,7 +567,7 @@ impl TaskPaths {
         TaskPaths {
             shadow: dir.join("shadow.git"),
             workspace: dir.join("workspace"),
-            index: dir.join("collect.index"),
+            index: dir.join(INDEX),
             dir,
         }
     }
@@ -438,12 +583,7 @@ fn refs(v: &[OsString]) -> Vec<&std::ffi::OsStr> {
 
 /// Copies `sha` of `repo` into a new bare shadow as `refs/heads/base` and checks it out into a
 /// new workspace. The task directory must exist; shadow and workspace must not.
-pub async fn snapshot(
-    git: &Git,
-    repo: &Repo,
-    sha: &str,
-    task: &TaskPaths,
-) -> Result<(), LauncherError> {
+pub async fn snapshot(git: &Git, repo: &Repo, sha: &str, task: &TaskPaths) -> Result<(), GitError> {
     let mut init = os(&["init", "--quiet", "--bare", "--template="]);
     init.push(task.shadow.clone().into());
     git.run(&task.dir, &[], &refs(&init)).await?;
@@ -482,23 +622,36 @@ pub async fn snapshot(
     Ok(())
 }
 
+/// The name of the temporary index in `tasks/<tid>/`.
+const INDEX: &str = "collect.index";
+
+/// Removes `tasks/<tid>/collect.index` relative to the task directory's handle: `unlinkat`
+/// never follows a symlink (one planted there is itself removed), and no path is re-resolved.
+fn remove_index(task_dir: BorrowedFd<'_>) -> Result<(), GitError> {
+    match rustix::fs::unlinkat(task_dir, INDEX, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => Ok(()),
+        Err(e) => Err(GitError::Workspace(format!("removing {INDEX}: {e}"))),
+    }
+}
+
 /// Commits the workspace tree onto `refs/heads/agent/<tid>` in the shadow, parent the snapshot
-/// commit. Run only after the sandbox is dead and the workspace handed back.
-pub async fn collect(git: &Git, tid: &Tid, task: &TaskPaths) -> Result<String, LauncherError> {
+/// commit. Run only after the sandbox is dead and the workspace handed back. `task_dir` is the
+/// validated handle of `tasks/<tid>` (the service user owns it: root acts only through the
+/// handle, never by path).
+pub async fn collect(
+    git: &Git,
+    tid: &Tid,
+    task: &TaskPaths,
+    task_dir: OwnedFd,
+) -> Result<String, GitError> {
     let base = git
         .rev_parse(&task.shadow, BASE_REF)
         .await?
-        .ok_or_else(|| LauncherError::Git(format!("{}: no {BASE_REF}", task.shadow.display())))?;
-    match std::fs::remove_file(&task.index) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(LauncherError::Internal(format!(
-                "{}: {e}",
-                task.index.display()
-            )));
-        }
-    }
+        .ok_or_else(|| GitError::BadOutput {
+            what: format!("rev-parse {BASE_REF}: missing in the shadow"),
+        })?;
+    let task_dir = Arc::new(task_dir);
+    remove_index(task_dir.as_fd())?;
     let env = [
         ("GIT_DIR", task.shadow.as_path()),
         ("GIT_WORK_TREE", task.workspace.as_path()),
@@ -514,7 +667,9 @@ pub async fn collect(git: &Git, tid: &Tid, task: &TaskPaths) -> Result<String, L
         // Nested repositories cannot be added file by file (git stops at their boundary, and
         // one without a commit fails the whole add), so they are left out, by name.
         let mut add = os(&["add", "--all", "--", "."]);
-        for nested in nested_repos(&task.workspace)? {
+        let scan_dir = Arc::clone(&task_dir);
+        let nested = tokio::task::spawn_blocking(move || nested_repos(scan_dir.as_fd())).await??;
+        for nested in nested {
             let mut spec = OsString::from(":(exclude,literal)");
             spec.push(nested);
             add.push(spec);
@@ -553,10 +708,12 @@ pub async fn collect(git: &Git, tid: &Tid, task: &TaskPaths) -> Result<String, L
             ])),
         )
         .await?;
-        Ok::<String, LauncherError>(commit)
+        Ok::<String, GitError>(commit)
     }
     .await;
-    let _ = std::fs::remove_file(&task.index);
+    if let Err(e) = remove_index(task_dir.as_fd()) {
+        tracing::warn!(%tid, error = %e, "cannot remove the collect index");
+    }
     result
 }
 
@@ -564,40 +721,108 @@ pub async fn collect(git: &Git, tid: &Tid, task: &TaskPaths) -> Result<String, L
 const MAX_NESTED_REPOS: usize = 1000;
 /// Most entries looked at while searching for nested repositories.
 const MAX_SCAN_ENTRIES: usize = 2_000_000;
+/// Deepest directory level entered (one descriptor is open per level).
+const MAX_SCAN_DEPTH: usize = 1024;
 
-/// The directories below `workspace` (relative, the top excluded) that contain a `.git`. Only
-/// real directories are entered; symlinks are never followed.
-fn nested_repos(workspace: &Path) -> Result<Vec<OsString>, LauncherError> {
+/// A directory still to read: its parent's handle and its name (opened when popped, so open
+/// descriptors stay bounded by the depth, not the breadth).
+struct Pending {
+    parent: Arc<OwnedFd>,
+    name: CString,
+    rel: PathBuf,
+    depth: usize,
+}
+
+/// The directories below `tasks/<tid>/workspace` (relative, the top excluded) that contain a
+/// `.git`. Every directory is opened relative to its parent's handle with `O_NOFOLLOW` and
+/// checked to be a directory on the workspace's filesystem; symlinks are never followed,
+/// FIFOs and devices never opened. Blocking: call on a blocking thread.
+fn nested_repos(task_dir: BorrowedFd<'_>) -> Result<Vec<OsString>, GitError> {
+    let scan = |what: &str, e: Errno| GitError::Workspace(format!("scanning: {what}: {e}"));
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let top = rustix::fs::openat(task_dir, "workspace", flags, Mode::empty())
+        .map_err(|e| scan("workspace", e))?;
+    let dev_of = |fd: BorrowedFd<'_>| {
+        rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)
+            .map(|st| rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor))
+    };
+    let dev = dev_of(top.as_fd()).map_err(|e| scan("workspace", e))?;
     let mut found = Vec::new();
     let mut seen = 0_usize;
-    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
-    while let Some(rel) = stack.pop() {
-        let entries = std::fs::read_dir(workspace.join(&rel))
-            .map_err(|e| LauncherError::Internal(format!("scanning the workspace: {e}")))?;
-        for entry in entries {
-            let entry = entry
-                .map_err(|e| LauncherError::Internal(format!("scanning the workspace: {e}")))?;
+    let mut stack: Vec<(OwnedFd, PathBuf, usize)> = vec![(top, PathBuf::new(), 0)];
+    let mut pending: Vec<Pending> = Vec::new();
+    loop {
+        let (dir, rel, depth) = match stack.pop() {
+            Some(d) => d,
+            None => match pending.pop() {
+                None => break,
+                Some(p) => {
+                    let shown = p.rel.display().to_string();
+                    let fd = match rustix::fs::openat(&*p.parent, &p.name, flags, Mode::empty()) {
+                        Ok(fd) => fd,
+                        // Replaced by something else since it was listed: not a directory
+                        // any more, nothing of ours to enter.
+                        Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT) => continue,
+                        Err(e) => return Err(scan(&shown, e)),
+                    };
+                    if dev_of(fd.as_fd()).map_err(|e| scan(&shown, e))? != dev {
+                        continue;
+                    }
+                    (fd, p.rel, p.depth)
+                }
+            },
+        };
+        if depth > MAX_SCAN_DEPTH {
+            return Err(GitError::Workspace(format!(
+                "deeper than {MAX_SCAN_DEPTH} levels"
+            )));
+        }
+        let dir = Arc::new(dir);
+        let mut reader = rustix::fs::Dir::read_from(&*dir).map_err(|e| scan("opendir", e))?;
+        while let Some(entry) = reader.read() {
+            let entry = entry.map_err(|e| scan("readdir", e))?;
+            let name = entry.file_name();
+            if name.to_bytes() == b"." || name.to_bytes() == b".." {
+                continue;
+            }
             seen += 1;
             if seen > MAX_SCAN_ENTRIES {
-                return Err(LauncherError::Internal(
-                    "workspace too large to collect".to_owned(),
-                ));
+                return Err(GitError::Workspace("too large to collect".to_owned()));
             }
-            let name = entry.file_name();
-            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-            if name == ".git" {
+            if name.to_bytes() == b".git" {
                 if !rel.as_os_str().is_empty() {
                     found.push(rel.clone().into_os_string());
                     if found.len() > MAX_NESTED_REPOS {
-                        return Err(LauncherError::Internal(
+                        return Err(GitError::Workspace(
                             "too many nested repositories".to_owned(),
                         ));
                     }
                 }
                 continue;
             }
+            let is_dir = match entry.file_type() {
+                FileType::Directory => true,
+                FileType::Unknown => {
+                    rustix::fs::statx(&*dir, name, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::TYPE)
+                        .is_ok_and(|st| {
+                            FileType::from_raw_mode(u32::from(st.stx_mode)) == FileType::Directory
+                        })
+                }
+                FileType::RegularFile
+                | FileType::Symlink
+                | FileType::Fifo
+                | FileType::Socket
+                | FileType::CharacterDevice
+                | FileType::BlockDevice => false,
+            };
             if is_dir {
-                stack.push(rel.join(name));
+                let os_name = OsString::from_vec(name.to_bytes().to_vec());
+                pending.push(Pending {
+                    parent: Arc::clone(&dir),
+                    name: name.to_owned(),
+                    rel: rel.join(os_name),
+                    depth: depth + 1,
+                });
             }
         }
     }
@@ -611,15 +836,15 @@ pub async fn deliver(
     repo: &Repo,
     branch: &AgentBranch,
     task: &TaskPaths,
-) -> Result<String, LauncherError> {
+) -> Result<String, GitError> {
     let refname = branch.refname();
     if git.rev_parse(&task.shadow, &refname).await?.is_none() {
-        return Err(LauncherError::Missing(format!(
+        return Err(GitError::BranchMissing(format!(
             "the task has no {branch} yet"
         )));
     }
     if git.checked_out(repo, &refname).await? {
-        return Err(LauncherError::Conflict(format!(
+        return Err(GitError::CheckedOut(format!(
             "{branch} is checked out in a worktree of {}",
             repo.top.display()
         )));
@@ -638,7 +863,9 @@ pub async fn deliver(
         .await?;
     git.rev_parse(&repo.git_dir, &refname)
         .await?
-        .ok_or_else(|| LauncherError::Git(format!("{refname} missing after fetch")))
+        .ok_or_else(|| GitError::BadOutput {
+            what: format!("rev-parse {refname} after fetch: missing"),
+        })
 }
 
 /// Deletes `agent/<id>` from the repository (only that ref), refusing when it is checked out.
@@ -646,16 +873,16 @@ pub async fn delete_branch(
     git: &Git,
     repo: &Repo,
     branch: &AgentBranch,
-) -> Result<String, LauncherError> {
+) -> Result<String, GitError> {
     let refname = branch.refname();
     let Some(old) = git.rev_parse(&repo.git_dir, &refname).await? else {
-        return Err(LauncherError::Missing(format!(
+        return Err(GitError::BranchMissing(format!(
             "{branch} does not exist in {}",
             repo.top.display()
         )));
     };
     if git.checked_out(repo, &refname).await? {
-        return Err(LauncherError::Conflict(format!(
+        return Err(GitError::CheckedOut(format!(
             "{branch} is checked out in a worktree of {}",
             repo.top.display()
         )));
@@ -676,16 +903,21 @@ pub async fn delete_branch(
 }
 
 /// Resolves `spec` to a commit of `repo`.
-pub async fn resolve_commit(git: &Git, repo: &Repo, spec: &str) -> Result<String, LauncherError> {
+pub async fn resolve_commit(git: &Git, repo: &Repo, spec: &str) -> Result<String, GitError> {
     validate_ref(spec)?;
     git.rev_parse(&repo.git_dir, &format!("{spec}^{{commit}}"))
         .await?
-        .ok_or_else(|| LauncherError::InvalidRef(format!("{spec:?} does not name a commit")))
+        .ok_or_else(|| GitError::NoSuchCommit(format!("{spec:?} does not name a commit")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The API code a git error answers with.
+    fn code(e: GitError) -> &'static str {
+        crate::error::LauncherError::from(e).status_and_code().1
+    }
 
     #[test]
     fn refs_validated() {
@@ -726,43 +958,164 @@ mod tests {
         std::os::unix::fs::symlink(root.join("proj"), root.join("link")).unwrap();
         let roots = vec![agentbox_policy::path::validate_root(root.to_str().unwrap()).unwrap()];
         let r = root.to_str().unwrap();
-        let repo = discover(&roots, &format!("{r}/proj/sub/dir"), 0).unwrap();
+        let repo = discover_blocking(&roots, &format!("{r}/proj/sub/dir"), 0).unwrap();
         assert_eq!(repo.top, root.join("proj"));
         assert_eq!(repo.git_dir, root.join("proj/.git"));
-        assert!(matches!(
-            discover(&roots, &format!("{r}/proj"), 1).unwrap_err(),
-            LauncherError::Unsafe(_)
-        ));
-        assert!(matches!(
-            discover(&roots, &format!("{r}/wt"), 0).unwrap_err(),
-            LauncherError::Unsafe(_)
-        ));
-        assert!(matches!(
-            discover(&roots, &format!("{r}/link/sub"), 0).unwrap_err(),
-            LauncherError::Unsafe(_)
-        ));
-        assert!(matches!(
-            discover(&roots, &format!("{r}/missing"), 0).unwrap_err(),
-            LauncherError::Missing(_)
-        ));
-        assert!(matches!(
-            discover(&roots, r, 0).unwrap_err(),
-            LauncherError::InvalidPath(_)
-        ));
-        assert!(matches!(
-            discover(&roots, "/etc", 0).unwrap_err(),
-            LauncherError::InvalidPath(_)
-        ));
-        assert!(matches!(
-            discover(&roots, &format!("{r}/proj/"), 0).unwrap_err(),
-            LauncherError::InvalidPath(_)
-        ));
+        assert_eq!(
+            code(discover_blocking(&roots, &format!("{r}/proj"), 1).unwrap_err()),
+            "unsafe_path"
+        );
+        assert_eq!(
+            code(discover_blocking(&roots, &format!("{r}/wt"), 0).unwrap_err()),
+            "unsafe_path"
+        );
+        assert_eq!(
+            code(discover_blocking(&roots, &format!("{r}/link/sub"), 0).unwrap_err()),
+            "unsafe_path"
+        );
+        assert_eq!(
+            code(discover_blocking(&roots, &format!("{r}/missing"), 0).unwrap_err()),
+            "not_found"
+        );
+        assert_eq!(
+            code(discover_blocking(&roots, r, 0).unwrap_err()),
+            "invalid_path"
+        );
+        assert_eq!(
+            code(discover_blocking(&roots, "/etc", 0).unwrap_err()),
+            "invalid_path"
+        );
+        assert_eq!(
+            code(discover_blocking(&roots, &format!("{r}/proj/"), 0).unwrap_err()),
+            "invalid_path"
+        );
         // Walking up stops below the root: a .git in the root itself is not found.
         std::fs::create_dir_all(root.join(".git")).unwrap();
         std::fs::create_dir_all(root.join("plain")).unwrap();
+        assert_eq!(
+            code(discover_blocking(&roots, &format!("{r}/plain"), 0).unwrap_err()),
+            "not_found"
+        );
+    }
+
+    fn dir_fd(path: &Path) -> OwnedFd {
+        rustix::fs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap()
+    }
+
+    /// A symlink planted as the index is removed itself; its target is untouched.
+    #[test]
+    fn index_removal_never_follows() {
+        let tmp = tempfile::tempdir().unwrap();
+        let task = tmp.path().join("task");
+        std::fs::create_dir(&task).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        std::os::unix::fs::symlink(&victim, task.join(INDEX)).unwrap();
+        remove_index(dir_fd(&task).as_fd()).unwrap();
+        assert!(std::fs::symlink_metadata(task.join(INDEX)).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        // Nothing there is fine too.
+        remove_index(dir_fd(&task).as_fd()).unwrap();
+    }
+
+    /// `tasks/<tid>` swapped for a symlink: the task directory is refused, so root never
+    /// removes an index (or scans a workspace) elsewhere. By path, it would have.
+    #[test]
+    fn a_symlinked_task_dir_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        let service = Owner {
+            uid: 64201,
+            gid: 64202,
+        };
+        let d = crate::layout::DataDir::prepare(&data, service).unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(elsewhere.join("workspace/x/.git")).unwrap();
+        std::fs::write(elsewhere.join(INDEX), "keep").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, data.join("tasks/t1")).unwrap();
+        let tid = Tid::parse("t1").unwrap();
+        let err = d.task_dir(&tid).unwrap_err();
+        assert_eq!(
+            crate::error::LauncherError::from(err).status_and_code().1,
+            "unsafe_path"
+        );
+        assert!(elsewhere.join(INDEX).exists());
+    }
+
+    /// The scan reports real nested repositories only: a symlinked `workspace` is refused,
+    /// symlinks inside are not entered, FIFOs are never opened.
+    #[test]
+    fn nested_scan_by_descriptor() {
+        let tmp = tempfile::tempdir().unwrap();
+        let task = tmp.path().join("task");
+        let ws = task.join("workspace");
+        std::fs::create_dir_all(ws.join("sub/.git")).unwrap();
+        std::fs::create_dir_all(ws.join("a/b/c/deep/.git")).unwrap();
+        std::fs::create_dir_all(ws.join(".git")).unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir_all(outside.join("x/.git")).unwrap();
+        std::os::unix::fs::symlink(&outside, ws.join("link")).unwrap();
+        let st = std::process::Command::new("mkfifo")
+            .arg(ws.join("fifo"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let mut found = nested_repos(dir_fd(&task).as_fd()).unwrap();
+        found.sort();
+        assert_eq!(found, [OsString::from("a/b/c/deep"), OsString::from("sub")]);
+
+        // The workspace itself a symlink (to a tree with a nested repository): refused.
+        let task2 = tmp.path().join("task2");
+        std::fs::create_dir(&task2).unwrap();
+        std::os::unix::fs::symlink(&outside, task2.join("workspace")).unwrap();
         assert!(matches!(
-            discover(&roots, &format!("{r}/plain"), 0).unwrap_err(),
-            LauncherError::Missing(_)
+            nested_repos(dir_fd(&task2).as_fd()),
+            Err(GitError::Workspace(_))
         ));
+    }
+
+    /// A timed-out git is a timeout (504 `git_timeout`), never a missing ref.
+    #[tokio::test]
+    async fn a_timeout_is_not_a_missing_ref() {
+        let tmp = tempfile::tempdir().unwrap();
+        let slow = tmp.path().join("slow-git");
+        std::fs::write(&slow, "#!/bin/sh\nsleep 30\n").unwrap();
+        std::fs::set_permissions(&slow, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let git = Git {
+            run_as: Owner { uid: 0, gid: 0 },
+            binary: slow,
+            timeout: Duration::from_millis(200),
+        };
+        let err = git.rev_parse(tmp.path(), "HEAD").await.unwrap_err();
+        assert!(matches!(err, GitError::Timeout { .. }), "{err}");
+        let (status, code) = crate::error::LauncherError::from(err).status_and_code();
+        assert_eq!((status.as_u16(), code), (504, "git_timeout"));
+
+        // git failing otherwise (not "exit 1, nothing printed") is an error as well.
+        let broken = tmp.path().join("broken-git");
+        std::fs::write(&broken, "#!/bin/sh\necho fatal >&2; exit 128\n").unwrap();
+        std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let git = Git {
+            binary: broken,
+            ..git
+        };
+        let err = git.rev_parse(tmp.path(), "HEAD").await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GitError::Failed {
+                    code: Some(128),
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 }

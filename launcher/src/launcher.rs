@@ -9,7 +9,7 @@
 //!
 //! A run, in order: reserve the tid (409 if active) → resolve the workspace (and venv, gateway
 //! directory) without symlinks → hand the workspace to the agent uid (scan first, refuse before
-//! changing anything) → stage the directories by descriptor under `mnt/<tid>` ([`crate::stage`])
+//! changing anything) → stage the directories by descriptor under `mnt/<tid>` ([`agentbox_sandbox::stage`])
 //! → create the cgroup with the limits → spawn bwrap inside it as the agent uid → supervise:
 //! exit, timeout or stop (kill the whole cgroup) → kill survivors, read the OOM counter, remove
 //! the cgroup, release the staging mounts → hand the workspace back to the service uid → for
@@ -28,7 +28,6 @@ use std::time::Duration;
 use agentbox_policy::config::{Backend, Config, ModelId};
 use agentbox_policy::id::{AgentBranch, Tid};
 use serde_json::{Value, json};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -38,17 +37,19 @@ use crate::api::{
     DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, SnapshotRequest,
     SnapshotResult,
 };
+use agentbox_sandbox::bwrap::{self, Mounts, Plan, Program, RunAs};
+use agentbox_sandbox::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
+use agentbox_sandbox::proc;
+use agentbox_sandbox::stage::{Sources, Staged, Staging};
+use agentbox_sandbox::walk::{self, Owner, WalkLimits};
+
 use crate::backend::{BackendIdentity, BackendSettings, Backends, Busy};
-use crate::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
 use crate::error::LauncherError;
 use crate::git::{self, Git, TaskPaths};
 use crate::layout::{DataDir, LogKind, Stream};
-use crate::sandbox::{self, Mounts, Plan, Program, RunAs};
-use crate::stage::{Sources, Staged, Staging};
 use crate::state::{BackendStore, Record, StateStore};
 use crate::task::{Entry, Event, Final, Outcome, Phase, Registry, RunKind, StopReason};
 use crate::validate;
-use crate::walk::{self, Owner, WalkLimits};
 
 /// How long output capture may lag behind the death of every sandboxed process.
 const CAPTURE_GRACE: Duration = Duration::from_secs(30);
@@ -107,7 +108,7 @@ impl Drop for WaiterGuard<'_> {
 struct Running {
     child: tokio::process::Child,
     cgroup: TaskCgroup,
-    captures: Vec<tokio::task::JoinHandle<bool>>,
+    captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
     workspace: OwnedFd,
     workspace_gid: u32,
     staged: Staged,
@@ -129,20 +130,18 @@ struct RunSpec {
 impl Launcher {
     /// Builds the launcher; call [`Launcher::recover`] before serving.
     pub fn new(settings: Settings) -> Result<Arc<Launcher>, LauncherError> {
-        let store = StateStore::open(&settings.data.agent_state_dir())
-            .map_err(|e| LauncherError::Internal(e.to_string()))?;
-        let backend_store = BackendStore::open(&settings.data.backend_state_dir())
-            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        let store = StateStore::open(&settings.data.agent_state_dir())?;
+        let backend_store = BackendStore::open(&settings.data.backend_state_dir())?;
         let agent = Owner {
             uid: settings.config.agent_uid,
             gid: settings.config.agent_gid,
         };
         if agent.uid == settings.service.uid {
             return Err(LauncherError::Internal(
-                "agent_uid must differ from the service uid".to_owned(),
+                "agent_uid must differ from the service uid",
             ));
         }
-        let staging = Staging::open(&settings.data)?;
+        let staging = Staging::new(settings.data.path().join("mnt"), settings.data.mnt_dir()?);
         let tracker = TaskTracker::new();
         let shutdown = CancellationToken::new();
         let backends = Backends::new(
@@ -296,7 +295,7 @@ impl Launcher {
             .map(|v| validate::venv(&self.config, v))
             .transpose()?;
         let gateway = self.data.gateway_dir(&tid)?.into_fd();
-        let env = sandbox::environment(&env, venv.is_some(), token.as_ref(), true);
+        let env = bwrap::environment(&env, venv.is_some(), token.as_ref(), true);
         let spec = RunSpec {
             tid: tid.clone(),
             kind: RunKind::Agent,
@@ -328,7 +327,7 @@ impl Launcher {
             .as_deref()
             .map(|v| validate::venv(&self.config, v))
             .transpose()?;
-        let env = sandbox::environment(&BTreeMap::new(), venv.is_some(), None, false);
+        let env = bwrap::environment(&BTreeMap::new(), venv.is_some(), None, false);
         let spec = RunSpec {
             tid: tid.clone(),
             kind: RunKind::Check,
@@ -349,7 +348,7 @@ impl Launcher {
             let e = reg
                 .runs
                 .get(&tid)
-                .ok_or_else(|| LauncherError::Internal("check vanished".to_owned()))?;
+                .ok_or(LauncherError::Internal("check vanished"))?;
             (e.phase, e.outcome.clone())
         };
         let cap = self.output_cap();
@@ -422,7 +421,7 @@ impl Launcher {
         });
         outcome
             .await
-            .map_err(|_| LauncherError::Internal("the launch task vanished".to_owned()))??;
+            .map_err(|_| LauncherError::Internal("the launch task vanished"))??;
         Ok(rx)
     }
 
@@ -438,15 +437,12 @@ impl Launcher {
             e.workspace_gid = workspace_gid;
         }
         let workspace = ws.into_fd();
-        let walk_fd = workspace
-            .try_clone()
-            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        let walk_fd = workspace.try_clone().map_err(LauncherError::Dup)?;
         let agent = self.agent;
         let limits = self.walk_limits;
         let handed =
             tokio::task::spawn_blocking(move || walk::hand_over(walk_fd.as_fd(), agent, limits))
-                .await
-                .map_err(|e| LauncherError::Internal(e.to_string()))?;
+                .await?;
         if let Err(e) = handed {
             // The scan refuses before anything changes, but the tree can change under the
             // second pass (the service user still owns the names): whatever was already given
@@ -456,7 +452,7 @@ impl Launcher {
             {
                 tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed hand-over");
             }
-            return Err(LauncherError::Unsafe(format!("workspace: {e}")));
+            return Err(LauncherError::HandOver(e));
         }
         let started = async {
             let sources = Sources {
@@ -497,7 +493,7 @@ impl Launcher {
         (
             tokio::process::Child,
             TaskCgroup,
-            Vec<tokio::task::JoinHandle<bool>>,
+            Vec<tokio::task::JoinHandle<proc::Captured>>,
         ),
         LauncherError,
     > {
@@ -507,10 +503,7 @@ impl Launcher {
             RunKind::Check => LogKind::Check,
         };
         let (out_file, err_file) = self.data.create_logs(tid, log_kind)?;
-        let cgroup = cgroups
-            .create(tid.as_str(), self.limits())
-            .await
-            .map_err(|e| LauncherError::Sandbox(e.to_string()))?;
+        let cgroup = cgroups.create(tid.as_str(), self.limits()).await?;
         let limits = &self.config.launcher.limits;
         let plan = Plan {
             program: spec.program.clone(),
@@ -521,10 +514,7 @@ impl Launcher {
             home_bytes: limits.home_mb.saturating_mul(1 << 20),
             claude_bin: self.config.launcher.claude_bin.clone(),
         };
-        let dup = |fd: &OwnedFd| {
-            fd.try_clone()
-                .map_err(|e| LauncherError::Internal(e.to_string()))
-        };
+        let dup = |fd: &OwnedFd| fd.try_clone().map_err(LauncherError::Dup);
         let mounts = Mounts {
             workspace: dup(&staged.workspace)?,
             venv: staged.venv.as_ref().map(dup).transpose()?,
@@ -535,20 +525,22 @@ impl Launcher {
             gid: self.agent.gid,
         };
         let mut child =
-            match sandbox::spawn(&plan, &mounts, &cgroup.join_files(), run_as, &self.bwrap) {
+            match bwrap::spawn(&plan, &mounts, &cgroup.join_files(), run_as, &self.bwrap) {
                 Ok(c) => c,
                 Err(e) => {
                     let _ = cgroup.remove();
-                    return Err(LauncherError::Sandbox(e.to_string()));
+                    return Err(e.into());
                 }
             };
         let cap = self.output_cap();
         let mut captures = Vec::new();
         if let Some(out) = child.stdout.take() {
-            captures.push(self.tracker.spawn(capture(out, out_file, cap)));
+            let sink = tokio::fs::File::from_std(out_file);
+            captures.push(self.tracker.spawn(proc::capture(out, sink, Some(cap))));
         }
         if let Some(err) = child.stderr.take() {
-            captures.push(self.tracker.spawn(capture(err, err_file, cap)));
+            let sink = tokio::fs::File::from_std(err_file);
+            captures.push(self.tracker.spawn(proc::capture(err, sink, Some(cap))));
         }
         Ok((child, cgroup, captures))
     }
@@ -558,18 +550,15 @@ impl Launcher {
         workspace: &OwnedFd,
         gid: u32,
     ) -> Result<walk::WalkReport, LauncherError> {
-        let fd = workspace
-            .try_clone()
-            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        let fd = workspace.try_clone().map_err(LauncherError::Dup)?;
         let to = Owner {
             uid: self.service.uid,
             gid,
         };
         let limits = self.walk_limits;
         tokio::task::spawn_blocking(move || walk::hand_back(fd.as_fd(), to, limits))
-            .await
-            .map_err(|e| LauncherError::Internal(e.to_string()))?
-            .map_err(|e| LauncherError::Unsafe(format!("handing the workspace back: {e}")))
+            .await?
+            .map_err(LauncherError::HandBack)
     }
 
     async fn supervise(
@@ -613,7 +602,7 @@ impl Launcher {
         };
         let mut errors: Vec<String> = Vec::new();
         let exit_code = match status {
-            Ok(s) => sandbox::exit_code(s),
+            Ok(s) => proc::exit_code(s),
             Err(e) => {
                 errors.push(format!("waiting for the sandbox: {e}"));
                 None
@@ -634,7 +623,7 @@ impl Launcher {
         let mut truncated = false;
         for h in captures {
             match tokio::time::timeout(CAPTURE_GRACE, h).await {
-                Ok(Ok(t)) => truncated |= t,
+                Ok(Ok(c)) => truncated |= c.truncated,
                 Ok(Err(e)) => errors.push(format!("output capture: {e}")),
                 Err(_) => errors.push("output capture did not finish".to_owned()),
             }
@@ -657,7 +646,13 @@ impl Launcher {
         let mut result_commit = None;
         if kind == RunKind::Agent && handed_back && self.data.has_shadow(&tid) {
             let paths = TaskPaths::new(self.data.path(), &tid);
-            match git::collect(&self.git, &tid, &paths).await {
+            let collected = match self.data.task_dir(&tid) {
+                Ok(dir) => git::collect(&self.git, &tid, &paths, dir.into_fd())
+                    .await
+                    .map_err(LauncherError::from),
+                Err(e) => Err(e.into()),
+            };
+            match collected {
                 Ok(c) => result_commit = Some(c),
                 Err(e) => errors.push(format!("collecting the result: {e}")),
             }
@@ -828,14 +823,15 @@ impl Launcher {
             .cgroups
             .as_ref()
             .map_err(|e| LauncherError::HostNotReady(e.clone()))?;
-        self.backends
+        Ok(self
+            .backends
             .start(&m.id, &self.data, cgroups, &|| self.busy_models())
-            .await
+            .await?)
     }
 
     /// `POST /backends/vllm/stop`.
     pub async fn stop_backends(&self) -> Result<BackendStopResult, LauncherError> {
-        self.backends.stop_all(&|| self.busy_models()).await
+        Ok(self.backends.stop_all(&|| self.busy_models()).await?)
     }
 
     // === git helpers ===
@@ -847,19 +843,17 @@ impl Launcher {
             &self.config.launcher.repo_roots,
             &req.path,
             self.service.uid,
-        )?;
+        )
+        .await?;
         let spec = req.git_ref.as_deref().unwrap_or("HEAD");
         let sha = git::resolve_commit(&self.git, &repo, spec).await?;
         if self.lock().runs.get(&tid).is_some_and(Entry::is_active) {
             return Err(LauncherError::Conflict(format!("task {tid} is running")));
         }
-        self.data.ensure_task_dir(&tid)?;
+        let task_dir = self.data.ensure_task_dir(&tid)?;
         let paths = TaskPaths::new(self.data.path(), &tid);
-        for (what, path) in [
-            ("shadow.git", &paths.shadow),
-            ("workspace", &paths.workspace),
-        ] {
-            if std::fs::symlink_metadata(path).is_ok() {
+        for what in ["shadow.git", "workspace"] {
+            if DataDir::has_entry(&task_dir, what) {
                 return Err(LauncherError::Conflict(format!(
                     "tasks/{tid}/{what} already exists"
                 )));
@@ -886,7 +880,8 @@ impl Launcher {
             &self.config.launcher.repo_roots,
             &req.path,
             self.service.uid,
-        )?;
+        )
+        .await?;
         if !self.data.has_shadow(&tid) {
             return Err(LauncherError::Missing(format!(
                 "task {tid} has no snapshot"
@@ -915,7 +910,8 @@ impl Launcher {
             &self.config.launcher.repo_roots,
             &req.path,
             self.service.uid,
-        )?;
+        )
+        .await?;
         let sha = git::delete_branch(&self.git, &repo, &branch).await?;
         Ok(DeleteBranchResult {
             repo: repo.top.display().to_string(),
@@ -975,34 +971,4 @@ impl Launcher {
             self.persist(&tid).await;
         }
     }
-}
-
-/// Copies a sandbox's output into its log file up to `cap` bytes and discards the rest (still
-/// reading, so the sandbox never blocks on a full pipe). Returns whether anything was dropped.
-async fn capture<R: AsyncRead + Unpin>(mut pipe: R, file: std::fs::File, cap: u64) -> bool {
-    let mut file = tokio::fs::File::from_std(file);
-    let mut buf = vec![0_u8; 64 * 1024];
-    let mut written: u64 = 0;
-    let mut truncated = false;
-    loop {
-        let n = match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let room = usize::try_from(cap.saturating_sub(written)).unwrap_or(usize::MAX);
-        let keep = n.min(room);
-        if keep < n {
-            truncated = true;
-        }
-        if keep > 0 {
-            if let Some(chunk) = buf.get(..keep)
-                && let Err(e) = file.write_all(chunk).await
-            {
-                tracing::warn!(error = %e, "cannot write sandbox output");
-            }
-            written += keep as u64;
-        }
-    }
-    let _ = file.flush().await;
-    truncated
 }

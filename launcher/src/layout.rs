@@ -13,7 +13,7 @@
 //! `backends/` and `backends/<model>/` root:service-group 0750 with root-owned log files, for the
 //! same reason; `backends/<model>/home/` service-owned 0700 is the home of a backend process
 //! when the service user has no passwd entry. `mnt/` root 0711 holds the launcher's staging
-//! mounts ([`crate::stage`]).
+//! mounts ([`agentbox_sandbox::stage`]).
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -26,8 +26,10 @@ use agentbox_policy::resolve::{Kind, Resolved, Root};
 use rustix::fs::{self, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use crate::error::{LauncherError, from_resolve};
-use crate::walk::Owner;
+use agentbox_policy::path::PathError;
+use agentbox_policy::resolve::ResolveError;
+use agentbox_sandbox::stage::chmod_fd;
+use agentbox_sandbox::walk::Owner;
 
 /// Why the data directory could not be prepared at startup.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,39 @@ fn bad(path: impl AsRef<Path>, message: impl Into<String>) -> LayoutError {
     LayoutError::Bad {
         path: path.as_ref().display().to_string(),
         message: message.into(),
+    }
+}
+
+/// Why an operation on the prepared data directory failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// A path could not be reached without a symlink, a mount crossing, or does not exist.
+    #[error("{0}")]
+    Resolve(#[from] ResolveError),
+    /// Reached, but owned by the wrong identity or with the wrong mode.
+    #[error("refused: {path}: {why}")]
+    Refused { path: String, why: String },
+    /// A step that should not fail did.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: Errno,
+    },
+    /// A name the launcher built broke the path rules (a bug).
+    #[error("bad name: {0}")]
+    Name(#[from] PathError),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(Errno) -> DataError {
+    let what = what.into();
+    move |source| DataError::Io { what, source }
+}
+
+fn refused(r: &Resolved, why: String) -> DataError {
+    DataError::Refused {
+        path: r.display_path().to_owned(),
+        why,
     }
 }
 
@@ -82,25 +117,12 @@ pub struct DataDir {
     service: Owner,
 }
 
-fn rel(parts: &[&str]) -> Result<RelPath, LauncherError> {
+fn rel(parts: &[&str]) -> Result<RelPath, PathError> {
     let mut r = RelPath::empty();
     for p in parts {
-        r = r
-            .join(p)
-            .map_err(|e| LauncherError::Internal(e.to_string()))?;
+        r = r.join(p)?;
     }
     Ok(r)
-}
-
-/// `chmod` through an `O_PATH` handle, via its magic link (no name lookup anyone could race).
-fn chmod_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
-    let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
-    fs::chmodat(
-        fs::CWD,
-        path.as_str(),
-        Mode::from_raw_mode(mode),
-        AtFlags::empty(),
-    )
 }
 
 fn chown_fd(fd: &OwnedFd, uid: u32, gid: u32) -> Result<(), Errno> {
@@ -214,19 +236,17 @@ impl DataDir {
     }
 
     /// `mnt/`, root-owned and writable by root only, as an `O_PATH` handle.
-    pub fn mnt_dir(&self) -> Result<OwnedFd, LauncherError> {
-        let dir = self
-            .root
-            .resolve_dir(&rel(&["mnt"])?)
-            .map_err(from_resolve)?;
+    pub fn mnt_dir(&self) -> Result<OwnedFd, DataError> {
+        let dir = self.root.resolve_dir(&rel(&["mnt"])?)?;
         let id = dir.identity();
         if id.uid != 0 || id.mode & 0o022 != 0 {
-            return Err(LauncherError::Unsafe(format!(
-                "{} must be root-owned and writable by root only (uid {}, mode {:o})",
-                dir.display_path(),
-                id.uid,
-                id.mode
-            )));
+            return Err(refused(
+                &dir,
+                format!(
+                    "must be root-owned and writable by root only (uid {}, mode {:o})",
+                    id.uid, id.mode
+                ),
+            ));
         }
         Ok(dir.into_fd())
     }
@@ -239,48 +259,39 @@ impl DataDir {
     /// `backends/<model>/` (created root:service-group 0750 if missing), as an `O_PATH` handle
     /// the backend's logs are created and rotated through. Only root can write there, so names
     /// inside it cannot be swapped.
-    pub fn backend_dir(&self, model: &ModelId) -> Result<OwnedFd, LauncherError> {
-        let backends = self
-            .root
-            .resolve_dir(&rel(&["backends"])?)
-            .map_err(from_resolve)?;
+    pub fn backend_dir(&self, model: &ModelId) -> Result<OwnedFd, DataError> {
+        let backends = self.root.resolve_dir(&rel(&["backends"])?)?;
         match fs::mkdirat(&backends, model.as_str(), Mode::from_raw_mode(0o750)) {
             Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(LauncherError::Internal(format!("mkdir backend dir: {e}"))),
+            Err(e) => return Err(io("mkdir backend dir")(e)),
         }
         let dir = self
             .root
-            .resolve_dir(&rel(&["backends", model.as_str()])?)
-            .map_err(from_resolve)?;
+            .resolve_dir(&rel(&["backends", model.as_str()])?)?;
         if dir.identity().uid != 0 {
-            return Err(LauncherError::Unsafe(format!(
-                "{} is owned by uid {}, expected root",
-                dir.display_path(),
-                dir.identity().uid
-            )));
+            return Err(refused(
+                &dir,
+                format!("is owned by uid {}, expected root", dir.identity().uid),
+            ));
         }
         let fd = dir.into_fd();
-        chown_fd(&fd, 0, self.service.gid)
-            .map_err(|e| LauncherError::Internal(format!("chown backend dir: {e}")))?;
-        chmod_fd(&fd, 0o750)
-            .map_err(|e| LauncherError::Internal(format!("chmod backend dir: {e}")))?;
+        chown_fd(&fd, 0, self.service.gid).map_err(io("chown backend dir"))?;
+        chmod_fd(&fd, 0o750).map_err(io("chmod backend dir"))?;
         Ok(fd)
     }
 
     /// `backends/<model>/home/`, created service-owned 0700 if missing; its path (the backend
     /// process, as the service user, uses it by name).
-    pub fn backend_home(&self, model: &ModelId, dir: &OwnedFd) -> Result<PathBuf, LauncherError> {
+    pub fn backend_home(&self, model: &ModelId, dir: &OwnedFd) -> Result<PathBuf, DataError> {
         match fs::mkdirat(dir, "home", Mode::from_raw_mode(0o700)) {
             Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(LauncherError::Internal(format!("mkdir backend home: {e}"))),
+            Err(e) => return Err(io("mkdir backend home")(e)),
         }
         let home = self
             .root
-            .resolve_dir(&rel(&["backends", model.as_str(), "home"])?)
-            .map_err(from_resolve)?;
+            .resolve_dir(&rel(&["backends", model.as_str(), "home"])?)?;
         let fd = home.into_fd();
-        chown_fd(&fd, self.service.uid, self.service.gid)
-            .map_err(|e| LauncherError::Internal(format!("chown backend home: {e}")))?;
+        chown_fd(&fd, self.service.uid, self.service.gid).map_err(io("chown backend home"))?;
         Ok(self
             .path()
             .join("backends")
@@ -290,19 +301,19 @@ impl DataDir {
 
     /// `tasks/<tid>/workspace`: a directory owned by the service uid, reached without a
     /// symlink or mount crossing.
-    pub fn workspace(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
+    pub fn workspace(&self, tid: &Tid) -> Result<Resolved, DataError> {
         let r = self
             .root
-            .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)
-            .map_err(from_resolve)?;
+            .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)?;
         let id = r.identity();
         if id.uid != self.service.uid {
-            return Err(LauncherError::Unsafe(format!(
-                "{} is owned by uid {}, expected the service uid {}",
-                r.display_path(),
-                id.uid,
-                self.service.uid
-            )));
+            return Err(refused(
+                &r,
+                format!(
+                    "is owned by uid {}, expected the service uid {}",
+                    id.uid, self.service.uid
+                ),
+            ));
         }
         Ok(r)
     }
@@ -310,32 +321,23 @@ impl DataDir {
     /// `tasks/<tid>/workspace` as a restarted launcher finds it: owned by the service uid or
     /// still by `agent_uid` (the launcher died before handing it back); anything else is
     /// refused.
-    pub fn workspace_for_recovery(
-        &self,
-        tid: &Tid,
-        agent_uid: u32,
-    ) -> Result<OwnedFd, LauncherError> {
+    pub fn workspace_for_recovery(&self, tid: &Tid, agent_uid: u32) -> Result<OwnedFd, DataError> {
         let r = self
             .root
-            .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)
-            .map_err(from_resolve)?;
+            .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)?;
         let uid = r.identity().uid;
         if uid != self.service.uid && uid != agent_uid {
-            return Err(LauncherError::Unsafe(format!(
-                "{} is owned by uid {uid}",
-                r.display_path()
-            )));
+            return Err(refused(&r, format!("is owned by uid {uid}")));
         }
         Ok(r.into_fd())
     }
 
     /// `sockets/<tid>`, which must hold the gateway's `llm.sock`.
-    pub fn gateway_dir(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
+    pub fn gateway_dir(&self, tid: &Tid) -> Result<Resolved, DataError> {
         let dir = rel(&["sockets", tid.as_str()])?;
-        let resolved = self.root.resolve_dir(&dir).map_err(from_resolve)?;
+        let resolved = self.root.resolve_dir(&dir)?;
         self.root
-            .resolve_kind(&rel(&["sockets", tid.as_str(), "llm.sock"])?, Kind::Socket)
-            .map_err(from_resolve)?;
+            .resolve_kind(&rel(&["sockets", tid.as_str(), "llm.sock"])?, Kind::Socket)?;
         Ok(resolved)
     }
 
@@ -346,53 +348,54 @@ impl DataDir {
             .is_some_and(|r| self.root.resolve_dir(&r).is_ok())
     }
 
+    /// `tasks/<tid>`, reached without a symlink (the git helpers act inside it only through
+    /// this handle).
+    pub fn task_dir(&self, tid: &Tid) -> Result<Resolved, DataError> {
+        Ok(self.root.resolve_dir(&rel(&["tasks", tid.as_str()])?)?)
+    }
+
+    /// Whether `dir` has an entry `name` (of any type; a symlink is not followed).
+    pub fn has_entry(dir: &Resolved, name: &str) -> bool {
+        fs::statx(dir, name, AtFlags::SYMLINK_NOFOLLOW, fs::StatxFlags::TYPE).is_ok()
+    }
+
     /// `tasks/<tid>`, created (service-owned) if missing.
-    pub fn ensure_task_dir(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
-        let tasks = self
-            .root
-            .resolve_dir(&rel(&["tasks"])?)
-            .map_err(from_resolve)?;
+    pub fn ensure_task_dir(&self, tid: &Tid) -> Result<Resolved, DataError> {
+        let tasks = self.root.resolve_dir(&rel(&["tasks"])?)?;
         match fs::mkdirat(&tasks, tid.as_str(), Mode::from_raw_mode(0o755)) {
             Ok(()) => {
-                let r = self
-                    .root
-                    .resolve_dir(&rel(&["tasks", tid.as_str()])?)
-                    .map_err(from_resolve)?;
+                let r = self.root.resolve_dir(&rel(&["tasks", tid.as_str()])?)?;
                 let fd = fs::openat(&r, ".", OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-                    .map_err(|e| LauncherError::Internal(e.to_string()))?;
-                chown_fd(&fd, self.service.uid, self.service.gid)
-                    .map_err(|e| LauncherError::Internal(format!("chown task dir: {e}")))?;
+                    .map_err(io("reopen"))?;
+                chown_fd(&fd, self.service.uid, self.service.gid).map_err(io("chown task dir"))?;
             }
             Err(Errno::EXIST) => {}
-            Err(e) => return Err(LauncherError::Internal(format!("mkdir task dir: {e}"))),
+            Err(e) => return Err(io("mkdir task dir")(e)),
         }
         self.root
             .resolve_dir(&rel(&["tasks", tid.as_str()])?)
-            .map_err(from_resolve)
+            .map_err(DataError::from)
     }
 
-    fn logs_dir(&self, tid: &Tid) -> Result<Resolved, LauncherError> {
+    fn logs_dir(&self, tid: &Tid) -> Result<Resolved, DataError> {
         let task = self.ensure_task_dir(tid)?;
         match fs::mkdirat(&task, "logs", Mode::from_raw_mode(0o750)) {
             Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(LauncherError::Internal(format!("mkdir logs: {e}"))),
+            Err(e) => return Err(io("mkdir logs")(e)),
         }
         let logs = self
             .root
-            .resolve_dir(&rel(&["tasks", tid.as_str(), "logs"])?)
-            .map_err(from_resolve)?;
+            .resolve_dir(&rel(&["tasks", tid.as_str(), "logs"])?)?;
         let id = logs.identity();
         if id.uid != 0 {
-            return Err(LauncherError::Unsafe(format!(
-                "{} is owned by uid {}, expected root",
-                logs.display_path(),
-                id.uid
-            )));
+            return Err(refused(
+                &logs,
+                format!("is owned by uid {}, expected root", id.uid),
+            ));
         }
         let fd = fs::openat(&logs, ".", OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
-            .map_err(|e| LauncherError::Internal(e.to_string()))?;
-        chown_fd(&fd, 0, self.service.gid)
-            .map_err(|e| LauncherError::Internal(format!("chown logs: {e}")))?;
+            .map_err(io("reopen"))?;
+        chown_fd(&fd, 0, self.service.gid).map_err(io("chown logs"))?;
         Ok(logs)
     }
 
@@ -401,13 +404,13 @@ impl DataDir {
         &self,
         tid: &Tid,
         kind: LogKind,
-    ) -> Result<(std::fs::File, std::fs::File), LauncherError> {
+    ) -> Result<(std::fs::File, std::fs::File), DataError> {
         let logs = self.logs_dir(tid)?;
-        let open = |stream: Stream| -> Result<std::fs::File, LauncherError> {
+        let open = |stream: Stream| -> Result<std::fs::File, DataError> {
             let name = format!("{}.{}", kind.prefix(), stream.suffix());
             match fs::unlinkat(&logs, name.as_str(), AtFlags::empty()) {
                 Ok(()) | Err(Errno::NOENT) => {}
-                Err(e) => return Err(LauncherError::Internal(format!("unlink {name}: {e}"))),
+                Err(e) => return Err(io("unlink {name}")(e)),
             }
             let fd = fs::openat(
                 &logs,
@@ -415,7 +418,7 @@ impl DataDir {
                 OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
                 Mode::from_raw_mode(0o640),
             )
-            .map_err(|e| LauncherError::Internal(format!("create {name}: {e}")))?;
+            .map_err(io(format!("create {name}")))?;
             Ok(std::fs::File::from(fd))
         };
         Ok((open(Stream::Stdout)?, open(Stream::Stderr)?))
@@ -522,13 +525,13 @@ mod tests {
         let tid = Tid::parse("t1").unwrap();
         assert!(matches!(
             d.workspace(&tid).unwrap_err(),
-            LauncherError::Missing(_)
+            DataError::Resolve(ResolveError::NotFound { .. })
         ));
         let ws = data.join("tasks/t1/workspace");
         std::fs::create_dir_all(&ws).unwrap();
         assert!(matches!(
             d.workspace(&tid).unwrap_err(),
-            LauncherError::Unsafe(_)
+            DataError::Refused { .. }
         ));
         std::os::unix::fs::chown(&ws, Some(SERVICE.uid), Some(SERVICE.gid)).unwrap();
         d.workspace(&tid).unwrap();
@@ -537,7 +540,7 @@ mod tests {
         symlink(data.join("tasks/t1"), data.join("tasks/t2")).unwrap();
         assert!(matches!(
             d.workspace(&tid2).unwrap_err(),
-            LauncherError::Unsafe(_)
+            DataError::Resolve(ResolveError::Symlink { .. })
         ));
     }
 

@@ -11,34 +11,28 @@
 //! - [`launcher`]: runs (start, supervise, wait, delete), git helper entry points, restart.
 //! - [`task`]: the run state machine and registry.
 //! - [`backend`]: vLLM backends: their state machine, the supervised server process, health.
-//! - [`sandbox`]: bwrap arguments, environment, and the spawn that drops to the agent uid.
-//! - [`stage`]: mount by descriptor: the validated directories bind-mounted onto root-only
-//!   paths for bwrap.
-//! - [`seccomp`]: the BPF filters.
-//! - [`cgroup`]: per-run cgroups (v1 and v2): limits, kill, OOM.
-//! - [`walk`]: the fd-based workspace hand-over and hand-back.
 //! - [`layout`]: the data directory and per-task paths.
 //! - [`git`]: snapshot, collect, deliver, delete-branch.
 //! - [`state`]: what survives a restart.
 //! - [`status`]: host readiness.
+//!
+//! The sandbox itself (fd walks, staged mounts, bwrap, seccomp, cgroups, child processes) is
+//! the `agentbox-sandbox` engine crate, which holds every `unsafe` block; this crate has none.
+
+#![forbid(unsafe_code)]
 
 pub mod api;
 pub mod backend;
-pub mod cgroup;
 pub mod daemon;
 pub mod error;
 pub mod git;
 pub mod launcher;
 pub mod layout;
 pub mod routes;
-pub mod sandbox;
-pub mod seccomp;
-pub mod stage;
 pub mod state;
 pub mod status;
 pub mod task;
 pub mod validate;
-pub mod walk;
 
 pub use launcher::Launcher;
 pub use routes::router;

@@ -1,5 +1,7 @@
 //! `agentbox-launcher`: see [`agentbox_launcher::daemon`].
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {

@@ -56,7 +56,7 @@ fn write_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<(), S
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(&tmp)
         .map_err(err(&tmp))?;
     file.write_all(&bytes).map_err(err(&tmp))?;

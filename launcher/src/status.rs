@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::cgroup::Cgroups;
+use agentbox_sandbox::cgroup::Cgroups;
 
 /// One readiness item.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

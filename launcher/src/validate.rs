@@ -91,8 +91,7 @@ pub fn env(
     config: &Config,
     input: &BTreeMap<String, String>,
 ) -> Result<BTreeMap<String, String>, LauncherError> {
-    let allow = Allowlist::new(&config.launcher.env_allowlist)
-        .map_err(|e| LauncherError::Internal(format!("config allowlist: {e}")))?;
+    let allow = Allowlist::new(&config.launcher.env_allowlist)?;
     let filtered = env::filter(input, &allow);
     if filtered.dropped.is_empty() {
         Ok(filtered.kept)

@@ -479,3 +479,100 @@ fn linked_worktrees_are_followed_only_inside_the_roots() {
         sentinels(&sentinel)
     );
 }
+
+/// Sends a snapshot request on a thread and waits at most `limit` for the answer: a launcher
+/// that blocks on a file must fail the test, not hang it.
+fn snapshot_within(
+    l: &Launcher,
+    tid: &str,
+    path: &Path,
+    limit: std::time::Duration,
+) -> common::Resp {
+    let socket = l.data.join("run/launcher.sock");
+    let body = json!({"tid": tid, "path": path});
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(common::request(
+            &socket,
+            "POST",
+            "/repo/snapshot",
+            Some(&body),
+        ));
+    });
+    rx.recv_timeout(limit)
+        .expect("the launcher did not answer: it blocked reading a git file")
+}
+
+/// A linked worktree (`<name>/.git` says `gitdir: <repos>/<name>-gd`) whose git dir holds
+/// `commondir` as made by `plant`, everything owned by the service uid.
+fn planted_worktree(l: &Launcher, name: &str, plant: impl FnOnce(&Path)) -> PathBuf {
+    let top = l.repos.join(name);
+    let gd = l.repos.join(format!("{name}-gd"));
+    std::fs::create_dir_all(&top).unwrap();
+    std::fs::create_dir_all(&gd).unwrap();
+    std::fs::write(top.join(".git"), format!("gitdir: {}\n", gd.display())).unwrap();
+    chown_tree(&top, SERVICE_UID);
+    chown_tree(&gd, SERVICE_UID);
+    plant(&gd.join("commondir"));
+    top
+}
+
+/// Issue 9, hole 3: a FIFO where root reads `commondir` must not block the launcher.
+#[test]
+fn a_fifo_commondir_does_not_hang_the_launcher() {
+    let l = Launcher::start(Options::default());
+    let top = planted_worktree(&l, "fifo", |commondir| {
+        let st = Command::new("mkfifo").arg(commondir).status().unwrap();
+        assert!(st.success());
+        common::chown(commondir, SERVICE_UID);
+    });
+    let r = snapshot_within(&l, "f1", &top, std::time::Duration::from_secs(30));
+    assert_eq!((r.status, r.code()), (400, "unsafe_path"), "{}", r.raw);
+    // And the launcher still serves.
+    assert_eq!(l.get("/status").status, 200);
+    assert!(!l.data.join("tasks/f1/shadow.git").exists());
+}
+
+/// Issue 9, hole 3: a `commondir` symlinked to a root-only file is not read, and no error
+/// body carries its content.
+#[test]
+fn a_symlinked_commondir_is_not_read() {
+    let l = Launcher::start(Options::default());
+    let marker = "SECRET-MARKER-5d1e0c";
+    let secret = l.base.join("secret");
+    std::fs::write(&secret, format!("{marker}\n")).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let top = planted_worktree(&l, "sym", |commondir| {
+        std::os::unix::fs::symlink(&secret, commondir).unwrap();
+    });
+    let r = snapshot_within(&l, "s1", &top, std::time::Duration::from_secs(30));
+    assert_eq!((r.status, r.code()), (400, "unsafe_path"), "{}", r.raw);
+    assert!(!r.raw.contains(marker), "the secret leaked: {}", r.raw);
+    assert!(!l.stderr().contains(marker), "the secret reached the log");
+
+    let top = planted_worktree(&l, "shadow", |commondir| {
+        std::os::unix::fs::symlink("/etc/shadow", commondir).unwrap();
+    });
+    let r = snapshot_within(&l, "s2", &top, std::time::Duration::from_secs(30));
+    assert_eq!((r.status, r.code()), (400, "unsafe_path"), "{}", r.raw);
+    let shadow = std::fs::read_to_string("/etc/shadow").unwrap_or_default();
+    for line in shadow.lines().filter(|l| l.len() > 4) {
+        assert!(!r.raw.contains(line), "/etc/shadow leaked: {}", r.raw);
+    }
+    assert!(!r.raw.contains("root:"), "/etc/shadow leaked: {}", r.raw);
+
+    // A regular commondir that is too large, or owned by another uid, is refused unread.
+    let top = planted_worktree(&l, "big", |commondir| {
+        std::fs::write(commondir, format!("{marker}{}", "x".repeat(10_000))).unwrap();
+        common::chown(commondir, SERVICE_UID);
+    });
+    let r = snapshot_within(&l, "s3", &top, std::time::Duration::from_secs(30));
+    assert_eq!((r.status, r.code()), (400, "unsafe_path"), "{}", r.raw);
+    assert!(!r.raw.contains(marker), "{}", r.raw);
+    let top = planted_worktree(&l, "rootowned", |commondir| {
+        std::fs::write(commondir, format!("{marker}\n")).unwrap();
+    });
+    let r = snapshot_within(&l, "s4", &top, std::time::Duration::from_secs(30));
+    assert_eq!((r.status, r.code()), (400, "unsafe_path"), "{}", r.raw);
+    assert!(!r.raw.contains(marker), "{}", r.raw);
+}

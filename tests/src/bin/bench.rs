@@ -12,6 +12,8 @@
 //! c=1: 30 warm-up pairs then 300 pairs; c=64: 4 rounds of 256 requests per side.
 //! Output is a Markdown table on stdout (pasted into BENCHMARKS.md).
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -526,17 +528,17 @@ fn open_dir(p: &Path) -> Result<OwnedFd> {
 /// process; optionally inside a fresh cgroup with the launcher's limits, which isolates what
 /// the kernel charges for creating and joining a cgroup.
 struct Floor {
-    plan: agentbox_launcher::sandbox::Plan,
+    plan: agentbox_sandbox::bwrap::Plan,
     gateway: OwnedFd,
-    cgroups: agentbox_launcher::cgroup::Cgroups,
-    limits: agentbox_launcher::cgroup::CgroupLimits,
+    cgroups: agentbox_sandbox::cgroup::Cgroups,
+    limits: agentbox_sandbox::cgroup::CgroupLimits,
     next: AtomicUsize,
 }
 
 impl Floor {
     /// One sandbox. Returns (t0, stamp).
     async fn once(&self, ws: &Path, with_cgroup: bool) -> Result<(i128, i128)> {
-        use agentbox_launcher::sandbox::{self, Mounts, RunAs};
+        use agentbox_sandbox::bwrap::{self as sandbox, Mounts, RunAs};
         remove_stamp(ws)?;
         let mounts = Mounts {
             workspace: open_dir(ws)?,
@@ -660,16 +662,16 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
     drop(std::os::unix::net::UnixListener::bind(
         gw_dir.join("llm.sock"),
     )?);
-    let cgroups = agentbox_launcher::cgroup::Cgroups::detect(
+    let cgroups = agentbox_sandbox::cgroup::Cgroups::detect(
         Path::new("/sys/fs/cgroup"),
         &format!("agentbox-bench-{}", std::process::id()),
-        Arc::new(agentbox_launcher::cgroup::RealSignaller),
+        Arc::new(agentbox_sandbox::cgroup::RealSignaller),
     )?;
     cgroups.prepare()?;
     let floor = Arc::new(Floor {
-        plan: agentbox_launcher::sandbox::Plan {
-            program: agentbox_launcher::sandbox::Program::Claude { args: Vec::new() },
-            env: agentbox_launcher::sandbox::environment(
+        plan: agentbox_sandbox::bwrap::Plan {
+            program: agentbox_sandbox::bwrap::Program::Claude { args: Vec::new() },
+            env: agentbox_sandbox::bwrap::environment(
                 &std::collections::BTreeMap::new(),
                 false,
                 None,
@@ -683,7 +685,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
         },
         gateway: open_dir(&gw_dir)?,
         cgroups: cgroups.clone(),
-        limits: agentbox_launcher::cgroup::CgroupLimits {
+        limits: agentbox_sandbox::cgroup::CgroupLimits {
             memory_bytes: limits.memory_mb << 20,
             pids: limits.pids,
             cpus: limits.cpus,
@@ -693,7 +695,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
     let result = run_launcher_bench(plan, &l, &floor, &floor_dir).await;
     // Our cgroup parents (the per-sandbox ones are gone already).
     let parents: Vec<PathBuf> = match cgroups.hierarchy() {
-        agentbox_launcher::cgroup::Hierarchy::V1 {
+        agentbox_sandbox::cgroup::Hierarchy::V1 {
             memory,
             pids,
             cpu,
@@ -703,7 +705,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
             .flatten()
             .cloned()
             .collect(),
-        agentbox_launcher::cgroup::Hierarchy::V2 { parent, .. } => vec![parent.clone()],
+        agentbox_sandbox::cgroup::Hierarchy::V2 { parent, .. } => vec![parent.clone()],
     };
     for p in parents {
         let _ = std::fs::remove_dir(p);
@@ -846,7 +848,7 @@ async fn run_launcher_bench(
     println!(
         "\nTime is CLOCK_MONOTONIC from just before the request (or the spawn) to the stamp the \
          agent (`agent-stamp`, in place of claude) writes to /workspace as its first act. Floor: \
-         `agentbox_launcher::sandbox::spawn` called directly, i.e. bwrap with the launcher's own \
+         `agentbox_sandbox::bwrap::spawn` called directly, i.e. bwrap with the launcher's own \
          arguments (seccomp filters, synthetic /etc files, tmpfs sizes, workspace and /run/gw \
          bound by descriptor) as uid {AGENT_UID}. Floor + fresh cgroup: the same inside a \
          cgroup created for it with the launcher's limits (what the kernel charges for creating \

@@ -19,7 +19,7 @@
 //! root, so it names the validated directory for as long as the run lasts.
 //!
 //! The mounts live in the launcher's own mount namespace (see
-//! [`crate::daemon`]): they never show up on the host and vanish with the launcher; a restart
+//! [`crate::proc::isolate_mounts`]): they never show up on the host and vanish with the launcher; a restart
 //! only removes the empty mount-point directories left behind.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -30,8 +30,7 @@ use rustix::fs::{self, AtFlags, Mode, OFlags, StatxFlags};
 use rustix::io::Errno;
 use rustix::mount::UnmountFlags;
 
-use crate::error::LauncherError;
-use crate::sandbox::Mounts;
+use crate::bwrap::Mounts;
 
 /// The mount points, in `mnt/<tid>/`.
 const WORKSPACE: &str = "workspace";
@@ -75,34 +74,51 @@ fn identity(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
     Ok((fs::makedev(st.stx_dev_major, st.stx_dev_minor), st.stx_ino))
 }
 
-fn internal(what: impl std::fmt::Display) -> LauncherError {
-    LauncherError::Internal(format!("staging mounts: {what}"))
+/// Why staging failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StageError {
+    /// A step on the staging directory failed.
+    #[error("staging mounts: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: Errno,
+    },
+    /// The mount's root is not the validated directory (something raced the bind).
+    #[error("staging mounts: {name}: the mount is {got:?}, the validated directory {want:?}")]
+    Mismatch {
+        name: String,
+        got: (u64, u64),
+        want: (u64, u64),
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(Errno) -> StageError {
+    let what = what.into();
+    move |source| StageError::Io { what, source }
 }
 
 impl Staging {
-    /// `mnt/` under the data directory, which [`crate::layout::DataDir::prepare`] created.
-    pub fn open(data: &crate::layout::DataDir) -> Result<Staging, LauncherError> {
-        let fd = data.mnt_dir()?;
-        Ok(Staging {
-            path: data.path().join("mnt"),
-            fd,
-        })
+    /// The staging directory `path`, whose validated (root-owned, root-writable only) handle
+    /// is `fd`.
+    pub fn new(path: PathBuf, fd: OwnedFd) -> Staging {
+        Staging { path, fd }
     }
 
     /// Mounts each source at `mnt/<tid>/<name>` and returns descriptors of the mounts. Any
     /// leftover of an earlier run of `tid` is removed first.
-    pub fn stage(&self, tid: &Tid, sources: Sources<'_>) -> Result<Staged, LauncherError> {
+    pub fn stage(&self, tid: &Tid, sources: Sources<'_>) -> Result<Staged, StageError> {
         self.clean(tid.as_str());
         fs::mkdirat(&self.fd, tid.as_str(), Mode::from_raw_mode(0o711))
-            .map_err(|e| internal(format!("mkdir mnt/{tid}: {e}")))?;
+            .map_err(io(format!("mkdir mnt/{tid}")))?;
         let dir = StagedDir {
             path: self.path.join(tid.as_str()),
             released: false,
         };
         let tid_dir = fs::openat(&self.fd, tid.as_str(), dir_flags(), Mode::empty())
-            .map_err(|e| internal(format!("open mnt/{tid}: {e}")))?;
+            .map_err(io(format!("open mnt/{tid}")))?;
         // The umask must not take the agent uid's search permission away.
-        chmod_fd(&tid_dir, 0o711).map_err(|e| internal(format!("chmod mnt/{tid}: {e}")))?;
+        chmod_fd(&tid_dir, 0o711).map_err(io(format!("chmod mnt/{tid}")))?;
         let mount = |name: &str, source| mount_one(&tid_dir, &dir.path, name, source);
         let mounts = Mounts {
             workspace: mount(WORKSPACE, sources.workspace)?,
@@ -145,7 +161,9 @@ fn dir_flags() -> OFlags {
     OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC
 }
 
-fn chmod_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
+/// `chmod` through a handle (`O_PATH` is fine), via its magic link: no name lookup anyone
+/// could race.
+pub fn chmod_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
     let path = format!("/proc/self/fd/{}", fd.as_raw_fd());
     fs::chmodat(
         fs::CWD,
@@ -162,21 +180,21 @@ fn mount_one(
     dir: &Path,
     name: &str,
     source: BorrowedFd<'_>,
-) -> Result<OwnedFd, LauncherError> {
-    fs::mkdirat(tid_dir, name, Mode::from_raw_mode(0o700))
-        .map_err(|e| internal(format!("mkdir {name}: {e}")))?;
+) -> Result<OwnedFd, StageError> {
+    fs::mkdirat(tid_dir, name, Mode::from_raw_mode(0o700)).map_err(io(format!("mkdir {name}")))?;
     let target = dir.join(name);
     let magic = format!("/proc/self/fd/{}", source.as_raw_fd());
-    rustix::mount::mount_bind(magic.as_str(), &target)
-        .map_err(|e| internal(format!("bind {name}: {e}")))?;
+    rustix::mount::mount_bind(magic.as_str(), &target).map_err(io(format!("bind {name}")))?;
     let fd = fs::openat(tid_dir, name, dir_flags(), Mode::empty())
-        .map_err(|e| internal(format!("open {name}: {e}")))?;
-    let want = identity(source).map_err(|e| internal(format!("stat {name}: {e}")))?;
-    let got = identity(fd.as_fd()).map_err(|e| internal(format!("stat {name}: {e}")))?;
+        .map_err(io(format!("open {name}")))?;
+    let want = identity(source).map_err(io(format!("stat {name}")))?;
+    let got = identity(fd.as_fd()).map_err(io(format!("stat {name}")))?;
     if got != want {
-        return Err(internal(format!(
-            "{name}: the mount is {got:?}, the validated directory {want:?}"
-        )));
+        return Err(StageError::Mismatch {
+            name: name.to_owned(),
+            got,
+            want,
+        });
     }
     Ok(fd)
 }

@@ -5,10 +5,8 @@
 //! sandbox uid to host root. So the child first writes itself into the task's cgroup (the files
 //! of [`TaskCgroup::join_files`](crate::cgroup::TaskCgroup::join_files), which needs root), then
 //! `setgroups([])`, `setresgid`, `setresuid` to the agent identity, and only then execs bwrap,
-//! unprivileged; `--cap-drop ALL` stays as a fail-safe. All of that
-//! runs in one `pre_exec` hook, because std's own uid switch happens before `pre_exec` and would
-//! leave the hook unable to write the root-owned cgroup files. The hook only makes raw
-//! syscalls on descriptors opened before the fork (async-signal-safe, no allocation).
+//! unprivileged; `--cap-drop ALL` stays as a fail-safe. All of that is [`crate::proc`]'s one
+//! child setup, which runs in the forked child and allocates nothing.
 //!
 //! Descriptors: every inherited descriptor above 2 is marked close-on-exec, then exactly the
 //! ones bwrap consumes are kept: the `--args` memfd (so the argument list, environment and task
@@ -31,13 +29,15 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{Seek, Write};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use agentbox_policy::secret::Secret;
-use rustix::fs::{MemfdFlags, Mode, OFlags};
+use rustix::fs::MemfdFlags;
+use rustix::process::Resource;
 
+use crate::proc::{self, ChildSetup};
 use crate::seccomp;
 
 /// The bubblewrap binary (root-owned, not writable by others; a `PATH` lookup could find one
@@ -292,6 +292,8 @@ pub enum SpawnError {
     },
     #[error(transparent)]
     Seccomp(#[from] seccomp::SeccompError),
+    #[error(transparent)]
+    Process(#[from] proc::SpawnError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SpawnError {
@@ -368,17 +370,6 @@ pub fn spawn(
     }
     let args = memfd("bwrap-args", &args_bytes)?;
 
-    let mut procs: Vec<OwnedFd> = Vec::new();
-    for path in cgroup_join {
-        let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()).map_err(
-            |e| SpawnError::Io {
-                what: format!("open {}", path.display()),
-                source: e.into(),
-            },
-        )?;
-        procs.push(fd);
-    }
-    let procs_raw: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
     let mut keep: Vec<RawFd> = vec![
         numbers.workspace,
         numbers.passwd,
@@ -390,7 +381,11 @@ pub fn spawn(
     ];
     keep.extend(numbers.venv);
     keep.extend(numbers.gateway);
-    let parent = rustix::process::getpid();
+    let setup = ChildSetup::new(run_as.uid, run_as.gid)
+        .join_cgroup(cgroup_join)?
+        .rlimit(Resource::Nofile, NOFILE)
+        .rlimit(Resource::Core, 0)
+        .keep(&keep);
 
     let mut cmd = tokio::process::Command::new(bwrap);
     cmd.arg("--args")
@@ -402,79 +397,10 @@ pub fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
-    let (uid, gid) = (run_as.uid, run_as.gid);
-    // SAFETY: the hook runs in the forked child before exec; `child_setup` only makes raw
-    // syscalls on integers captured here and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || child_setup(&procs_raw, &keep, uid, gid, parent));
-    }
-    let child = cmd
-        .spawn()
-        .map_err(io(format!("spawn {}", bwrap.display())))?;
+    let child = setup.spawn(cmd)?;
     // The parent's copies of the descriptors close here; the child has its own.
-    drop((passwd, group, hosts, main, enosys, args, procs));
+    drop((passwd, group, hosts, main, enosys, args));
     Ok(child)
-}
-
-/// Runs in the child between fork and exec. Async-signal-safe: raw syscalls only.
-fn child_setup(
-    procs: &[RawFd],
-    keep: &[RawFd],
-    uid: u32,
-    gid: u32,
-    parent: rustix::process::Pid,
-) -> std::io::Result<()> {
-    use rustix::process::{Resource, Rlimit, Signal};
-    for &fd in procs {
-        // SAFETY: opened before the fork and still open in this child.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        rustix::io::write(fd, b"0")?;
-    }
-    rustix::thread::set_thread_groups(&[])?;
-    let gid = rustix::process::Gid::from_raw(gid);
-    let uid = rustix::process::Uid::from_raw(uid);
-    rustix::thread::set_thread_res_gid(gid, gid, gid)?;
-    rustix::thread::set_thread_res_uid(uid, uid, uid)?;
-    // After the uid change: a credential change clears the parent-death signal.
-    rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
-    if rustix::process::getppid() != Some(parent) {
-        // The launcher died between fork and here; nobody would supervise this sandbox.
-        return Err(std::io::Error::other("launcher exited during spawn"));
-    }
-    let nofile = Rlimit {
-        current: Some(NOFILE),
-        maximum: Some(NOFILE),
-    };
-    rustix::process::setrlimit(Resource::Nofile, nofile)?;
-    let no_core = Rlimit {
-        current: Some(0),
-        maximum: Some(0),
-    };
-    rustix::process::setrlimit(Resource::Core, no_core)?;
-    // SAFETY: close_range only changes descriptor flags of this process.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3_u32,
-            u32::MAX,
-            libc::CLOSE_RANGE_CLOEXEC,
-        )
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    for &fd in keep {
-        // SAFETY: opened before the fork and still open in this child.
-        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
-    }
-    Ok(())
-}
-
-/// The status a caller sees: the exit code, or `128 + signal` when killed.
-pub fn exit_code(status: std::process::ExitStatus) -> Option<i32> {
-    use std::os::unix::process::ExitStatusExt;
-    status.code().or_else(|| status.signal().map(|s| 128 + s))
 }
 
 #[cfg(test)]

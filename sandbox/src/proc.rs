@@ -1,0 +1,550 @@
+//! Child processes of a privileged daemon: the one `pre_exec` setup every spawn goes through,
+//! capped capture of a child's output, and termination of a process group.
+//!
+//! # The child setup
+//! Between `fork` and `exec` a multithreaded process may only do async-signal-safe things: a
+//! lock another thread held at the fork (the allocator's, for one) stays locked forever in the
+//! child. So [`ChildSetup`] prepares everything before the fork (the cgroup join files are
+//! opened, the group list converted, the parent's pid read) and the hook only makes raw
+//! syscalls on those values. Failures are reported as the bare errno
+//! (`io::Error::from_raw_os_error`, which does not allocate); std sends it to the parent, whose
+//! `spawn` returns it. In order, the hook:
+//! 1. writes `0` into each cgroup join file (needs root, so first);
+//! 2. optionally starts a session (own process group, no controlling terminal);
+//! 3. sets the supplementary groups, then the real/effective/saved gid and uid;
+//! 4. arms the parent-death signal (after the uid change, which clears it) and fails with
+//!    `ESRCH` if the parent already died, since nobody would supervise the child;
+//! 5. applies the resource limits;
+//! 6. marks every descriptor above 2 close-on-exec, then clears the flag on the ones the
+//!    program must inherit.
+//!
+//! std's own `uid`/`gid` switch would happen before the hook and leave it unable to write the
+//! root-owned cgroup files, which is why the identity change lives here.
+
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
+use rustix::process::{Gid, Pid, Resource, Rlimit, Signal, Uid};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// Why a child could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// A cgroup join file could not be opened (before the fork).
+    #[error("open {}: {source}", path.display())]
+    JoinFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// `spawn` failed: the program could not be executed, or the child setup failed (the
+    /// error is then the errno of the failing step).
+    #[error("spawn {program}: {source}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Everything the child does between fork and exec, prepared before the fork.
+#[derive(Debug)]
+pub struct ChildSetup {
+    /// Held open until the spawn returns; the child writes into its copies.
+    join: Vec<OwnedFd>,
+    uid: Uid,
+    gid: Gid,
+    groups: Vec<Gid>,
+    new_session: bool,
+    limits: Vec<(Resource, Rlimit)>,
+    keep: Vec<RawFd>,
+}
+
+impl ChildSetup {
+    /// A child that runs as `uid`:`gid` with no supplementary groups, in the caller's session,
+    /// with no descriptor above 2 inherited.
+    pub fn new(uid: u32, gid: u32) -> ChildSetup {
+        ChildSetup {
+            join: Vec::new(),
+            uid: Uid::from_raw(uid),
+            gid: Gid::from_raw(gid),
+            groups: Vec::new(),
+            new_session: false,
+            limits: Vec::new(),
+            keep: Vec::new(),
+        }
+    }
+
+    /// Supplementary groups.
+    pub fn groups(mut self, groups: &[u32]) -> ChildSetup {
+        self.groups = groups.iter().copied().map(Gid::from_raw).collect();
+        self
+    }
+
+    /// Joins the cgroup whose join files (`cgroup.procs`, or one `tasks`/`cgroup.procs` per v1
+    /// controller) are given; they are opened now.
+    pub fn join_cgroup(mut self, files: &[PathBuf]) -> Result<ChildSetup, SpawnError> {
+        for path in files {
+            let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| SpawnError::JoinFile {
+                    path: path.clone(),
+                    source: e.into(),
+                })?;
+            self.join.push(fd);
+        }
+        Ok(self)
+    }
+
+    /// The child leads a session and process group of its own (so [`terminate_group`] reaches
+    /// everything it forks that does not leave the group).
+    pub fn new_session(mut self) -> ChildSetup {
+        self.new_session = true;
+        self
+    }
+
+    /// Soft and hard limit `value` for `resource`.
+    pub fn rlimit(mut self, resource: Resource, value: u64) -> ChildSetup {
+        self.limits.push((
+            resource,
+            Rlimit {
+                current: Some(value),
+                maximum: Some(value),
+            },
+        ));
+        self
+    }
+
+    /// Descriptors the program inherits (they must stay open until [`ChildSetup::spawn`]
+    /// returns).
+    pub fn keep(mut self, fds: &[RawFd]) -> ChildSetup {
+        self.keep.extend_from_slice(fds);
+        self
+    }
+
+    /// Installs the hook on `cmd` and spawns it. Call from a long-lived thread (an async task
+    /// on a runtime worker, not `spawn_blocking`): the parent-death signal fires when the
+    /// *thread* that forked the child exits.
+    pub fn spawn(
+        self,
+        mut cmd: tokio::process::Command,
+    ) -> Result<tokio::process::Child, SpawnError> {
+        let program = cmd.as_std().get_program().to_string_lossy().into_owned();
+        let hook = Hook {
+            join: self.join.iter().map(AsRawFd::as_raw_fd).collect(),
+            uid: self.uid,
+            gid: self.gid,
+            groups: self.groups,
+            new_session: self.new_session,
+            limits: self.limits,
+            keep: self.keep,
+            parent: rustix::process::getpid(),
+        };
+        // SAFETY: the hook runs in the forked child before exec. `Hook::run` makes raw
+        // syscalls on values prepared here, allocates nothing and takes no lock.
+        unsafe {
+            cmd.pre_exec(move || hook.run());
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|source| SpawnError::Spawn { program, source })?;
+        // The parent's copies of the join files close here.
+        drop(self.join);
+        Ok(child)
+    }
+}
+
+/// What the forked child sees: plain numbers and vectors built before the fork.
+struct Hook {
+    join: Vec<RawFd>,
+    uid: Uid,
+    gid: Gid,
+    groups: Vec<Gid>,
+    new_session: bool,
+    limits: Vec<(Resource, Rlimit)>,
+    keep: Vec<RawFd>,
+    parent: Pid,
+}
+
+fn errno(e: Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.raw_os_error())
+}
+
+impl Hook {
+    /// Runs in the child between fork and exec. Async-signal-safe: raw syscalls only, no
+    /// allocation (an `io::Error` from an errno is a plain integer).
+    fn run(&self) -> io::Result<()> {
+        for &fd in &self.join {
+            // SAFETY: opened before the fork and still open in this child.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            rustix::io::write(fd, b"0").map_err(errno)?;
+        }
+        if self.new_session {
+            rustix::process::setsid().map_err(errno)?;
+        }
+        rustix::thread::set_thread_groups(&self.groups).map_err(errno)?;
+        rustix::thread::set_thread_res_gid(self.gid, self.gid, self.gid).map_err(errno)?;
+        rustix::thread::set_thread_res_uid(self.uid, self.uid, self.uid).map_err(errno)?;
+        rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(errno)?;
+        if rustix::process::getppid() != Some(self.parent) {
+            // The parent died between fork and here; nobody would supervise this child.
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        for &(resource, limit) in &self.limits {
+            rustix::process::setrlimit(resource, limit).map_err(errno)?;
+        }
+        // SAFETY: close_range only changes descriptor flags of this process.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_close_range,
+                3_u32,
+                u32::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        for &fd in &self.keep {
+            // SAFETY: opened before the fork and still open in this child.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).map_err(errno)?;
+        }
+        Ok(())
+    }
+}
+
+/// Where captured output goes.
+pub trait Sink: Send {
+    /// Takes the next chunk (already cut to the capture's cap). A sink that cannot write
+    /// drops the chunk: the child must never block on a full pipe.
+    fn write(&mut self, chunk: &[u8]) -> impl Future<Output = ()> + Send;
+    /// The pipe closed.
+    fn finish(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+impl Sink for tokio::fs::File {
+    async fn write(&mut self, chunk: &[u8]) {
+        if let Err(e) = self.write_all(chunk).await {
+            tracing::warn!(error = %e, "cannot write captured output");
+        }
+    }
+
+    async fn finish(&mut self) {
+        let _ = self.flush().await;
+    }
+}
+
+/// What a capture saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// Bytes given to the sink.
+    pub kept: u64,
+    /// Whether output beyond the cap was read and dropped.
+    pub truncated: bool,
+}
+
+/// Copies `pipe` into `sink` until the pipe closes (or fails): at most `cap` bytes when a cap
+/// is given; the rest is read and dropped, so the child never blocks on a full pipe.
+pub async fn capture<R: AsyncRead + Unpin + Send, S: Sink>(
+    mut pipe: R,
+    mut sink: S,
+    cap: Option<u64>,
+) -> Captured {
+    let mut buf = vec![0_u8; 64 * 1024];
+    let mut seen = Captured::default();
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let room = cap.map_or(usize::MAX, |c| {
+            usize::try_from(c.saturating_sub(seen.kept)).unwrap_or(usize::MAX)
+        });
+        let keep = n.min(room);
+        if keep < n {
+            seen.truncated = true;
+        }
+        if let Some(chunk) = buf.get(..keep).filter(|c| !c.is_empty()) {
+            sink.write(chunk).await;
+            seen.kept += keep as u64;
+        }
+    }
+    sink.finish().await;
+    seen
+}
+
+/// Sends `signal` to the process group `pgid`; a group that is gone is not an error.
+pub fn signal_group(pgid: u32, signal: Signal) -> Result<(), Errno> {
+    let Some(pid) = i32::try_from(pgid).ok().and_then(Pid::from_raw) else {
+        return Ok(());
+    };
+    match rustix::process::kill_process_group(pid, signal) {
+        Ok(()) | Err(Errno::SRCH) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Ends a child that leads its own process group ([`ChildSetup::new_session`]): SIGTERM to the
+/// group, up to `grace` for the leader to exit, then SIGKILL to the group; the leader is
+/// reaped either way. Members that left the group (a second `setsid`) are the caller's (its
+/// cgroup's) business.
+pub async fn terminate_group(
+    child: &mut tokio::process::Child,
+    grace: Duration,
+) -> io::Result<ExitStatus> {
+    // `id()` is `None` only once the child has been reaped, and then there is nothing to do.
+    let Some(pgid) = child.id() else {
+        return child.wait().await;
+    };
+    signal_group(pgid, Signal::TERM).map_err(errno)?;
+    if let Ok(status) = tokio::time::timeout(grace, child.wait()).await {
+        return status;
+    }
+    tracing::warn!(pgid, "process group ignored SIGTERM; killing it");
+    signal_group(pgid, Signal::KILL).map_err(errno)?;
+    child.wait().await
+}
+
+/// The status a caller sees: the exit code, or `128 + signal` when killed.
+pub fn exit_code(status: ExitStatus) -> Option<i32> {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().or_else(|| status.signal().map(|s| 128 + s))
+}
+
+/// Moves this process into a mount namespace of its own whose `/` is a recursive slave: mounts
+/// the host makes later still appear here, ours never propagate back. Call while the process
+/// has a single thread.
+pub fn isolate_mounts() -> rustix::io::Result<()> {
+    use rustix::mount::{MountPropagationFlags, mount_change};
+    use rustix::thread::{UnshareFlags, unshare_unsafe};
+    // SAFETY: only the mount namespace is unshared, and (by the contract above) while the
+    // process has a single thread; nothing in this process holds state about mounts that the
+    // change would invalidate.
+    unsafe { unshare_unsafe(UnshareFlags::NEWNS) }?;
+    mount_change(
+        "/",
+        MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+    )
+}
+
+/// Makes sure descriptors 0-2 are open (on `/dev/null` if not), so no descriptor opened later
+/// lands on a standard stream number.
+pub fn ensure_stdio() {
+    for fd in 0..3 {
+        // SAFETY: only inspects the flags of a descriptor number.
+        let open = unsafe { libc::fcntl(fd, libc::F_GETFD) } != -1;
+        if !open
+            && let Ok(null) = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/null")
+        {
+            // The lowest free number is `fd`, so this fills the hole; keep it open for good.
+            std::mem::forget(null);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Stdio;
+
+    /// A sink that keeps everything in memory.
+    #[derive(Default)]
+    struct Memory(Vec<u8>, bool);
+
+    impl Sink for &mut Memory {
+        async fn write(&mut self, chunk: &[u8]) {
+            self.0.extend_from_slice(chunk);
+        }
+        async fn finish(&mut self) {
+            self.1 = true;
+        }
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn capture_caps_and_reports_truncation() {
+        let rt = rt();
+        let mut mem = Memory::default();
+        let seen = rt.block_on(capture(&b"0123456789"[..], &mut mem, Some(4)));
+        assert_eq!(
+            seen,
+            Captured {
+                kept: 4,
+                truncated: true
+            }
+        );
+        assert_eq!((mem.0.as_slice(), mem.1), (&b"0123"[..], true));
+
+        let mut mem = Memory::default();
+        let seen = rt.block_on(capture(&b"0123"[..], &mut mem, Some(4)));
+        assert!(!seen.truncated);
+        assert_eq!(mem.0, b"0123");
+
+        let mut mem = Memory::default();
+        let big = vec![b'x'; 300_000];
+        let seen = rt.block_on(capture(big.as_slice(), &mut mem, None));
+        assert_eq!((seen.kept, seen.truncated), (300_000, false));
+    }
+
+    /// A child writing far more than a pipe holds is read to its end (it exits), not blocked.
+    #[test]
+    fn capture_drains_a_real_child() {
+        let rt = rt();
+        rt.block_on(async {
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args(["-c", "head -c 1000000 /dev/zero"])
+                .stdout(Stdio::piped());
+            let mut child = ChildSetup::new(0, 0).spawn(cmd).unwrap();
+            let pipe = child.stdout.take().unwrap();
+            let mut mem = Memory::default();
+            let seen = capture(pipe, &mut mem, Some(10)).await;
+            assert_eq!((seen.kept, seen.truncated), (10, true));
+            assert!(child.wait().await.unwrap().success());
+        });
+    }
+
+    fn alive(pid: i32) -> bool {
+        // A zombie is dead for our purposes: it runs nothing.
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z')),
+            Err(_) => false,
+        }
+    }
+
+    /// SIGTERM ignored by every member: the group is killed after the grace, nothing is left.
+    #[test]
+    fn group_kill_leaves_no_process() {
+        let rt = rt();
+        rt.block_on(async {
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args([
+                "-c",
+                "trap '' TERM; (trap '' TERM; sleep 600) & echo $!; wait",
+            ])
+            .stdout(Stdio::piped());
+            let mut child = ChildSetup::new(0, 0).new_session().spawn(cmd).unwrap();
+            let mut out = child.stdout.take().unwrap();
+            let mut line = Vec::new();
+            let mut byte = [0_u8; 1];
+            while out.read(&mut byte).await.unwrap() == 1 && byte[0] != b'\n' {
+                line.push(byte[0]);
+            }
+            let grandchild: i32 = String::from_utf8(line).unwrap().trim().parse().unwrap();
+            let leader = i32::try_from(child.id().unwrap()).unwrap();
+            assert!(alive(grandchild) && alive(leader));
+            let started = std::time::Instant::now();
+            let status = terminate_group(&mut child, Duration::from_millis(300))
+                .await
+                .unwrap();
+            assert!(started.elapsed() >= Duration::from_millis(300));
+            assert_eq!(exit_code(status), Some(128 + libc::SIGKILL));
+            // The grandchild is reparented and reaped by init/the subreaper: give it a moment.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while alive(grandchild) && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            assert!(!alive(grandchild), "the group member survived");
+        });
+    }
+
+    /// A child that exits on SIGTERM is reaped without waiting for the grace.
+    #[test]
+    fn group_term_is_enough_for_a_polite_child() {
+        let rt = rt();
+        rt.block_on(async {
+            let mut cmd = tokio::process::Command::new("/bin/sleep");
+            cmd.arg("600");
+            let mut child = ChildSetup::new(0, 0).new_session().spawn(cmd).unwrap();
+            let started = std::time::Instant::now();
+            let status = terminate_group(&mut child, Duration::from_secs(30))
+                .await
+                .unwrap();
+            assert!(started.elapsed() < Duration::from_secs(10));
+            assert_eq!(exit_code(status), Some(128 + libc::SIGTERM));
+        });
+    }
+
+    /// A failing step of the child setup comes back from `spawn` as its errno.
+    #[test]
+    fn child_setup_errors_are_reported() {
+        let rt = rt();
+        rt.block_on(async {
+            // A join file that is not writable: opened read-only, the write fails with EBADF.
+            let tmp = tempfile::tempdir().unwrap();
+            let procs = tmp.path().join("cgroup.procs");
+            std::fs::write(&procs, "").unwrap();
+            let mut setup = ChildSetup::new(0, 0);
+            setup.join.push(
+                rustix::fs::open(&procs, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap(),
+            );
+            let err = setup
+                .spawn(tokio::process::Command::new("/bin/true"))
+                .unwrap_err();
+            let SpawnError::Spawn { source, .. } = &err else {
+                panic!("{err:?}");
+            };
+            assert_eq!(source.raw_os_error(), Some(libc::EBADF), "{err}");
+
+            // A kept descriptor that is not open: EBADF from fcntl.
+            let err = ChildSetup::new(0, 0)
+                .keep(&[987_654])
+                .spawn(tokio::process::Command::new("/bin/true"))
+                .unwrap_err();
+            let SpawnError::Spawn { source, .. } = &err else {
+                panic!("{err:?}");
+            };
+            assert_eq!(source.raw_os_error(), Some(libc::EBADF), "{err}");
+
+            // A missing join file is reported before any fork, naming the file.
+            let err = ChildSetup::new(0, 0)
+                .join_cgroup(&[tmp.path().join("missing")])
+                .unwrap_err();
+            assert!(matches!(err, SpawnError::JoinFile { .. }), "{err}");
+        });
+    }
+
+    /// The identity change and the kept descriptors reach the program.
+    #[test]
+    fn identity_and_kept_descriptors() {
+        let rt = rt();
+        rt.block_on(async {
+            let (keep_r, _keep_w) = rustix::pipe::pipe().unwrap();
+            let (drop_r, _drop_w) = rustix::pipe::pipe().unwrap();
+            let script = format!(
+                "id -u; id -g; id -G; test -e /proc/self/fd/{k} && echo kept; test -e /proc/self/fd/{d} || echo closed",
+                k = keep_r.as_raw_fd(),
+                d = drop_r.as_raw_fd()
+            );
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args(["-c", &script]).stdout(Stdio::piped());
+            let child = ChildSetup::new(64123, 64124)
+                .groups(&[64125])
+                .keep(&[keep_r.as_raw_fd()])
+                .rlimit(Resource::Core, 0)
+                .spawn(cmd)
+                .unwrap();
+            let out = child.wait_with_output().await.unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "64123\n64124\n64124 64125\nkept\nclosed\n"
+            );
+        });
+    }
+}
