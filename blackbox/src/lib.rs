@@ -2,3 +2,5 @@
 //! in-process LLM proxy that tags every model call with session and turn headers.
 //!
 //! Empty until its issue lands it.
+
+#![forbid(unsafe_code)]

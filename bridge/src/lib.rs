@@ -13,6 +13,8 @@
 //!
 //! Keys live in [`Secret`]s: no `Debug`, log line, error body or `/health` output shows them.
 
+#![forbid(unsafe_code)]
+
 pub mod error;
 mod routes;
 mod upstream;

@@ -1,6 +1,8 @@
 //! `agentbox-bridge`: reads the config and the keys, binds `bridge.listen`, serves until
 //! SIGTERM or SIGINT. Prints `listening on <addr>` on stdout once bound (port 0 picks one).
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -4,6 +4,8 @@
 //! reports the catalogue, so an operator (or systemd's `ExecStartPre`) finds a bad key before
 //! a daemon refuses to start. `status` and `run` arrive with the launcher and gateway.
 
+#![forbid(unsafe_code)]
+
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;

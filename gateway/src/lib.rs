@@ -14,6 +14,8 @@
 //! - [`proxy`]: the per-task socket's routes, forwarding and metering.
 //! - [`error`]: both error types and their one mapping each to status and body.
 
+#![forbid(unsafe_code)]
+
 pub mod control;
 pub mod error;
 pub mod estimate;

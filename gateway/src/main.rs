@@ -2,6 +2,8 @@
 //! open, serves until SIGTERM or SIGINT, then drains and saves. Prints
 //! `listening on unix:<path>` on stdout once the control socket is bound.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -8,6 +8,8 @@
 //! in-flight requests and leak no task, and because the control sockets authenticate callers
 //! by `SO_PEERCRED`, which axum does not expose.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use axum::Router;

@@ -12,6 +12,8 @@
 //! - [`secret`]: secrets that never print and compare in constant time.
 //! - [`config`]: `agentbox.toml`, typed, with unknown keys refused.
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod env;
 pub mod id;

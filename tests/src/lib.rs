@@ -3,6 +3,8 @@
 //! (starting processes that die with the test, finding the real agent CLIs, HTTP over unix
 //! sockets), and [`workload`], the realistic requests tests and benchmarks send.
 
+#![forbid(unsafe_code)]
+
 pub mod fakellm;
 pub mod harness;
 pub mod workload;

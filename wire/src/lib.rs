@@ -14,6 +14,8 @@
 //! - [`normalize`]: Anthropic → Anthropic fixes for local backends (Claude Code's billing header,
 //!   mid-conversation system messages).
 
+#![forbid(unsafe_code)]
+
 pub mod anthropic;
 pub mod chat;
 pub mod error;

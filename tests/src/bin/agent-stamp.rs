@@ -4,6 +4,8 @@
 //! the request to the agent's first instruction. It ignores its arguments (the launcher passes
 //! `claude`'s).
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

@@ -1,6 +1,8 @@
 //! `fakellm` command line: parses arguments and runs the server from
 //! [`agentbox_tests::fakellm`], whose module docs describe the script and the wire behaviour.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
