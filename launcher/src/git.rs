@@ -573,6 +573,16 @@ impl TaskPaths {
     }
 }
 
+/// `git fetch` of exactly the refspec that follows, nothing else.
+const FETCH: &[&str] = &[
+    "fetch",
+    "--quiet",
+    "--no-tags",
+    "--no-write-fetch-head",
+    "--no-recurse-submodules",
+    "--end-of-options",
+];
+
 fn os(items: &[&str]) -> Vec<OsString> {
     items.iter().map(OsString::from).collect()
 }
@@ -587,14 +597,7 @@ pub async fn snapshot(git: &Git, repo: &Repo, sha: &str, task: &TaskPaths) -> Re
     let mut init = os(&["init", "--quiet", "--bare", "--template="]);
     init.push(task.shadow.clone().into());
     git.run(&task.dir, &[], &refs(&init)).await?;
-    let mut fetch = os(&[
-        "fetch",
-        "--quiet",
-        "--no-tags",
-        "--no-write-fetch-head",
-        "--no-recurse-submodules",
-        "--end-of-options",
-    ]);
+    let mut fetch = os(FETCH);
     fetch.push(repo.git_dir.clone().into());
     fetch.push(format!("{sha}:{BASE_REF}").into());
     git.run(&task.shadow, &[("GIT_DIR", &task.shadow)], &refs(&fetch))
@@ -849,14 +852,7 @@ pub async fn deliver(
             repo.top.display()
         )));
     }
-    let mut fetch = os(&[
-        "fetch",
-        "--quiet",
-        "--no-tags",
-        "--no-write-fetch-head",
-        "--no-recurse-submodules",
-        "--end-of-options",
-    ]);
+    let mut fetch = os(FETCH);
     fetch.push(task.shadow.clone().into());
     fetch.push(format!("+{refname}:{refname}").into());
     git.run(&repo.git_dir, &[("GIT_DIR", &repo.git_dir)], &refs(&fetch))

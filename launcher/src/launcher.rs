@@ -224,6 +224,17 @@ impl Launcher {
         }
     }
 
+    /// The cgroups to start something in: refused while shutting down or when the host has
+    /// none.
+    fn ready_cgroups(&self) -> Result<&Cgroups, LauncherError> {
+        if self.shutdown.is_cancelled() {
+            return Err(LauncherError::ShuttingDown);
+        }
+        self.cgroups
+            .as_ref()
+            .map_err(|e| LauncherError::HostNotReady(e.clone()))
+    }
+
     fn limits(&self) -> CgroupLimits {
         let l = &self.config.launcher.limits;
         CgroupLimits {
@@ -376,13 +387,7 @@ impl Launcher {
         self: &Arc<Self>,
         spec: RunSpec,
     ) -> Result<watch::Receiver<Phase>, LauncherError> {
-        if self.shutdown.is_cancelled() {
-            return Err(LauncherError::ShuttingDown);
-        }
-        let cgroups = self
-            .cgroups
-            .as_ref()
-            .map_err(|e| LauncherError::HostNotReady(e.clone()))?;
+        let cgroups = self.ready_cgroups()?;
         let stop = self.shutdown.child_token();
         let rx = {
             let mut reg = self.lock();
@@ -816,13 +821,7 @@ impl Launcher {
                 return Err(LauncherError::NotVllm(format!("{:?}", m.id.as_str())));
             }
         }
-        if self.shutdown.is_cancelled() {
-            return Err(LauncherError::ShuttingDown);
-        }
-        let cgroups = self
-            .cgroups
-            .as_ref()
-            .map_err(|e| LauncherError::HostNotReady(e.clone()))?;
+        let cgroups = self.ready_cgroups()?;
         Ok(self
             .backends
             .start(&m.id, &self.data, cgroups, &|| self.busy_models())

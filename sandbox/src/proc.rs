@@ -481,6 +481,15 @@ mod tests {
         });
     }
 
+    /// The errno `spawn` reports for a setup that must fail.
+    fn setup_errno(setup: ChildSetup) -> Option<i32> {
+        match setup.spawn(tokio::process::Command::new("/bin/true")) {
+            Err(SpawnError::Spawn { source, .. }) => source.raw_os_error(),
+            Err(e) => panic!("{e:?}"),
+            Ok(_) => panic!("the setup did not fail"),
+        }
+    }
+
     /// A failing step of the child setup comes back from `spawn` as its errno.
     #[test]
     fn child_setup_errors_are_reported() {
@@ -494,23 +503,13 @@ mod tests {
             setup.join.push(
                 rustix::fs::open(&procs, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).unwrap(),
             );
-            let err = setup
-                .spawn(tokio::process::Command::new("/bin/true"))
-                .unwrap_err();
-            let SpawnError::Spawn { source, .. } = &err else {
-                panic!("{err:?}");
-            };
-            assert_eq!(source.raw_os_error(), Some(libc::EBADF), "{err}");
+            assert_eq!(setup_errno(setup), Some(libc::EBADF));
 
             // A kept descriptor that is not open: EBADF from fcntl.
-            let err = ChildSetup::new(0, 0)
-                .keep(&[987_654])
-                .spawn(tokio::process::Command::new("/bin/true"))
-                .unwrap_err();
-            let SpawnError::Spawn { source, .. } = &err else {
-                panic!("{err:?}");
-            };
-            assert_eq!(source.raw_os_error(), Some(libc::EBADF), "{err}");
+            assert_eq!(
+                setup_errno(ChildSetup::new(0, 0).keep(&[987_654])),
+                Some(libc::EBADF)
+            );
 
             // A missing join file is reported before any fork, naming the file.
             let err = ChildSetup::new(0, 0)
