@@ -71,6 +71,14 @@ macro_rules! both {
     };
 }
 
+/// A temp dir holding `dirs` and one symlink at `link` pointing to `target`.
+fn tree_with_link(dirs: &[&str], target: &str, link: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    mkdirs(tmp.path(), dirs);
+    symlink(target, tmp.path().join(link)).unwrap();
+    tmp
+}
+
 #[track_caller]
 fn assert_symlink(r: Result<agentbox_policy::resolve::Resolved, ResolveError>) {
     match r {
@@ -128,18 +136,14 @@ impl Drop for MountGuard {
 // Resolver: symlinks
 
 both!(symlink_as_first_component, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["real/sub"]);
-    symlink("real", tmp.path().join("link")).unwrap();
+    let tmp = tree_with_link(&["real/sub"], "real", "link");
     let root = root(tmp.path(), s);
     assert_symlink(root.resolve(&rel("link/sub")));
     assert_symlink(root.resolve_dir(&rel("link")));
 });
 
 both!(symlink_as_middle_component, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["a/real/c"]);
-    symlink("real", tmp.path().join("a/b")).unwrap();
+    let tmp = tree_with_link(&["a/real/c"], "real", "a/b");
     assert_symlink(root(tmp.path(), s).resolve(&rel("a/b/c")));
 });
 
@@ -152,45 +156,40 @@ both!(symlink_as_last_component_to_file, |s| {
 });
 
 both!(symlink_as_last_component_to_dir, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["a/d"]);
-    symlink("d", tmp.path().join("a/l")).unwrap();
+    let tmp = tree_with_link(&["a/d"], "d", "a/l");
     assert_symlink(root(tmp.path(), s).resolve_dir(&rel("a/l")));
 });
 
 both!(absolute_symlink_to_etc, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("/etc", tmp.path().join("etc")).unwrap();
+    let tmp = tree_with_link(&[], "/etc", "etc");
     let root = root(tmp.path(), s);
     assert_symlink(root.resolve(&rel("etc/passwd")));
     assert_symlink(root.resolve(&rel("etc")));
 });
 
 both!(absolute_symlink_to_filesystem_root, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("/", tmp.path().join("slash")).unwrap();
+    let tmp = tree_with_link(&[], "/", "slash");
     assert_symlink(root(tmp.path(), s).resolve(&rel("slash/etc/shadow")));
 });
 
 both!(relative_dotdot_symlink_escaping, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["a/b"]);
-    symlink("../../..", tmp.path().join("a/b/up")).unwrap();
+    let tmp = tree_with_link(&["a/b"], "../../..", "a/b/up");
     assert_symlink(root(tmp.path(), s).resolve(&rel("a/b/up/etc")));
 });
 
 both!(relative_dotdot_symlink_staying_inside, |s| {
     // Even a link that stays inside the root is refused: the rule is "no symlinks", not "no
     // escaping symlinks", because an in-tree link can still point at another task's files.
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["tasks/t1", "tasks/t2/workspace"]);
-    symlink("../t2/workspace", tmp.path().join("tasks/t1/workspace")).unwrap();
+    let tmp = tree_with_link(
+        &["tasks/t1", "tasks/t2/workspace"],
+        "../t2/workspace",
+        "tasks/t1/workspace",
+    );
     assert_symlink(root(tmp.path(), s).resolve_dir(&rel("tasks/t1/workspace")));
 });
 
 both!(symlink_to_proc_magic_link, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("/proc/self/root", tmp.path().join("proc")).unwrap();
+    let tmp = tree_with_link(&[], "/proc/self/root", "proc");
     assert_symlink(root(tmp.path(), s).resolve(&rel("proc/etc")));
 });
 
@@ -204,14 +203,12 @@ both!(symlink_loop_between_two_links, |s| {
 });
 
 both!(symlink_self_loop, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("me", tmp.path().join("me")).unwrap();
+    let tmp = tree_with_link(&[], "me", "me");
     assert_symlink(root(tmp.path(), s).resolve(&rel("me")));
 });
 
 both!(dangling_symlink, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("nowhere", tmp.path().join("d")).unwrap();
+    let tmp = tree_with_link(&[], "nowhere", "d");
     assert_symlink(root(tmp.path(), s).resolve(&rel("d")));
     assert!(
         !tmp.path().join("nowhere").exists(),
@@ -333,9 +330,7 @@ both!(recheck_against_another_root, |s| {
 both!(race_exchange_dir_and_symlink, |s| {
     // A thread keeps atomically exchanging the workspace with a symlink to /etc while we
     // resolve it: every success must be the real workspace, every failure a symlink refusal.
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["ws"]);
-    symlink("/etc", tmp.path().join("evil")).unwrap();
+    let tmp = tree_with_link(&["ws"], "/etc", "evil");
     let root = root(tmp.path(), s);
     let ws_id = *root.resolve_dir(&rel("ws")).unwrap().identity();
     let stop = Arc::new(AtomicBool::new(false));
@@ -547,9 +542,7 @@ both!(empty_relative_path_is_the_root, |s| {
 
 #[test]
 fn root_last_component_symlink_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["real"]);
-    symlink("real", tmp.path().join("link")).unwrap();
+    let tmp = tree_with_link(&["real"], "real", "link");
     assert!(matches!(
         Root::open(tmp.path().join("link")).unwrap_err(),
         ResolveError::Symlink { .. }
@@ -559,9 +552,7 @@ fn root_last_component_symlink_refused() {
 #[test]
 fn root_parent_symlink_tolerated() {
     // The root path is trusted configuration: only its last component must not be a link.
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["real/data"]);
-    symlink("real", tmp.path().join("link")).unwrap();
+    let tmp = tree_with_link(&["real/data"], "real", "link");
     Root::open(tmp.path().join("link/data")).unwrap();
 }
 
