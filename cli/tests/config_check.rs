@@ -23,11 +23,8 @@ fn example_config_checks_ok() {
         .args(["config", "check", "--config", &example()])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("models: 4"), "{text}");
     assert!(text.contains("qwen-coder"), "{text}");

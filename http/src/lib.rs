@@ -47,55 +47,67 @@ pub struct PeerCred {
 
 /// Serves `router` on a TCP listener until `shutdown` is cancelled.
 pub async fn serve_tcp(listener: TcpListener, router: Router, shutdown: CancellationToken) {
-    let tracker = TaskTracker::new();
-    loop {
-        let accepted = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                if let Err(e) = stream.set_nodelay(true) {
-                    tracing::debug!(error = %e, "set_nodelay failed");
-                }
-                tracker.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+    accept_loop(
+        || listener.accept(),
+        &shutdown,
+        |stream, tracker| {
+            if let Err(e) = stream.set_nodelay(true) {
+                tracing::debug!(error = %e, "set_nodelay failed");
             }
-            Err(e) => accept_backoff(&e).await,
-        }
-    }
-    drain_connections(tracker).await;
+            tracker.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+        },
+    )
+    .await;
 }
 
 /// Serves `router` on a unix listener until `shutdown` is cancelled. Every request carries the
 /// connecting process's [`PeerCred`] in its extensions; a connection whose credentials cannot be
 /// read is closed unserved, since the control sockets authorize on them.
 pub async fn serve_unix(listener: UnixListener, router: Router, shutdown: CancellationToken) {
+    accept_loop(
+        || listener.accept(),
+        &shutdown,
+        |stream, tracker| {
+            let cred = match stream.peer_cred() {
+                Ok(c) => PeerCred {
+                    uid: c.uid(),
+                    gid: c.gid(),
+                    pid: c.pid(),
+                },
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read peer credentials; closing");
+                    return;
+                }
+            };
+            let router = router.clone();
+            let svc = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+                req.extensions_mut().insert(cred);
+                router.clone().oneshot(req.map(Body::new))
+            });
+            tracker.spawn(serve_connection(stream, svc, shutdown.clone()));
+        },
+    )
+    .await;
+}
+
+/// The loop both listeners share: accept until `shutdown` is cancelled, hand each stream to
+/// `serve` (which spawns its connection task on the tracker), back off on accept errors, then
+/// drain the tracked connections.
+async fn accept_loop<S, A, F>(
+    mut accept: impl FnMut() -> F,
+    shutdown: &CancellationToken,
+    mut serve: impl FnMut(S, &TaskTracker),
+) where
+    F: Future<Output = std::io::Result<(S, A)>>,
+{
     let tracker = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
             () = shutdown.cancelled() => break,
-            accepted = listener.accept() => accepted,
+            accepted = accept() => accepted,
         };
         match accepted {
-            Ok((stream, _)) => {
-                let cred = match stream.peer_cred() {
-                    Ok(c) => PeerCred {
-                        uid: c.uid(),
-                        gid: c.gid(),
-                        pid: c.pid(),
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot read peer credentials; closing");
-                        continue;
-                    }
-                };
-                let router = router.clone();
-                let svc = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
-                    req.extensions_mut().insert(cred);
-                    router.clone().oneshot(req.map(Body::new))
-                });
-                tracker.spawn(serve_connection(stream, svc, shutdown.clone()));
-            }
+            Ok((stream, _)) => serve(stream, &tracker),
             Err(e) => accept_backoff(&e).await,
         }
     }

@@ -84,51 +84,49 @@ fn rustix_ids() -> (u32, u32) {
     (field("Uid:"), field("Gid:"))
 }
 
-#[tokio::test]
-async fn bodies_are_limited_and_deadlined() {
+/// `app()` served on a fresh loopback port: its address, the token that stops it, the task.
+async fn tcp_server() -> (
+    std::net::SocketAddr,
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
     let server = tokio::spawn(serve_tcp(listener, app(), stop.clone()));
+    (addr, stop, server)
+}
+
+#[tokio::test]
+async fn bodies_are_limited_and_deadlined() {
+    let (addr, stop, server) = tcp_server().await;
     let conn = || tokio::net::TcpStream::connect(addr);
 
-    let r = raw(
-        conn().await.unwrap(),
-        "POST /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 5\r\n\r\nhello",
-    )
-    .await;
-    assert!(r.ends_with("ok 5"), "{r}");
-    let r = raw(
-        conn().await.unwrap(),
-        "POST /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 17\r\n\r\n",
-    )
-    .await;
-    assert!(
-        r.ends_with("too large 16"),
-        "declared length refused before reading: {r}"
-    );
-    let r = raw(
-        conn().await.unwrap(),
-        "POST /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n1\r\nx\r\n0\r\n\r\n",
-    )
-    .await;
-    assert!(r.ends_with("too large 16"), "chunked overflow: {r}");
-    let r = raw(
-        conn().await.unwrap(),
-        "POST /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: 10\r\n\r\nabc",
-    )
-    .await;
-    assert!(r.ends_with("timeout"), "{r}");
+    let head = "POST /echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\n";
+    for (case, rest, want) in [
+        ("within the limit", "content-length: 5\r\n\r\nhello", "ok 5"),
+        (
+            "declared length refused before reading",
+            "content-length: 17\r\n\r\n",
+            "too large 16",
+        ),
+        (
+            "chunked overflow",
+            "transfer-encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n1\r\nx\r\n0\r\n\r\n",
+            "too large 16",
+        ),
+        ("body deadline", "content-length: 10\r\n\r\nabc", "timeout"),
+    ] {
+        let r = raw(conn().await.unwrap(), &format!("{head}{rest}")).await;
+        assert!(r.ends_with(want), "{case}: {r}");
+    }
     stop.cancel();
     server.await.unwrap();
 }
 
 #[tokio::test]
 async fn shutdown_finishes_in_flight_requests_and_stops_accepting() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let stop = CancellationToken::new();
-    let server = tokio::spawn(serve_tcp(listener, app(), stop.clone()));
+    let (addr, stop, server) = tcp_server().await;
     let inflight = tokio::spawn(async move {
         let s = tokio::net::TcpStream::connect(addr).await.unwrap();
         raw(s, "GET /slow HTTP/1.1\r\nhost: x\r\n\r\n").await

@@ -1005,6 +1005,13 @@ mod tests {
             .to_owned()
     }
 
+    /// Each `(prefix + body, key)`: the config is refused and the error names `key`.
+    fn assert_err_keys(prefix: &str, cases: &[(&str, &str)]) {
+        for (body, key) in cases {
+            assert_eq!(err_key(&format!("{prefix}{body}")), *key, "{body:?}");
+        }
+    }
+
     #[test]
     fn example_config_loads_with_every_backend() {
         let c = parse(EXAMPLE).unwrap();
@@ -1068,20 +1075,19 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named_by_full_path() {
-        assert_eq!(err_key("bogus = 1"), "bogus");
-        assert_eq!(
-            err_key("[launcher]\nrepo_rootz = []"),
-            "launcher.repo_rootz"
-        );
-        assert_eq!(
-            err_key("[launcher.limits]\npidz = 3"),
-            "launcher.limits.pidz"
-        );
-        assert_eq!(err_key("[gateway]\nmax_body = 3"), "gateway.max_body");
-        assert_eq!(err_key("[bridge]\nport = 3"), "bridge.port");
-        assert_eq!(
-            err_key("[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nprice = 1.0"),
-            "models.m.price"
+        assert_err_keys(
+            "",
+            &[
+                ("bogus = 1", "bogus"),
+                ("[launcher]\nrepo_rootz = []", "launcher.repo_rootz"),
+                ("[launcher.limits]\npidz = 3", "launcher.limits.pidz"),
+                ("[gateway]\nmax_body = 3", "gateway.max_body"),
+                ("[bridge]\nport = 3", "bridge.port"),
+                (
+                    "[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nprice = 1.0",
+                    "models.m.price",
+                ),
+            ],
         );
         let e = parse("\n\n[launcher.limits]\npidz = 3").unwrap_err();
         assert!(e.to_string().contains("launcher.limits.pidz"), "{e}");
@@ -1090,14 +1096,16 @@ mod tests {
 
     #[test]
     fn wrong_types_and_bad_toml_are_errors() {
-        assert_eq!(err_key("agent_uid = \"x\""), "agent_uid");
-        assert_eq!(
-            err_key("[launcher.limits]\npids = -1"),
-            "launcher.limits.pids"
-        );
-        assert_eq!(
-            err_key("[models.m]\nbackend = \"docker\"\nupstream_model = \"x\""),
-            "models.m.backend"
+        assert_err_keys(
+            "",
+            &[
+                ("agent_uid = \"x\"", "agent_uid"),
+                ("[launcher.limits]\npids = -1", "launcher.limits.pids"),
+                (
+                    "[models.m]\nbackend = \"docker\"\nupstream_model = \"x\"",
+                    "models.m.backend",
+                ),
+            ],
         );
         assert!(matches!(
             parse("data_dir = "),
@@ -1108,77 +1116,57 @@ mod tests {
     #[test]
     fn backend_specific_keys_are_checked() {
         let m = |body: &str| format!("[models.m]\nupstream_model = \"u\"\n{body}");
-        assert_eq!(
-            err_key(&m("backend = \"vllm\"\ncommand = [\"vllm\"]")),
-            "models.m.port"
-        );
-        assert_eq!(
-            err_key(&m("backend = \"vllm\"\nport = 8001")),
-            "models.m.command"
-        );
-        assert_eq!(
-            err_key(&m("backend = \"vllm\"\nport = 8001\ncommand = []")),
-            "models.m.command"
-        );
-        assert_eq!(
-            err_key(&m("backend = \"vllm\"\nport = 0\ncommand = [\"v\"]")),
-            "models.m.port"
-        );
-        assert_eq!(
-            err_key(&m("backend = \"ollama\"\nport = 1")),
-            "models.m.port"
-        );
-        assert_eq!(
-            err_key(&m("backend = \"ollama\"\nprovider = \"openai\"")),
-            "models.m.provider"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"remote\"\nbase_url = \"https://x\"\nkey_env = \"K\""
-            )),
-            "models.m.provider"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"remote\"\nprovider = \"openai\"\nkey_env = \"K\""
-            )),
-            "models.m.base_url"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://x\""
-            )),
-            "models.m.key_env"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"ftp://x\"\nkey_env = \"K\""
-            )),
-            "models.m.base_url"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://u:p@x\"\nkey_env = \"K\""
-            )),
-            "models.m.base_url"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://x\"\nkey_env = \"K-1\""
-            )),
-            "models.m.key_env"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"remote\"\nprovider = \"grok\"\nbase_url = \"https://x\"\nkey_env = \"K\""
-            )),
-            "models.m.provider"
-        );
-        assert_eq!(
-            err_key(&m(
-                "backend = \"ollama\"\ncontext_tokens = 10\nmax_output_tokens = 20"
-            )),
-            "models.m.max_output_tokens"
+        assert_err_keys(
+            &m(""),
+            &[
+                ("backend = \"vllm\"\ncommand = [\"vllm\"]", "models.m.port"),
+                ("backend = \"vllm\"\nport = 8001", "models.m.command"),
+                (
+                    "backend = \"vllm\"\nport = 8001\ncommand = []",
+                    "models.m.command",
+                ),
+                (
+                    "backend = \"vllm\"\nport = 0\ncommand = [\"v\"]",
+                    "models.m.port",
+                ),
+                ("backend = \"ollama\"\nport = 1", "models.m.port"),
+                (
+                    "backend = \"ollama\"\nprovider = \"openai\"",
+                    "models.m.provider",
+                ),
+                (
+                    "backend = \"remote\"\nbase_url = \"https://x\"\nkey_env = \"K\"",
+                    "models.m.provider",
+                ),
+                (
+                    "backend = \"remote\"\nprovider = \"openai\"\nkey_env = \"K\"",
+                    "models.m.base_url",
+                ),
+                (
+                    "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://x\"",
+                    "models.m.key_env",
+                ),
+                (
+                    "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"ftp://x\"\nkey_env = \"K\"",
+                    "models.m.base_url",
+                ),
+                (
+                    "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://u:p@x\"\nkey_env = \"K\"",
+                    "models.m.base_url",
+                ),
+                (
+                    "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"https://x\"\nkey_env = \"K-1\"",
+                    "models.m.key_env",
+                ),
+                (
+                    "backend = \"remote\"\nprovider = \"grok\"\nbase_url = \"https://x\"\nkey_env = \"K\"",
+                    "models.m.provider",
+                ),
+                (
+                    "backend = \"ollama\"\ncontext_tokens = 10\nmax_output_tokens = 20",
+                    "models.m.max_output_tokens",
+                ),
+            ],
         );
         assert_eq!(
             err_key("[models.m]\nbackend = \"ollama\"\nupstream_model = \" \""),
@@ -1191,29 +1179,30 @@ mod tests {
         let m = |body: &str| {
             format!("[models.m]\nbackend = \"ollama\"\nupstream_model = \"u\"\n{body}")
         };
-        assert_eq!(
-            err_key(&m("price_input_per_mtok = 1.0")),
-            "models.m.price_output_per_mtok"
-        );
-        assert_eq!(
-            err_key(&m("price_output_per_mtok = 1.0")),
-            "models.m.price_input_per_mtok"
-        );
-        assert_eq!(
-            err_key(&m(
-                "price_input_per_mtok = -1.0\nprice_output_per_mtok = 1.0"
-            )),
-            "models.m.price_input_per_mtok"
-        );
-        assert_eq!(
-            err_key(&m(
-                "price_input_per_mtok = nan\nprice_output_per_mtok = 1.0"
-            )),
-            "models.m.price_input_per_mtok"
-        );
-        assert_eq!(
-            err_key(&m("price_cache_read_per_mtok = 1.0")),
-            "models.m.price_input_per_mtok"
+        assert_err_keys(
+            &m(""),
+            &[
+                (
+                    "price_input_per_mtok = 1.0",
+                    "models.m.price_output_per_mtok",
+                ),
+                (
+                    "price_output_per_mtok = 1.0",
+                    "models.m.price_input_per_mtok",
+                ),
+                (
+                    "price_input_per_mtok = -1.0\nprice_output_per_mtok = 1.0",
+                    "models.m.price_input_per_mtok",
+                ),
+                (
+                    "price_input_per_mtok = nan\nprice_output_per_mtok = 1.0",
+                    "models.m.price_input_per_mtok",
+                ),
+                (
+                    "price_cache_read_per_mtok = 1.0",
+                    "models.m.price_input_per_mtok",
+                ),
+            ],
         );
         let c = parse(&m("price_input_per_mtok = 3.0\nprice_output_per_mtok = 15.0\nprice_cache_read_per_mtok = 0.3")).unwrap();
         let p = c.model("m").unwrap().prices.unwrap();
@@ -1257,38 +1246,34 @@ mod tests {
 
     #[test]
     fn paths_and_identities_are_validated() {
-        assert_eq!(err_key("data_dir = \"relative\""), "data_dir");
-        assert_eq!(err_key("data_dir = \"/var/lib/../etc\""), "data_dir");
-        assert_eq!(err_key("data_dir = \"/var/lib/agentbox/\""), "data_dir");
-        assert_eq!(
-            err_key("[launcher]\nrepo_roots = [\"/srv/repos\", \"/srv//x\"]"),
-            "launcher.repo_roots[1]"
-        );
-        assert_eq!(
-            err_key("[launcher]\nrepo_roots = [\"/srv/repos\", \"/srv/repos/a\"]"),
-            "launcher.repo_roots"
-        );
-        assert_eq!(
-            err_key("[launcher]\nvenv_root = \"venvs\""),
-            "launcher.venv_root"
-        );
-        assert_eq!(err_key("agent_uid = 0"), "agent_uid");
-        assert_eq!(err_key("agent_gid = 65534"), "agent_gid");
-        assert_eq!(err_key("service_user = \"Root Admin\""), "service_user");
-        assert_eq!(
-            err_key("[launcher.limits]\npids = 0"),
-            "launcher.limits.pids"
-        );
-        assert_eq!(err_key("[gateway]\nmax_body_mb = 0"), "gateway.max_body_mb");
-        assert_eq!(
-            err_key("[gateway]\nollama_url = \"localhost:11434\""),
-            "gateway.ollama_url"
-        );
-        assert_eq!(err_key("[bridge]\nlisten = \"localhost\""), "bridge.listen");
-        assert_eq!(err_key("[bridge]\ntoken_env = \"\""), "bridge.token_env");
-        assert_eq!(
-            err_key("[bridge]\nbody_timeout_s = 0"),
-            "bridge.body_timeout_s"
+        assert_err_keys(
+            "",
+            &[
+                ("data_dir = \"relative\"", "data_dir"),
+                ("data_dir = \"/var/lib/../etc\"", "data_dir"),
+                ("data_dir = \"/var/lib/agentbox/\"", "data_dir"),
+                (
+                    "[launcher]\nrepo_roots = [\"/srv/repos\", \"/srv//x\"]",
+                    "launcher.repo_roots[1]",
+                ),
+                (
+                    "[launcher]\nrepo_roots = [\"/srv/repos\", \"/srv/repos/a\"]",
+                    "launcher.repo_roots",
+                ),
+                ("[launcher]\nvenv_root = \"venvs\"", "launcher.venv_root"),
+                ("agent_uid = 0", "agent_uid"),
+                ("agent_gid = 65534", "agent_gid"),
+                ("service_user = \"Root Admin\"", "service_user"),
+                ("[launcher.limits]\npids = 0", "launcher.limits.pids"),
+                ("[gateway]\nmax_body_mb = 0", "gateway.max_body_mb"),
+                (
+                    "[gateway]\nollama_url = \"localhost:11434\"",
+                    "gateway.ollama_url",
+                ),
+                ("[bridge]\nlisten = \"localhost\"", "bridge.listen"),
+                ("[bridge]\ntoken_env = \"\"", "bridge.token_env"),
+                ("[bridge]\nbody_timeout_s = 0", "bridge.body_timeout_s"),
+            ],
         );
     }
 

@@ -10,6 +10,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::newtype::validated_string;
+
 /// Longest accepted tid, in bytes (all accepted characters are one byte).
 pub const TID_MAX_LEN: usize = 64;
 
@@ -89,37 +91,13 @@ fn is_tid_byte(b: u8) -> bool {
     b.is_ascii_digit() || b.is_ascii_lowercase() || b == b'-'
 }
 
-impl fmt::Display for Tid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl AsRef<str> for Tid {
     fn as_ref(&self) -> &str {
         &self.0
     }
 }
 
-impl TryFrom<String> for Tid {
-    type Error = IdError;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Tid::parse(&value)
-    }
-}
-
-impl From<Tid> for String {
-    fn from(value: Tid) -> Self {
-        value.0
-    }
-}
-
-impl std::str::FromStr for Tid {
-    type Err = IdError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Tid::parse(s)
-    }
-}
+validated_string!(Tid, IdError, Tid::parse; display);
 
 /// A branch the git helpers may write or delete: exactly `agent/<tid>`, a short name (never a
 /// full ref, never with `+`, `:` or a leading `-`), so it cannot be turned into a refspec that
@@ -163,25 +141,7 @@ impl fmt::Display for AgentBranch {
     }
 }
 
-impl TryFrom<String> for AgentBranch {
-    type Error = IdError;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        AgentBranch::parse(&value)
-    }
-}
-
-impl From<AgentBranch> for String {
-    fn from(value: AgentBranch) -> Self {
-        value.to_string()
-    }
-}
-
-impl std::str::FromStr for AgentBranch {
-    type Err = IdError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AgentBranch::parse(s)
-    }
-}
+validated_string!(AgentBranch, IdError, AgentBranch::parse);
 
 #[cfg(test)]
 mod tests {

@@ -17,6 +17,7 @@
 pub mod config;
 pub mod env;
 pub mod id;
+mod newtype;
 pub mod path;
 pub mod resolve;
 pub mod sanitize;

@@ -9,11 +9,11 @@
 //! job, which takes the [`RelPath`] this module produces.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::id::shown;
+use crate::newtype::validated_string;
 
 /// Linux `PATH_MAX`, which counts the terminating NUL: a path may be at most 4095 bytes.
 pub const PATH_MAX: usize = 4096;
@@ -153,10 +153,6 @@ fn check_absolute(input: &str) -> Result<(), PathError> {
     check_common(input, body)
 }
 
-fn components_of(abs: &str) -> impl Iterator<Item = &str> {
-    abs.split('/').filter(|c| !c.is_empty())
-}
-
 /// A configured root (repo root, venv root): absolute, normalized, not `/` itself.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -171,50 +167,7 @@ pub fn validate_root(input: &str) -> Result<RootPath, PathError> {
     Ok(RootPath(input.to_owned()))
 }
 
-impl RootPath {
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn as_path(&self) -> &Path {
-        Path::new(&self.0)
-    }
-
-    pub fn components(&self) -> impl Iterator<Item = &str> {
-        components_of(&self.0)
-    }
-}
-
-impl fmt::Display for RootPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl AsRef<Path> for RootPath {
-    fn as_ref(&self) -> &Path {
-        self.as_path()
-    }
-}
-
-impl TryFrom<String> for RootPath {
-    type Error = PathError;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        validate_root(&value)
-    }
-}
-
-impl From<RootPath> for String {
-    fn from(value: RootPath) -> Self {
-        value.0
-    }
-}
-
-impl From<RootPath> for PathBuf {
-    fn from(value: RootPath) -> Self {
-        PathBuf::from(value.0)
-    }
-}
+validated_string!(RootPath, PathError, validate_root; display, path);
 
 /// Whether a request may name a root itself rather than something strictly inside it.
 ///
@@ -246,18 +199,6 @@ impl RequestPath {
     pub fn parse(input: &str) -> Result<RequestPath, PathError> {
         check_absolute(input)?;
         Ok(RequestPath(input.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn as_path(&self) -> &Path {
-        Path::new(&self.0)
-    }
-
-    pub fn components(&self) -> impl Iterator<Item = &str> {
-        components_of(&self.0)
     }
 
     /// Finds the root this path lies in, comparing whole components (`/srv/repos2` is not inside
@@ -305,36 +246,7 @@ impl RequestPath {
     }
 }
 
-impl fmt::Display for RequestPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl AsRef<Path> for RequestPath {
-    fn as_ref(&self) -> &Path {
-        self.as_path()
-    }
-}
-
-impl TryFrom<String> for RequestPath {
-    type Error = PathError;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        RequestPath::parse(&value)
-    }
-}
-
-impl From<RequestPath> for String {
-    fn from(value: RequestPath) -> Self {
-        value.0
-    }
-}
-
-impl From<RequestPath> for PathBuf {
-    fn from(value: RequestPath) -> Self {
-        PathBuf::from(value.0)
-    }
-}
+validated_string!(RequestPath, PathError, RequestPath::parse; display, path);
 
 /// A relative path of plain components below some root: what [`crate::resolve`] walks.
 /// The empty `RelPath` names the root itself.
@@ -398,7 +310,7 @@ impl fmt::Display for RelPath {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use std::path::Component;
+    use std::path::{Component, Path};
 
     fn roots() -> Vec<RootPath> {
         vec![validate_root("/srv/repos").unwrap()]

@@ -342,19 +342,9 @@ impl Root {
                 None => self.walk(rel, want_dir)?,
             },
         };
-        let identity = Identity::of(fd.as_fd()).map_err(|source| ResolveError::Io {
-            path: shown.clone(),
-            op: "stat",
-            source,
-        })?;
-        // Both code paths already guarantee these; checking the final handle once more is the
-        // last line if either were ever subtly wrong.
-        if identity.kind == Kind::Symlink {
-            return Err(ResolveError::Symlink { path: shown });
-        }
-        if !self.identity.same_mount(&identity) {
-            return Err(ResolveError::CrossesMount { path: shown });
-        }
+        // Both code paths already guarantee what this checks; checking the final handle once
+        // more is the last line if either were ever subtly wrong.
+        let identity = self.checked_identity(fd.as_fd(), &shown)?;
         if let Some(expected) = expect
             && identity.kind != expected
         {
@@ -371,6 +361,28 @@ impl Root {
             root: self.identity,
             shown,
         })
+    }
+
+    /// Stats an opened handle and refuses it if it is a symlink or on another mount than the
+    /// root: what every component of the walk, and the final handle of either strategy, must
+    /// pass.
+    fn checked_identity(&self, fd: BorrowedFd<'_>, shown: &str) -> Result<Identity, ResolveError> {
+        let identity = Identity::of(fd).map_err(|source| ResolveError::Io {
+            path: shown.to_owned(),
+            op: "stat",
+            source,
+        })?;
+        if identity.kind == Kind::Symlink {
+            return Err(ResolveError::Symlink {
+                path: shown.to_owned(),
+            });
+        }
+        if !self.identity.same_mount(&identity) {
+            return Err(ResolveError::CrossesMount {
+                path: shown.to_owned(),
+            });
+        }
+        Ok(identity)
     }
 
     /// `Ok(None)` means the kernel has no `openat2`.
@@ -426,17 +438,7 @@ impl Root {
                 Mode::empty(),
             )
             .map_err(|e| map_errno(e, shown.clone(), "openat"))?;
-            let id = Identity::of(next.as_fd()).map_err(|source| ResolveError::Io {
-                path: shown.clone(),
-                op: "stat",
-                source,
-            })?;
-            if id.kind == Kind::Symlink {
-                return Err(ResolveError::Symlink { path: shown });
-            }
-            if !self.identity.same_mount(&id) {
-                return Err(ResolveError::CrossesMount { path: shown });
-            }
+            let id = self.checked_identity(next.as_fd(), &shown)?;
             let last = index + 1 == components.len();
             if (!last || want_dir) && id.kind != Kind::Dir {
                 return Err(if last {

@@ -25,6 +25,19 @@ use rustix::fs::{CWD, FileType, Mode, RenameFlags};
 // ---------------------------------------------------------------------------------------------
 // Fixtures
 
+/// One `#[test]` per case, named after the attack, each calling `$check` once per argument
+/// tuple, so the catalogue reads as a list and a failure still names its case.
+macro_rules! cases {
+    ($check:ident { $($name:ident: $(($($arg:expr),+)),+;)+ }) => {
+        $(
+            #[test]
+            fn $name() {
+                $($check($($arg),+);)+
+            }
+        )+
+    };
+}
+
 fn rel(s: &str) -> RelPath {
     RelPath::parse(s).unwrap()
 }
@@ -56,6 +69,14 @@ macro_rules! both {
             }
         }
     };
+}
+
+/// A temp dir holding `dirs` and one symlink at `link` pointing to `target`.
+fn tree_with_link(dirs: &[&str], target: &str, link: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    mkdirs(tmp.path(), dirs);
+    symlink(target, tmp.path().join(link)).unwrap();
+    tmp
 }
 
 #[track_caller]
@@ -115,18 +136,14 @@ impl Drop for MountGuard {
 // Resolver: symlinks
 
 both!(symlink_as_first_component, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["real/sub"]);
-    symlink("real", tmp.path().join("link")).unwrap();
+    let tmp = tree_with_link(&["real/sub"], "real", "link");
     let root = root(tmp.path(), s);
     assert_symlink(root.resolve(&rel("link/sub")));
     assert_symlink(root.resolve_dir(&rel("link")));
 });
 
 both!(symlink_as_middle_component, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["a/real/c"]);
-    symlink("real", tmp.path().join("a/b")).unwrap();
+    let tmp = tree_with_link(&["a/real/c"], "real", "a/b");
     assert_symlink(root(tmp.path(), s).resolve(&rel("a/b/c")));
 });
 
@@ -139,45 +156,40 @@ both!(symlink_as_last_component_to_file, |s| {
 });
 
 both!(symlink_as_last_component_to_dir, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["a/d"]);
-    symlink("d", tmp.path().join("a/l")).unwrap();
+    let tmp = tree_with_link(&["a/d"], "d", "a/l");
     assert_symlink(root(tmp.path(), s).resolve_dir(&rel("a/l")));
 });
 
 both!(absolute_symlink_to_etc, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("/etc", tmp.path().join("etc")).unwrap();
+    let tmp = tree_with_link(&[], "/etc", "etc");
     let root = root(tmp.path(), s);
     assert_symlink(root.resolve(&rel("etc/passwd")));
     assert_symlink(root.resolve(&rel("etc")));
 });
 
 both!(absolute_symlink_to_filesystem_root, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("/", tmp.path().join("slash")).unwrap();
+    let tmp = tree_with_link(&[], "/", "slash");
     assert_symlink(root(tmp.path(), s).resolve(&rel("slash/etc/shadow")));
 });
 
 both!(relative_dotdot_symlink_escaping, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["a/b"]);
-    symlink("../../..", tmp.path().join("a/b/up")).unwrap();
+    let tmp = tree_with_link(&["a/b"], "../../..", "a/b/up");
     assert_symlink(root(tmp.path(), s).resolve(&rel("a/b/up/etc")));
 });
 
 both!(relative_dotdot_symlink_staying_inside, |s| {
     // Even a link that stays inside the root is refused: the rule is "no symlinks", not "no
     // escaping symlinks", because an in-tree link can still point at another task's files.
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["tasks/t1", "tasks/t2/workspace"]);
-    symlink("../t2/workspace", tmp.path().join("tasks/t1/workspace")).unwrap();
+    let tmp = tree_with_link(
+        &["tasks/t1", "tasks/t2/workspace"],
+        "../t2/workspace",
+        "tasks/t1/workspace",
+    );
     assert_symlink(root(tmp.path(), s).resolve_dir(&rel("tasks/t1/workspace")));
 });
 
 both!(symlink_to_proc_magic_link, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("/proc/self/root", tmp.path().join("proc")).unwrap();
+    let tmp = tree_with_link(&[], "/proc/self/root", "proc");
     assert_symlink(root(tmp.path(), s).resolve(&rel("proc/etc")));
 });
 
@@ -191,14 +203,12 @@ both!(symlink_loop_between_two_links, |s| {
 });
 
 both!(symlink_self_loop, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("me", tmp.path().join("me")).unwrap();
+    let tmp = tree_with_link(&[], "me", "me");
     assert_symlink(root(tmp.path(), s).resolve(&rel("me")));
 });
 
 both!(dangling_symlink, |s| {
-    let tmp = tempfile::tempdir().unwrap();
-    symlink("nowhere", tmp.path().join("d")).unwrap();
+    let tmp = tree_with_link(&[], "nowhere", "d");
     assert_symlink(root(tmp.path(), s).resolve(&rel("d")));
     assert!(
         !tmp.path().join("nowhere").exists(),
@@ -320,9 +330,7 @@ both!(recheck_against_another_root, |s| {
 both!(race_exchange_dir_and_symlink, |s| {
     // A thread keeps atomically exchanging the workspace with a symlink to /etc while we
     // resolve it: every success must be the real workspace, every failure a symlink refusal.
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["ws"]);
-    symlink("/etc", tmp.path().join("evil")).unwrap();
+    let tmp = tree_with_link(&["ws"], "/etc", "evil");
     let root = root(tmp.path(), s);
     let ws_id = *root.resolve_dir(&rel("ws")).unwrap().identity();
     let stop = Arc::new(AtomicBool::new(false));
@@ -534,9 +542,7 @@ both!(empty_relative_path_is_the_root, |s| {
 
 #[test]
 fn root_last_component_symlink_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["real"]);
-    symlink("real", tmp.path().join("link")).unwrap();
+    let tmp = tree_with_link(&["real"], "real", "link");
     assert!(matches!(
         Root::open(tmp.path().join("link")).unwrap_err(),
         ResolveError::Symlink { .. }
@@ -546,9 +552,7 @@ fn root_last_component_symlink_refused() {
 #[test]
 fn root_parent_symlink_tolerated() {
     // The root path is trusted configuration: only its last component must not be a link.
-    let tmp = tempfile::tempdir().unwrap();
-    mkdirs(tmp.path(), &["real/data"]);
-    symlink("real", tmp.path().join("link")).unwrap();
+    let tmp = tree_with_link(&["real/data"], "real", "link");
     Root::open(tmp.path().join("link/data")).unwrap();
 }
 
@@ -613,52 +617,21 @@ fn tid_refused(s: &str) {
     assert!(serde_json::from_value::<Tid>(serde_json::Value::String(s.into())).is_err());
 }
 
-#[test]
-fn tid_trailing_newline() {
-    tid_refused("task\n");
-}
-
-#[test]
-fn tid_nul() {
-    tid_refused("task\0x");
-}
-
-#[test]
-fn tid_uppercase() {
-    tid_refused("Task");
-}
-
-#[test]
-fn tid_cyrillic_a() {
-    tid_refused("t\u{0430}sk");
-}
-
-#[test]
-fn tid_fullwidth_digits() {
-    tid_refused("\u{FF11}\u{FF12}");
-}
+cases!(tid_refused {
+    tid_trailing_newline: ("task\n");
+    tid_nul: ("task\0x");
+    tid_uppercase: ("Task");
+    tid_cyrillic_a: ("t\u{0430}sk");
+    tid_fullwidth_digits: ("\u{FF11}\u{FF12}");
+    tid_empty: ("");
+    tid_leading_dash: ("-rf");
+    tid_path_like: (".."), ("a/b"), ("a.b"), ("."), ("a b"), ("a\tb");
+});
 
 #[test]
 fn tid_65_chars() {
     tid_refused(&"a".repeat(65));
     assert!(Tid::parse(&"a".repeat(64)).is_ok());
-}
-
-#[test]
-fn tid_empty() {
-    tid_refused("");
-}
-
-#[test]
-fn tid_leading_dash() {
-    tid_refused("-rf");
-}
-
-#[test]
-fn tid_path_like() {
-    for s in ["..", "a/b", "a.b", ".", "a b", "a\tb"] {
-        tid_refused(s);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -668,46 +641,16 @@ fn branch_refused(s: &str) {
     assert!(AgentBranch::parse(s).is_err(), "{s:?} accepted");
 }
 
-#[test]
-fn branch_main() {
-    branch_refused("main");
-}
-
-#[test]
-fn branch_full_ref() {
-    branch_refused("refs/heads/agent/x");
-}
-
-#[test]
-fn branch_force_refspec() {
-    branch_refused("+agent/x");
-}
-
-#[test]
-fn branch_refspec_to_main() {
-    branch_refused("agent/x:refs/heads/main");
-}
-
-#[test]
-fn branch_option_injection() {
-    branch_refused("--upload-pack=touch /tmp/x");
-    branch_refused("-c");
-}
-
-#[test]
-fn branch_empty_tid() {
-    branch_refused("agent/");
-}
-
-#[test]
-fn branch_uppercase_tid() {
-    branch_refused("agent/X");
-}
-
-#[test]
-fn branch_nested() {
-    branch_refused("agent/a/b");
-}
+cases!(branch_refused {
+    branch_main: ("main");
+    branch_full_ref: ("refs/heads/agent/x");
+    branch_force_refspec: ("+agent/x");
+    branch_refspec_to_main: ("agent/x:refs/heads/main");
+    branch_option_injection: ("--upload-pack=touch /tmp/x"), ("-c");
+    branch_empty_tid: ("agent/");
+    branch_uppercase_tid: ("agent/X");
+    branch_nested: ("agent/a/b");
+});
 
 #[test]
 fn branch_accepted_exactly() {
@@ -729,65 +672,38 @@ fn dropped_reason(key: &str, value: &str) -> DropReason {
     f.dropped[0].reason
 }
 
+fn denied(key: &str, value: &str) {
+    assert!(
+        matches!(dropped_reason(key, value), DropReason::Denied { .. }),
+        "{key}"
+    );
+}
+
 #[test]
 fn env_ld_preload() {
-    assert!(matches!(
-        dropped_reason("LD_PRELOAD", "/tmp/evil.so"),
-        DropReason::Denied { .. }
-    ));
+    denied("LD_PRELOAD", "/tmp/evil.so");
     assert!(env::validate_allowlist(["LD_PRELOAD"]).is_err());
 }
 
 #[test]
 fn env_node_options() {
-    assert!(matches!(
-        dropped_reason("NODE_OPTIONS", "--require /tmp/x.js"),
-        DropReason::Denied { .. }
-    ));
+    denied("NODE_OPTIONS", "--require /tmp/x.js");
     assert!(env::validate_allowlist(["NODE_OPTIONS"]).is_err());
 }
 
-#[test]
-fn env_bash_env() {
-    assert!(matches!(
-        dropped_reason("BASH_ENV", "/tmp/x.sh"),
-        DropReason::Denied { .. }
-    ));
-}
-
-#[test]
-fn env_git_dir() {
-    assert!(matches!(
-        dropped_reason("GIT_DIR", "/srv/repos/other"),
-        DropReason::Denied { .. }
-    ));
-}
+cases!(denied {
+    env_bash_env: ("BASH_ENV", "/tmp/x.sh");
+    env_git_dir: ("GIT_DIR", "/srv/repos/other");
+    env_gateway_reroute: ("ANTHROPIC_BASE_URL", "x"), ("ANTHROPIC_API_KEY", "x"),
+        ("https_proxy", "x"), ("PATH", "x"), ("HOME", "x");
+});
 
 #[test]
 fn env_git_config_parameters() {
     let err =
         env::validate_allowlist(["MAX_THINKING_TOKENS", "GIT_CONFIG_PARAMETERS"]).unwrap_err();
     assert!(err.to_string().contains("GIT_CONFIG_PARAMETERS"), "{err}");
-    assert!(matches!(
-        dropped_reason("GIT_CONFIG_PARAMETERS", "'core.fsmonitor=touch /tmp/x'"),
-        DropReason::Denied { .. }
-    ));
-}
-
-#[test]
-fn env_gateway_reroute() {
-    for key in [
-        "ANTHROPIC_BASE_URL",
-        "ANTHROPIC_API_KEY",
-        "https_proxy",
-        "PATH",
-        "HOME",
-    ] {
-        assert!(
-            matches!(dropped_reason(key, "x"), DropReason::Denied { .. }),
-            "{key}"
-        );
-    }
+    denied("GIT_CONFIG_PARAMETERS", "'core.fsmonitor=touch /tmp/x'");
 }
 
 #[test]
@@ -853,57 +769,23 @@ fn path_reason(s: &str) -> PathReason {
     }
 }
 
-#[test]
-fn path_sibling_with_common_prefix() {
-    assert_eq!(path_reason("/srv/repos2"), PathReason::NotInRoots);
-    assert_eq!(path_reason("/srv/repos2/proj"), PathReason::NotInRoots);
+fn path_refused(s: &str, want: PathReason) {
+    assert_eq!(path_reason(s), want, "{s:?}");
 }
 
-#[test]
-fn path_dotdot_escape() {
-    assert_eq!(
-        path_reason("/srv/repos/../etc"),
-        PathReason::DotDotComponent
-    );
-}
-
-#[test]
-fn path_dot_component() {
-    assert_eq!(path_reason("/srv/repos/./x"), PathReason::DotComponent);
-}
-
-#[test]
-fn path_double_slash() {
-    assert_eq!(path_reason("/srv//repos"), PathReason::EmptyComponent);
-}
-
-#[test]
-fn path_trailing_slash() {
-    assert_eq!(path_reason("/srv/repos/x/"), PathReason::TrailingSlash);
-}
-
-#[test]
-fn path_relative() {
-    assert_eq!(path_reason("srv/repos/x"), PathReason::NotAbsolute);
-    assert_eq!(path_reason("x"), PathReason::NotAbsolute);
-}
-
-#[test]
-fn path_root_itself() {
-    assert_eq!(path_reason("/srv/repos"), PathReason::IsRoot);
-}
-
-#[test]
-fn path_nul_and_newline() {
-    assert_eq!(path_reason("/srv/repos/x\0y"), PathReason::Nul);
-    assert_eq!(path_reason("/srv/repos/x\ny"), PathReason::ControlChar);
-}
-
-#[test]
-fn path_outside_all_roots() {
-    assert_eq!(path_reason("/etc/passwd"), PathReason::NotInRoots);
-    assert_eq!(path_reason("/"), PathReason::NotInRoots);
-}
+cases!(path_refused {
+    path_sibling_with_common_prefix: ("/srv/repos2", PathReason::NotInRoots),
+        ("/srv/repos2/proj", PathReason::NotInRoots);
+    path_dotdot_escape: ("/srv/repos/../etc", PathReason::DotDotComponent);
+    path_dot_component: ("/srv/repos/./x", PathReason::DotComponent);
+    path_double_slash: ("/srv//repos", PathReason::EmptyComponent);
+    path_trailing_slash: ("/srv/repos/x/", PathReason::TrailingSlash);
+    path_relative: ("srv/repos/x", PathReason::NotAbsolute), ("x", PathReason::NotAbsolute);
+    path_root_itself: ("/srv/repos", PathReason::IsRoot);
+    path_nul_and_newline: ("/srv/repos/x\0y", PathReason::Nul),
+        ("/srv/repos/x\ny", PathReason::ControlChar);
+    path_outside_all_roots: ("/etc/passwd", PathReason::NotInRoots), ("/", PathReason::NotInRoots);
+});
 
 #[test]
 fn path_inside_root_resolves_end_to_end() {

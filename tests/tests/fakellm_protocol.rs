@@ -28,6 +28,15 @@ async fn post(fake: &FakeLlm, path: &str, body: &Value) -> reqwest::Response {
         .expect("send")
 }
 
+/// [`post`], then the body as JSON.
+async fn post_json(fake: &FakeLlm, path: &str, body: &Value) -> Value {
+    post(fake, path, body)
+        .await
+        .json()
+        .await
+        .expect("json body")
+}
+
 fn anthropic_req(stream: bool) -> Value {
     json!({
         "model": "claude-test", "max_tokens": 1024, "stream": stream,
@@ -63,6 +72,34 @@ fn rich_script() -> Value {
     }]})
 }
 
+/// The usage of [`rich_script`] as Anthropic reports it, whole.
+fn rich_usage() -> Value {
+    json!({"input_tokens": 11, "cache_creation_input_tokens": 44,
+           "cache_read_input_tokens": 333, "output_tokens": 22})
+}
+
+/// Appends `delta[field]` to `block[field]`, both strings.
+fn append_str(block: &mut Value, field: &str, delta: &Value) {
+    let joined = format!(
+        "{}{}",
+        block[field].as_str().unwrap(),
+        delta[field].as_str().unwrap()
+    );
+    block[field] = json!(joined);
+}
+
+/// The `error.message` of an error response, in either API's shape.
+async fn error_message(r: reqwest::Response) -> String {
+    let v: Value = r.json().await.unwrap();
+    v["error"]["message"].as_str().unwrap().to_owned()
+}
+
+/// `key` of every object in the JSON array `array`, as strings.
+fn strs<'a>(array: &'a Value, key: &str) -> Vec<&'a str> {
+    let items = array.as_array().unwrap();
+    items.iter().map(|v| v[key].as_str().unwrap()).collect()
+}
+
 fn data_json(frame: &SseFrame) -> Value {
     serde_json::from_str(&frame.data).unwrap_or_else(|e| panic!("bad data {frame:?}: {e}"))
 }
@@ -72,11 +109,10 @@ async fn anthropic_stream_is_well_formed_and_exact() {
     let fake = start(&rich_script());
     let resp = post(&fake, "/v1/messages?beta=true", &anthropic_req(true)).await;
     assert_eq!(resp.status(), 200);
+    let content_type = resp.headers()["content-type"].to_str().unwrap();
     assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/event-stream")
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
     );
     let frames = parse_sse(&resp.text().await.unwrap());
     for f in &frames {
@@ -122,23 +158,9 @@ async fn anthropic_stream_is_well_formed_and_exact() {
                 let b = &mut blocks[i];
                 let delta = &d["delta"];
                 match delta["type"].as_str().unwrap() {
-                    "thinking_delta" => {
-                        let t = format!(
-                            "{}{}",
-                            b["thinking"].as_str().unwrap(),
-                            delta["thinking"].as_str().unwrap()
-                        );
-                        b["thinking"] = json!(t);
-                    }
+                    "thinking_delta" => append_str(b, "thinking", delta),
                     "signature_delta" => b["signature"] = delta["signature"].clone(),
-                    "text_delta" => {
-                        let t = format!(
-                            "{}{}",
-                            b["text"].as_str().unwrap(),
-                            delta["text"].as_str().unwrap()
-                        );
-                        b["text"] = json!(t);
-                    }
+                    "text_delta" => append_str(b, "text", delta),
                     "input_json_delta" => {
                         assert_eq!(b["input"], json!({}), "tool_use starts with empty input");
                         json_deltas[i] += 1;
@@ -193,11 +215,7 @@ async fn anthropic_stream_is_well_formed_and_exact() {
     let delta = data_json(&frames[frames.len() - 2]);
     assert_eq!(delta["delta"]["stop_reason"], "tool_use");
     assert!(delta["delta"]["stop_sequence"].is_null());
-    assert_eq!(
-        delta["usage"],
-        json!({"input_tokens": 11, "cache_creation_input_tokens": 44,
-               "cache_read_input_tokens": 333, "output_tokens": 22})
-    );
+    assert_eq!(delta["usage"], rich_usage());
 }
 
 #[tokio::test]
@@ -211,21 +229,12 @@ async fn anthropic_non_stream_message() {
     assert_eq!(m["role"], "assistant");
     assert_eq!(m["model"], "claude-test");
     assert_eq!(m["stop_reason"], "tool_use");
-    let types: Vec<&str> = m["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["type"].as_str().unwrap())
-        .collect();
+    let types: Vec<&str> = strs(&m["content"], "type");
     assert_eq!(types, ["thinking", "text", "tool_use", "tool_use"]);
     assert_eq!(m["content"][0]["signature"], "sig-123");
     assert_eq!(m["content"][3]["id"], "toolu_custom");
     assert_eq!(m["content"][3]["input"]["content"], "ünïcødé ✓");
-    assert_eq!(
-        m["usage"],
-        json!({"input_tokens": 11, "cache_creation_input_tokens": 44,
-               "cache_read_input_tokens": 333, "output_tokens": 22})
-    );
+    assert_eq!(m["usage"], rich_usage());
 }
 
 #[tokio::test]
@@ -362,21 +371,13 @@ async fn one_script_serves_both_apis_in_order() {
         {"text": "first", "stop_reason": "max_tokens"},
         {"text": "second"}
     ]}));
-    let a: Value = post(&fake, "/v1/messages", &anthropic_req(false))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let a: Value = post_json(&fake, "/v1/messages", &anthropic_req(false)).await;
     assert_eq!(a["content"][0]["text"], "first");
     assert_eq!(a["stop_reason"], "max_tokens");
     // Without scripted usage the numbers are deterministic estimates, never 0.
     assert!(a["usage"]["input_tokens"].as_u64().unwrap() > 0);
     assert!(a["usage"]["output_tokens"].as_u64().unwrap() > 0);
-    let o: Value = post(&fake, "/v1/chat/completions", &openai_req(false, false))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let o: Value = post_json(&fake, "/v1/chat/completions", &openai_req(false, false)).await;
     assert_eq!(o["choices"][0]["message"]["content"], "second");
     assert_eq!(o["choices"][0]["finish_reason"], "stop");
     assert!(o["usage"].get("prompt_tokens_details").is_none());
@@ -409,22 +410,13 @@ async fn count_tokens_and_models_do_not_consume_steps() {
         .await
         .unwrap();
     assert_eq!(models["object"], "list");
-    let ids: Vec<&str> = models["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["id"].as_str().unwrap())
-        .collect();
+    let ids: Vec<&str> = strs(&models["data"], "id");
     assert_eq!(ids, ["m-a", "m-b"]);
     assert_eq!(models["data"][0]["object"], "model");
     assert_eq!(models["data"][0]["type"], "model");
     assert_eq!(models["data"][0]["display_name"], "m-a");
 
-    let a: Value = post(&fake, "/v1/messages", &anthropic_req(false))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let a: Value = post_json(&fake, "/v1/messages", &anthropic_req(false)).await;
     assert_eq!(a["content"][0]["text"], "only");
 }
 
@@ -432,11 +424,7 @@ async fn count_tokens_and_models_do_not_consume_steps() {
 async fn scripted_count_tokens() {
     let fake = start(&json!({"count_tokens": 4242}));
     let body = json!({"model": "m", "messages": []});
-    let v: Value = post(&fake, "/v1/messages/count_tokens", &body)
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_json(&fake, "/v1/messages/count_tokens", &body).await;
     assert_eq!(v, json!({"input_tokens": 4242}));
 }
 
@@ -629,13 +617,9 @@ async fn bad_input_gets_the_real_apis_errors() {
     let fake = start(&json!({"steps": [{"text": "never"}]}));
     let client = reqwest::Client::new();
     let url = |p: &str| format!("{}{p}", fake.base_url());
+    let post_raw = |p: &str, body: &'static str| client.post(url(p)).body(body).send();
 
-    let r = client
-        .post(url("/v1/messages"))
-        .body("{oops")
-        .send()
-        .await
-        .unwrap();
+    let r = post_raw("/v1/messages", "{oops").await.unwrap();
     assert_eq!(r.status(), 400);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["type"], "error");
@@ -661,12 +645,7 @@ async fn bad_input_gets_the_real_apis_errors() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "invalid_request_error");
     assert_eq!(v["error"]["param"], "messages");
-    let r = client
-        .post(url("/v1/chat/completions"))
-        .body("[")
-        .send()
-        .await
-        .unwrap();
+    let r = post_raw("/v1/chat/completions", "[").await.unwrap();
     assert_eq!(r.status(), 400);
     assert!(r.json::<Value>().await.unwrap()["error"]["message"].is_string());
 
@@ -698,11 +677,7 @@ async fn bad_input_gets_the_real_apis_errors() {
     assert_eq!(r.status(), 405);
 
     // None of that consumed the step.
-    let v: Value = post(&fake, "/v1/messages", &anthropic_req(false))
-        .await
-        .json()
-        .await
-        .unwrap();
+    let v: Value = post_json(&fake, "/v1/messages", &anthropic_req(false)).await;
     assert_eq!(v["content"][0]["text"], "never");
 }
 
@@ -723,21 +698,13 @@ async fn exhausted_script_fails_loudly_and_fallback_answers() {
     );
     let r = post(&fake, "/v1/chat/completions", &openai_req(false, false)).await;
     assert_eq!(r.status(), 500);
-    assert!(
-        r.json::<Value>().await.unwrap()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("fakellm")
-    );
+    let message = error_message(r).await;
+    assert!(message.contains("fakellm"), "{message}");
     assert_eq!(fake.requests().unwrap()[1]["served_by"], "exhausted");
 
     let fake = start(&json!({"steps": [{"text": "one"}], "fallback": {"text": "again"}}));
     for want in ["one", "again", "again"] {
-        let v: Value = post(&fake, "/v1/messages", &anthropic_req(false))
-            .await
-            .json()
-            .await
-            .unwrap();
+        let v: Value = post_json(&fake, "/v1/messages", &anthropic_req(false)).await;
         assert_eq!(v["content"][0]["text"], want);
     }
 }
@@ -757,65 +724,24 @@ async fn rules_answer_side_requests_without_consuming_steps() {
     let side = json!({"model": "haiku", "max_tokens": 1, "messages": [{"role": "user", "content": "quota"}]});
     let title = json!({"model": "haiku", "max_tokens": 512, "messages": [{"role": "user", "content": "t"}]});
     let text = |v: Value| v["content"][0]["text"].as_str().unwrap().to_owned();
-    assert_eq!(
-        text(
-            post(&fake, "/v1/messages", &side)
-                .await
-                .json()
-                .await
-                .unwrap()
-        ),
-        "quota ok"
-    );
-    assert_eq!(
-        text(
-            post(&fake, "/v1/messages", &side)
-                .await
-                .json()
-                .await
-                .unwrap()
-        ),
-        "A title"
-    );
-    assert_eq!(
-        text(
-            post(&fake, "/v1/messages", &anthropic_req(false))
-                .await
-                .json()
-                .await
-                .unwrap()
-        ),
-        "main 1"
-    );
-    assert_eq!(
-        text(
-            post(&fake, "/v1/messages", &title)
-                .await
-                .json()
-                .await
-                .unwrap()
-        ),
-        "A title"
-    );
+    let main = anthropic_req(false);
+    for (body, want) in [
+        (&side, "quota ok"),
+        (&side, "A title"),
+        (&main, "main 1"),
+        (&title, "A title"),
+    ] {
+        assert_eq!(text(post_json(&fake, "/v1/messages", body).await), want);
+    }
     // The next step wants a tool_result: a request without one is not served by it.
     let r = post(&fake, "/v1/messages", &anthropic_req(false)).await;
     assert_eq!(r.status(), 500);
-    assert!(
-        r.json::<Value>().await.unwrap()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("did not match")
-    );
+    let message = error_message(r).await;
+    assert!(message.contains("did not match"), "{message}");
     let mut with_result = anthropic_req(false);
     with_result["messages"] = json!([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "x", "content": "ok"}]}]);
     assert_eq!(
-        text(
-            post(&fake, "/v1/messages", &with_result)
-                .await
-                .json()
-                .await
-                .unwrap()
-        ),
+        text(post_json(&fake, "/v1/messages", &with_result).await),
         "main 2"
     );
     let served: Vec<String> = fake

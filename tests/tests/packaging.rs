@@ -6,7 +6,7 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use agentbox_tests::harness::{workspace_bin, workspace_root};
 
@@ -17,6 +17,18 @@ fn mode(p: &Path) -> u32 {
 fn owner(p: &Path) -> (u32, u32) {
     let m = std::fs::metadata(p).unwrap();
     (m.uid(), m.gid())
+}
+
+/// Runs `cmd` and fails the test with its stdout and stderr unless it exits 0.
+fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 #[test]
@@ -38,18 +50,12 @@ fn install_into_a_root_then_verify() {
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
     let install = || {
-        let out = Command::new(workspace_root().join("packaging/install.sh"))
-            .arg("--destdir")
-            .arg(r)
-            .arg("--bin-dir")
-            .arg(&bin_dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+        run_ok(
+            Command::new(workspace_root().join("packaging/install.sh"))
+                .arg("--destdir")
+                .arg(r)
+                .arg("--bin-dir")
+                .arg(&bin_dir),
         );
     };
     install();
@@ -114,16 +120,7 @@ fn install_into_a_root_then_verify() {
         std::fs::write(&p, rewritten).unwrap();
         paths.push(p);
     }
-    let out = Command::new("systemd-analyze")
-        .arg("verify")
-        .args(&paths)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(Command::new("systemd-analyze").arg("verify").args(&paths));
     assert!(
         out.stderr.is_empty(),
         "{}",
@@ -131,36 +128,30 @@ fn install_into_a_root_then_verify() {
     );
 
     // The installed CLI accepts the installed config.
-    let out = Command::new(r.join("usr/local/bin/agentbox"))
-        .args(["config", "check", "--config"])
-        .arg(r.join("etc/agentbox/agentbox.toml"))
-        .env_remove("AGENTBOX_DATA")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        Command::new(r.join("usr/local/bin/agentbox"))
+            .args(["config", "check", "--config"])
+            .arg(r.join("etc/agentbox/agentbox.toml"))
+            .env_remove("AGENTBOX_DATA"),
     );
 
     // A second install keeps what the operator edited.
-    std::fs::write(
-        r.join("etc/agentbox/agentbox.toml"),
-        "data_dir = \"/srv/agentbox\"\n",
-    )
-    .unwrap();
-    std::fs::write(
-        r.join("etc/agentbox/bridge.env"),
-        "AGENTBOX_BRIDGE_TOKEN=kept\n",
-    )
-    .unwrap();
+    let edited = [
+        (
+            "etc/agentbox/agentbox.toml",
+            "data_dir = \"/srv/agentbox\"\n",
+        ),
+        ("etc/agentbox/bridge.env", "AGENTBOX_BRIDGE_TOKEN=kept\n"),
+    ];
+    for (file, text) in edited {
+        std::fs::write(r.join(file), text).unwrap();
+    }
     install();
-    assert_eq!(
-        std::fs::read_to_string(r.join("etc/agentbox/agentbox.toml")).unwrap(),
-        "data_dir = \"/srv/agentbox\"\n"
-    );
-    assert_eq!(
-        std::fs::read_to_string(r.join("etc/agentbox/bridge.env")).unwrap(),
-        "AGENTBOX_BRIDGE_TOKEN=kept\n"
-    );
+    for (file, text) in edited {
+        assert_eq!(
+            std::fs::read_to_string(r.join(file)).unwrap(),
+            text,
+            "{file}"
+        );
+    }
 }

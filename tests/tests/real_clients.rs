@@ -78,6 +78,20 @@ fn summarize_log(fake: &FakeLlm) -> String {
         .join("\n")
 }
 
+/// What a failing Claude Code test prints: the client's output, fakellm's log and, when a
+/// daemon stands in between, that daemon's log.
+fn claude_diag(run: &ClaudeRun, fake: &FakeLlm, daemon: Option<(&str, String)>) -> String {
+    let mut text = format!(
+        "{}\n--- fakellm log ---\n{}",
+        run.out.describe(),
+        summarize_log(fake)
+    );
+    if let Some((name, log)) = daemon {
+        text.push_str(&format!("\n--- {name} ---\n{log}"));
+    }
+    text
+}
+
 /// The outcome of one headless `claude -p` run.
 struct ClaudeRun {
     out: agentbox_tests::harness::Captured,
@@ -146,25 +160,46 @@ impl ClaudeRun {
     fn result(&self) -> Option<&Value> {
         self.events.iter().rev().find(|e| e["type"] == "result")
     }
+
+    /// What every completed write task shows: claude exited 0, its result is "done", and
+    /// `target` holds `content`. Returns the result event.
+    fn assert_done(&self, target: &Path, content: &str, diag: &dyn Fn() -> String) -> &Value {
+        assert!(self.out.status.success(), "claude failed: {}", diag());
+        let result = self
+            .result()
+            .unwrap_or_else(|| panic!("no result event: {}", diag()));
+        assert_eq!(result["result"], "done", "{}", diag());
+        assert_eq!(
+            std::fs::read_to_string(target).unwrap_or_else(|e| panic!("{e}: {}", diag())),
+            content
+        );
+        result
+    }
 }
 
-/// A script for a two-step task: call `Write` on `target` with `content` (tool id `tool_id`),
-/// then answer "done" once the tool result came back (a request body containing
+/// The request fakellm served with the script's second step.
+fn second_turn<'a>(requests: &'a [Value], diag: &dyn Fn() -> String) -> &'a Value {
+    requests
+        .iter()
+        .find(|r| r["served_by"] == "step 1")
+        .unwrap_or_else(|| panic!("no second turn: {}", diag()))
+}
+
+/// The `role: tool` messages of a chat-completions request.
+fn tool_messages(request: &Value) -> Vec<&Value> {
+    let messages = request["body"]["messages"].as_array().unwrap();
+    messages.iter().filter(|m| m["role"] == "tool").collect()
+}
+
+/// A script for a two-step task: answer side requests (no tools) with `side_text`, make
+/// `tool_call`, then answer "done" once the tool result came back (a request body containing
 /// `result_marker`: `tool_result` in Anthropic requests, `tool_call_id` in chat requests).
-fn write_then_done_script(
-    target: &Path,
-    content: &str,
-    tool_id: &str,
-    result_marker: &str,
-) -> Value {
+fn two_step_script(side_text: &str, tool_call: Value, result_marker: &str) -> Value {
     json!({
-        // Side requests (title, quota probe, small-model calls) carry no tools; answer them
-        // without spending the scripted turn.
-        "rules": [{"match": {"has_tools": false}, "text": "ok"}],
+        "rules": [{"match": {"has_tools": false}, "text": side_text}],
         "steps": [
             {"match": {"has_tools": true},
-             "tool_calls": [{"id": tool_id, "name": "Write",
-                             "input": {"file_path": target, "content": content}}],
+             "tool_calls": [tool_call],
              "usage": {"input_tokens": 100, "output_tokens": 20}},
             {"match": {"has_tools": true, "body_contains": result_marker},
              "text": "done",
@@ -173,17 +208,42 @@ fn write_then_done_script(
     })
 }
 
+/// [`two_step_script`] for Claude Code: `Write` `content` to `target` (tool id `tool_id`).
+fn write_then_done_script(
+    target: &Path,
+    content: &str,
+    tool_id: &str,
+    result_marker: &str,
+) -> Value {
+    // Side requests (title, quota probe, small-model calls) carry no tools; answer them
+    // without spending the scripted turn.
+    let write = json!({"id": tool_id, "name": "Write",
+                       "input": {"file_path": target, "content": content}});
+    two_step_script("ok", write, result_marker)
+}
+
+/// A scratch dir, and fakellm scripted to have Claude Code write `content` into `file` of its
+/// workspace (see [`write_then_done_script`]); the target's path is returned too.
+fn write_task(
+    prefix: &str,
+    file: &str,
+    content: &str,
+    tool_id: &str,
+    result_marker: &str,
+) -> (Scratch, PathBuf, FakeLlm) {
+    let scratch = Scratch::new(prefix);
+    let target = scratch.workspace().join(file);
+    let script = write_then_done_script(&target, content, tool_id, result_marker);
+    let fake = FakeLlm::start(fakellm_bin(), &script).unwrap();
+    (scratch, target, fake)
+}
+
 #[tokio::test]
 async fn claude_code_writes_a_file_through_fakellm() {
-    let scratch = Scratch::new("claude-e2e-");
-    let target = scratch.workspace().join("hello.txt");
     let content = "hello from fakellm\nsecond line ✓\n";
     let tool_id = "toolu_agentbox_write_1";
-    let fake = FakeLlm::start(
-        fakellm_bin(),
-        &write_then_done_script(&target, content, tool_id, "tool_result"),
-    )
-    .unwrap();
+    let (scratch, target, fake) =
+        write_task("claude-e2e-", "hello.txt", content, tool_id, "tool_result");
     let run = ClaudeRun::run(
         &scratch,
         &fake.base_url(),
@@ -192,27 +252,11 @@ async fn claude_code_writes_a_file_through_fakellm() {
         "Create hello.txt in the current directory.",
     )
     .await;
-    let out = &run.out;
-    let diag = || {
-        format!(
-            "{}\n--- fakellm log ---\n{}",
-            out.describe(),
-            summarize_log(&fake)
-        )
-    };
-    assert!(out.status.success(), "claude failed: {}", diag());
-    let result = run
-        .result()
-        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    let diag = || claude_diag(&run, &fake, None);
+    let result = run.assert_done(&target, content, &diag);
     assert_eq!(result["is_error"], false, "{}", diag());
     assert_eq!(result["subtype"], "success", "{}", diag());
-    assert_eq!(result["result"], "done", "{}", diag());
     assert_eq!(result["num_turns"], 2, "{}", diag());
-
-    assert_eq!(
-        std::fs::read_to_string(&target).unwrap_or_else(|e| panic!("{e}: {}", diag())),
-        content
-    );
 
     let requests = message_requests(&fake);
     let first = &requests[0];
@@ -233,10 +277,7 @@ async fn claude_code_writes_a_file_through_fakellm() {
         .collect();
     assert!(tools.contains(&"Write"), "tools offered: {tools:?}");
 
-    let second = requests
-        .iter()
-        .find(|r| r["served_by"] == "step 1")
-        .unwrap_or_else(|| panic!("no second turn: {}", diag()));
+    let second = second_turn(&requests, &diag);
     let results: Vec<&Value> = second["body"]["messages"]
         .as_array()
         .unwrap()
@@ -259,15 +300,15 @@ async fn claude_code_writes_a_file_through_fakellm() {
 /// bridge translates every turn both ways, streamed, and the task still completes.
 #[tokio::test]
 async fn claude_code_completes_a_task_through_the_bridge_in_chat_mode() {
-    let scratch = Scratch::new("claude-bridge-");
-    let target = scratch.workspace().join("bridged.txt");
     let content = "written through the bridge\n";
     let tool_id = "call_bridge_write_1";
-    let fake = FakeLlm::start(
-        fakellm_bin(),
-        &write_then_done_script(&target, content, tool_id, "tool_call_id"),
-    )
-    .unwrap();
+    let (scratch, target, fake) = write_task(
+        "claude-bridge-",
+        "bridged.txt",
+        content,
+        tool_id,
+        "tool_call_id",
+    );
     let token = "bridge-e2e-token";
     let bridge = agentbox_tests::harness::BridgeProcess::start(
         &format!(
@@ -286,24 +327,9 @@ async fn claude_code_completes_a_task_through_the_bridge_in_chat_mode() {
         "Create bridged.txt.",
     )
     .await;
-    let diag = || {
-        format!(
-            "{}\n--- fakellm log ---\n{}\n--- bridge ---\n{}",
-            run.out.describe(),
-            summarize_log(&fake),
-            bridge.stderr()
-        )
-    };
-    assert!(run.out.status.success(), "claude failed: {}", diag());
-    let result = run
-        .result()
-        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    let diag = || claude_diag(&run, &fake, Some(("bridge", bridge.stderr())));
+    let result = run.assert_done(&target, content, &diag);
     assert_eq!(result["is_error"], false, "{}", diag());
-    assert_eq!(result["result"], "done", "{}", diag());
-    assert_eq!(
-        std::fs::read_to_string(&target).unwrap_or_else(|e| panic!("{e}: {}", diag())),
-        content
-    );
 
     let requests = message_requests(&fake);
     assert!(
@@ -323,16 +349,7 @@ async fn claude_code_completes_a_task_through_the_bridge_in_chat_mode() {
     );
     assert!(first["body"].get("context_management").is_none());
     assert!(first["body"].get("thinking").is_none());
-    let second = requests
-        .iter()
-        .find(|r| r["served_by"] == "step 1")
-        .unwrap_or_else(|| panic!("no second turn: {}", diag()));
-    let tool_msgs: Vec<&Value> = second["body"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .collect();
+    let tool_msgs = tool_messages(second_turn(&requests, &diag));
     assert_eq!(tool_msgs.len(), 1, "{tool_msgs:?}");
     assert_eq!(tool_msgs[0]["tool_call_id"], tool_id);
     for r in &requests {
@@ -352,20 +369,14 @@ async fn opencode_writes_a_file_through_fakellm() {
     let call_id = "call_agentbox_write_1";
     let fake = FakeLlm::start(
         fakellm_bin(),
-        &json!({
-            // opencode asks its small model for a session title, without tools, concurrently
-            // with the first turn.
-            "rules": [{"match": {"has_tools": false}, "text": "Write hello file"}],
-            "steps": [
-                {"match": {"has_tools": true},
-                 "tool_calls": [{"id": call_id, "name": "write",
-                                 "input": {"filePath": target, "content": content}}],
-                 "usage": {"input_tokens": 100, "output_tokens": 20}},
-                {"match": {"has_tools": true, "body_contains": "\"tool_call_id\""},
-                 "text": "done",
-                 "usage": {"input_tokens": 130, "output_tokens": 2, "cache_read_input_tokens": 50}}
-            ]
-        }),
+        // opencode asks its small model for a session title, without tools, concurrently with
+        // the first turn.
+        &two_step_script(
+            "Write hello file",
+            json!({"id": call_id, "name": "write",
+                   "input": {"filePath": target, "content": content}}),
+            "\"tool_call_id\"",
+        ),
     )
     .unwrap();
 
@@ -511,16 +522,7 @@ async fn opencode_writes_a_file_through_fakellm() {
     let params = &write_tool["function"]["parameters"]["properties"];
     assert!(params.get("filePath").is_some() && params.get("content").is_some());
 
-    let second = requests
-        .iter()
-        .find(|r| r["served_by"] == "step 1")
-        .unwrap_or_else(|| panic!("no second turn: {}", diag(&server)));
-    let tool_msgs: Vec<&Value> = second["body"]["messages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .collect();
+    let tool_msgs = tool_messages(second_turn(&requests, &|| diag(&server)));
     assert_eq!(tool_msgs.len(), 1, "{tool_msgs:?}");
     assert_eq!(tool_msgs[0]["tool_call_id"], call_id);
     assert!(
@@ -579,12 +581,7 @@ async fn run_on_task_socket(
 
 /// What a failing gateway test prints: the client's output, fakellm's log, the gateway's log.
 fn gateway_diag(run: &ClaudeRun, fake: &FakeLlm, gw: &GatewayProcess) -> String {
-    format!(
-        "{}\n--- fakellm ---\n{}\n--- gateway ---\n{}",
-        run.out.describe(),
-        summarize_log(fake),
-        gw.stderr()
-    )
+    claude_diag(run, fake, Some(("gateway", gw.stderr())))
 }
 
 async fn task_view(gw: &GatewayProcess, tid: &str) -> Value {
@@ -605,29 +602,14 @@ async fn task_view(gw: &GatewayProcess, tid: &str) -> Value {
 /// only what the gateway lets through, and the meter equals what fakellm reported.
 #[tokio::test]
 async fn claude_code_completes_a_task_through_the_gateway_socket() {
-    let scratch = Scratch::new("claude-gw-");
-    let target = scratch.workspace().join("gw.txt");
     let content = "through the gateway socket\n";
-    let fake = FakeLlm::start(
-        fakellm_bin(),
-        &write_then_done_script(&target, content, "toolu_gw_1", "tool_result"),
-    )
-    .unwrap();
+    let (scratch, target, fake) =
+        write_task("claude-gw-", "gw.txt", content, "toolu_gw_1", "tool_result");
     let token = "claude-task-token-0123456789";
     let gw = gateway_task(&fake, "cc1", token, json!({})).await;
     let run = run_on_task_socket(&scratch, &gw, "cc1", token, "Create gw.txt.").await;
     let diag = || gateway_diag(&run, &fake, &gw);
-    assert!(run.out.status.success(), "claude failed: {}", diag());
-    assert_eq!(
-        run.result().map(|r| r["result"].clone()),
-        Some(json!("done")),
-        "{}",
-        diag()
-    );
-    assert_eq!(
-        std::fs::read_to_string(&target).unwrap_or_else(|e| panic!("{e}: {}", diag())),
-        content
-    );
+    run.assert_done(&target, content, &diag);
 
     let requests = message_requests(&fake);
     assert!(requests.len() >= 2, "{}", diag());
@@ -676,13 +658,13 @@ async fn claude_code_completes_a_task_through_the_gateway_socket() {
 /// and fakellm never sees another request.
 #[tokio::test]
 async fn claude_code_stops_when_the_budget_runs_out() {
-    let scratch = Scratch::new("claude-budget-");
-    let target = scratch.workspace().join("never.txt");
-    let fake = FakeLlm::start(
-        fakellm_bin(),
-        &write_then_done_script(&target, "x", "toolu_budget_1", "tool_result"),
-    )
-    .unwrap();
+    let (scratch, _target, fake) = write_task(
+        "claude-budget-",
+        "never.txt",
+        "x",
+        "toolu_budget_1",
+        "tool_result",
+    );
     let token = "claude-budget-token-0123456789";
     // The first reply costs 120 tokens.
     let gw = gateway_task(&fake, "cc2", token, json!({"tokens": 100})).await;

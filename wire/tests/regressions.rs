@@ -45,6 +45,17 @@ fn tool(index: u32, id: Option<&str>, name: Option<&str>, args: Option<&str>) ->
     t
 }
 
+/// A chunk whose delta is the one tool-call piece [`tool`] builds.
+fn tool_chunk(
+    index: u32,
+    id: Option<&str>,
+    name: Option<&str>,
+    args: Option<&str>,
+    finish: Option<&str>,
+) -> Value {
+    chunk(json!({"tool_calls": [tool(index, id, name, args)]}), finish)
+}
+
 fn tool_inputs(events: &[StreamEvent]) -> Vec<(String, Value)> {
     accumulate(events)
         .content
@@ -93,8 +104,11 @@ fn litellm_25321_tool_input_kept_on_text_to_tool_transition() {
     let events = translate_stream(
         &[
             chunk(json!({"content": "Let me look."}), None),
-            chunk(
-                json!({"tool_calls": [tool(0, Some("call_1"), Some("Read"), Some("{\"file_path\":\"/x\"}"))]}),
+            tool_chunk(
+                0,
+                Some("call_1"),
+                Some("Read"),
+                Some("{\"file_path\":\"/x\"}"),
                 None,
             ),
             chunk(json!({}), Some("tool_calls")),
@@ -231,8 +245,11 @@ fn litellm_33224_no_thinking_delta_inside_text_block() {
 fn litellm_25561_gemini_args_in_the_first_chunk_kept() {
     // Gemini/xAI/Ollama send id, name and all arguments at once, sometimes with the finish.
     let events = translate_stream(
-        &[chunk(
-            json!({"tool_calls": [tool(0, Some("c1"), Some("Grep"), Some("{\"pattern\":\"fn main\"}"))]}),
+        &[tool_chunk(
+            0,
+            Some("c1"),
+            Some("Grep"),
+            Some("{\"pattern\":\"fn main\"}"),
             Some("tool_calls"),
         )],
         ResponseOptions::default(),
@@ -247,16 +264,25 @@ fn litellm_25561_gemini_args_in_the_first_chunk_kept() {
 fn litellm_15307_parallel_tool_calls_each_get_their_own_block() {
     let events = translate_stream(
         &[
-            chunk(
-                json!({"tool_calls": [tool(0, Some("a"), Some("Read"), Some("{\"file_path\":\"/1\"}"))]}),
+            tool_chunk(
+                0,
+                Some("a"),
+                Some("Read"),
+                Some("{\"file_path\":\"/1\"}"),
                 None,
             ),
-            chunk(
-                json!({"tool_calls": [tool(1, Some("b"), Some("Read"), Some("{\"file_path\":\"/2\"}"))]}),
+            tool_chunk(
+                1,
+                Some("b"),
+                Some("Read"),
+                Some("{\"file_path\":\"/2\"}"),
                 None,
             ),
-            chunk(
-                json!({"tool_calls": [tool(2, Some("c"), Some("Bash"), Some("{\"command\":\"ls\"}"))]}),
+            tool_chunk(
+                2,
+                Some("c"),
+                Some("Bash"),
+                Some("{\"command\":\"ls\"}"),
                 Some("tool_calls"),
             ),
             usage_chunk(1, 1, 0),
@@ -278,14 +304,8 @@ fn litellm_13373_no_delta_for_a_block_never_started() {
     // Arguments before the name: nothing may be sent until the block exists.
     let events = translate_stream(
         &[
-            chunk(
-                json!({"tool_calls": [tool(0, None, None, Some("{\"a\":"))]}),
-                None,
-            ),
-            chunk(
-                json!({"tool_calls": [tool(0, Some("id"), Some("T"), Some("1}"))]}),
-                Some("tool_calls"),
-            ),
+            tool_chunk(0, None, None, Some("{\"a\":"), None),
+            tool_chunk(0, Some("id"), Some("T"), Some("1}"), Some("tool_calls")),
             usage_chunk(1, 1, 0),
         ],
         ResponseOptions::default(),
@@ -308,12 +328,18 @@ fn litellm_13373_no_delta_for_a_block_never_started() {
 fn litellm_29491_input_json_delta_survives_sse_encoding() {
     let events = translate_stream(
         &[
-            chunk(
-                json!({"tool_calls": [tool(0, Some("c"), Some("Write"), Some("{\"content\":\"line1\\nline2\\r\\n"))]}),
+            tool_chunk(
+                0,
+                Some("c"),
+                Some("Write"),
+                Some("{\"content\":\"line1\\nline2\\r\\n"),
                 None,
             ),
-            chunk(
-                json!({"tool_calls": [tool(0, None, None, Some("\",\"file_path\":\"/f\"}"))]}),
+            tool_chunk(
+                0,
+                None,
+                None,
+                Some("\",\"file_path\":\"/f\"}"),
                 Some("tool_calls"),
             ),
             usage_chunk(1, 1, 0),
@@ -389,8 +415,11 @@ fn litellm_30557_tool_type_not_merged_into_parameters() {
 #[test]
 fn envoy_1465_tool_use_starts_with_empty_input_and_args_only_in_deltas() {
     let events = translate_stream(
-        &[chunk(
-            json!({"tool_calls": [tool(0, Some("c"), Some("Bash"), Some("{\"command\":\"ls\"}"))]}),
+        &[tool_chunk(
+            0,
+            Some("c"),
+            Some("Bash"),
+            Some("{\"command\":\"ls\"}"),
             Some("tool_calls"),
         )],
         ResponseOptions::default(),
@@ -430,22 +459,10 @@ fn envoy_system_blocks_joined_with_a_separator() {
 fn envoy_no_delta_after_block_stop_when_tool_indices_interleave() {
     let events = translate_stream(
         &[
-            chunk(
-                json!({"tool_calls": [tool(0, Some("a"), Some("A"), Some("{\"x\":"))]}),
-                None,
-            ),
-            chunk(
-                json!({"tool_calls": [tool(1, Some("b"), Some("B"), Some("{\"y\":"))]}),
-                None,
-            ),
-            chunk(
-                json!({"tool_calls": [tool(0, None, None, Some("1}"))]}),
-                None,
-            ),
-            chunk(
-                json!({"tool_calls": [tool(1, None, None, Some("2}"))]}),
-                Some("tool_calls"),
-            ),
+            tool_chunk(0, Some("a"), Some("A"), Some("{\"x\":"), None),
+            tool_chunk(1, Some("b"), Some("B"), Some("{\"y\":"), None),
+            tool_chunk(0, None, None, Some("1}"), None),
+            tool_chunk(1, None, None, Some("2}"), Some("tool_calls")),
             usage_chunk(1, 1, 0),
         ],
         ResponseOptions::default(),
@@ -523,8 +540,11 @@ fn musistudio_usage_in_the_same_read_as_finish_is_kept() {
 #[test]
 fn ccr_eof_without_finish_reason_is_an_error_not_end_turn() {
     let events = translate_stream(
-        &[chunk(
-            json!({"tool_calls": [tool(0, Some("c"), Some("Bash"), Some("{\"command\":\"rm -rf /tm"))]}),
+        &[tool_chunk(
+            0,
+            Some("c"),
+            Some("Bash"),
+            Some("{\"command\":\"rm -rf /tm"),
             None,
         )],
         ResponseOptions::default(),
@@ -543,8 +563,11 @@ fn fuergaosi233_truncated_tool_args_still_streamed() {
     // Cut by max_tokens: the arguments never parse, but what arrived is forwarded.
     let events = translate_stream(
         &[
-            chunk(
-                json!({"tool_calls": [tool(0, Some("c"), Some("Write"), Some("{\"content\":\"abc"))]}),
+            tool_chunk(
+                0,
+                Some("c"),
+                Some("Write"),
+                Some("{\"content\":\"abc"),
                 None,
             ),
             chunk(json!({}), Some("length")),
@@ -572,10 +595,7 @@ fn fuergaosi233_no_empty_text_block_for_a_tool_only_reply() {
     let events = translate_stream(
         &[
             chunk(json!({"role": "assistant", "content": ""}), None),
-            chunk(
-                json!({"tool_calls": [tool(0, Some("c"), Some("T"), Some("{}"))]}),
-                Some("tool_calls"),
-            ),
+            tool_chunk(0, Some("c"), Some("T"), Some("{}"), Some("tool_calls")),
             usage_chunk(1, 1, 0),
         ],
         ResponseOptions::default(),
@@ -739,8 +759,11 @@ fn dify_2667_parallel_tool_args_do_not_share_an_accumulator() {
 #[test]
 fn kimi_tool_call_ids_sanitized_in_streams() {
     let events = translate_stream(
-        &[chunk(
-            json!({"tool_calls": [tool(0, Some("functions.Bash:0"), Some("Bash"), Some("{}"))]}),
+        &[tool_chunk(
+            0,
+            Some("functions.Bash:0"),
+            Some("Bash"),
+            Some("{}"),
             Some("tool_calls"),
         )],
         ResponseOptions::default(),

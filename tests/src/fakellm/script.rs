@@ -14,27 +14,21 @@ use super::FakeLlmError;
 
 /// A whole script file.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Script {
     /// Replies consumed one per matching request, in order.
-    #[serde(default)]
     pub steps: Vec<Entry>,
     /// Replies for side requests, consulted before `steps` and never consuming them.
-    #[serde(default)]
     pub rules: Vec<Entry>,
     /// The reply once `steps` is exhausted (or its next step does not match); absent means a
     /// non-retryable 500 naming the request.
-    #[serde(default)]
     pub fallback: Option<Entry>,
     /// A fixed answer for `count_tokens`; absent means an estimate of request bytes / 4.
-    #[serde(default)]
     pub count_tokens: Option<u64>,
     /// Model ids listed by `GET /v1/models`; absent means `["fakellm"]`.
-    #[serde(default)]
     pub models: Option<Vec<String>>,
     /// When set, every routed request must present this key (`x-api-key` or
     /// `Authorization: Bearer`), else 401 `authentication_error`, as a real provider does.
-    #[serde(default)]
     pub api_key: Option<String>,
 }
 
@@ -57,54 +51,40 @@ impl Script {
 
 /// One scripted reply, plus the conditions under which it applies.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Entry {
     /// Conditions a request must meet for this entry to answer it; absent matches everything.
-    #[serde(default, rename = "match")]
+    #[serde(rename = "match")]
     pub when: Option<Match>,
     /// For rules: how many requests this rule may answer; absent means unlimited.
-    #[serde(default)]
     pub times: Option<u32>,
     /// Assistant text.
-    #[serde(default)]
     pub text: Option<String>,
     /// Thinking text, rendered before the text (Anthropic `thinking` block, OpenAI
     /// `reasoning_content`).
-    #[serde(default)]
     pub thinking: Option<String>,
     /// Signature of the thinking block; a fixed placeholder when absent.
-    #[serde(default)]
     pub signature: Option<String>,
     /// Tool calls, rendered after the text.
-    #[serde(default)]
     pub tool_calls: Vec<ToolCall>,
     /// Exact usage numbers; absent means deterministic estimates.
-    #[serde(default)]
     pub usage: Option<Usage>,
     /// Overrides the derived stop reason (`tool_use` with tool calls, else `end_turn`).
-    #[serde(default)]
     pub stop_reason: Option<StopReason>,
     /// The model named in the reply; absent echoes the request's.
-    #[serde(default)]
     pub model: Option<String>,
     /// Milliseconds to wait before sending the response head.
-    #[serde(default)]
     pub delay_ms: u64,
     /// Milliseconds to wait between streamed events.
-    #[serde(default)]
     pub event_delay_ms: u64,
     /// Answer with this HTTP error instead of a message.
-    #[serde(default)]
     pub error: Option<ErrorReply>,
     /// Extra response headers.
-    #[serde(default)]
     pub headers: BTreeMap<String, String>,
     /// Abort the connection after this many streamed events (non-streamed replies: after the
     /// first half of the body).
-    #[serde(default)]
     pub disconnect_after_events: Option<usize>,
     /// Emit an in-stream error event after this many events and end the stream there.
-    #[serde(default)]
     pub error_event: Option<ErrorEvent>,
 }
 
@@ -129,19 +109,15 @@ fn empty_object() -> Value {
 /// Usage in Anthropic terms; OpenAI replies derive `prompt_tokens` as input + cache read +
 /// cache creation, because OpenAI counts cached tokens inside the prompt.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Usage {
     /// Uncached input tokens.
-    #[serde(default)]
     pub input_tokens: u64,
     /// Output tokens.
-    #[serde(default)]
     pub output_tokens: u64,
     /// Tokens read from the prompt cache (`prompt_tokens_details.cached_tokens` in OpenAI).
-    #[serde(default)]
     pub cache_read_input_tokens: Option<u64>,
     /// Tokens written to the prompt cache (no OpenAI field; counted in `prompt_tokens`).
-    #[serde(default)]
     pub cache_creation_input_tokens: Option<u64>,
 }
 
@@ -215,31 +191,23 @@ pub struct ErrorEvent {
 
 /// Conditions on a request; every condition given must hold.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct Match {
     /// `anthropic` (`/v1/messages`) or `openai` (`/chat/completions`).
-    #[serde(default)]
     pub api: Option<Api>,
     /// Exact request model.
-    #[serde(default)]
     pub model: Option<String>,
     /// Substring of the request model.
-    #[serde(default)]
     pub model_contains: Option<String>,
     /// Whether the request declares a non-empty `tools` list.
-    #[serde(default)]
     pub has_tools: Option<bool>,
     /// Whether the request asks for a stream.
-    #[serde(default)]
     pub stream: Option<bool>,
     /// Substring of the raw request body.
-    #[serde(default)]
     pub body_contains: Option<String>,
     /// The raw request body must not contain this substring.
-    #[serde(default)]
     pub body_lacks: Option<String>,
     /// `max_tokens` (or `max_completion_tokens`) is present and at most this.
-    #[serde(default)]
     pub max_tokens_at_most: Option<u64>,
 }
 

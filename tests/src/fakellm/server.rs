@@ -250,19 +250,9 @@ impl Plan {
 }
 
 fn error_plan(api: Api, status: StatusCode, kind: Option<&str>, message: &str) -> Plan {
-    error_plan_param(api, status, kind, message, None)
-}
-
-fn error_plan_param(
-    api: Api,
-    status: StatusCode,
-    kind: Option<&str>,
-    message: &str,
-    param: Option<&str>,
-) -> Plan {
     Plan::Error {
         status,
-        body: error_body(api, status, kind, message, param),
+        body: error_body(api, status, kind, message, None),
     }
 }
 
@@ -385,13 +375,12 @@ impl AppState {
             }
         };
         if let Some((msg, field)) = missing_field(api, body, required) {
-            return error_plan_param(
-                api,
-                StatusCode::BAD_REQUEST,
-                Some("invalid_request_error"),
-                &msg,
-                Some(field),
-            );
+            let status = StatusCode::BAD_REQUEST;
+            let kind = Some("invalid_request_error");
+            return Plan::Error {
+                status,
+                body: error_body(api, status, kind, &msg, Some(field)),
+            };
         }
         if route == Route::CountTokens {
             return Plan::CountTokens(
@@ -802,12 +791,13 @@ mod tests {
 
     #[test]
     fn error_shape_follows_path() {
-        assert_eq!(api_of_path("/v1/chat/completions"), Api::Openai);
-        assert_eq!(api_of_path("/chat/anything"), Api::Openai);
-        assert_eq!(api_of_path("/v1/responses"), Api::Openai);
-        assert_eq!(api_of_path("/v1/messages"), Api::Anthropic);
-        assert_eq!(api_of_path("/chatter"), Api::Anthropic);
-        assert_eq!(api_of_path("/"), Api::Anthropic);
+        let openai = ["/v1/chat/completions", "/chat/anything", "/v1/responses"];
+        let anthropic = ["/v1/messages", "/chatter", "/"];
+        for (paths, api) in [(openai, Api::Openai), (anthropic, Api::Anthropic)] {
+            for path in paths {
+                assert_eq!(api_of_path(path), api, "{path}");
+            }
+        }
     }
 
     #[test]
