@@ -14,6 +14,7 @@
 //! - [`proxy`]: the per-task socket's routes, forwarding and metering.
 //! - [`error`]: both error types and their one mapping each to status and body.
 
+pub mod account;
 pub mod control;
 pub mod error;
 pub mod estimate;
