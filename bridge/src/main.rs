@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentbox_policy::config::{Config, ProcessEnv, config_path};
+use agentbox_policy::config::ProcessEnv;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
@@ -19,16 +19,11 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    agentbox_http::init_logging();
-    let env = ProcessEnv;
-    let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
+    let config = match agentbox_http::start_daemon("agentbox-bridge", args.config.as_deref()) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("agentbox-bridge: {e}");
-            return ExitCode::from(78);
-        }
+        Err(code) => return code,
     };
-    let bridge = match agentbox_bridge::Bridge::from_config(&config, &env) {
+    let bridge = match agentbox_bridge::Bridge::from_config(&config, &ProcessEnv) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("agentbox-bridge: {e}");

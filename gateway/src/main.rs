@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentbox_gateway::{Gateway, GatewayOptions};
-use agentbox_policy::config::{Config, ProcessEnv, config_path};
+use agentbox_policy::config::ProcessEnv;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
@@ -25,14 +25,9 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    agentbox_http::init_logging();
-    let env = ProcessEnv;
-    let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
+    let config = match agentbox_http::start_daemon("agentbox-gateway", args.config.as_deref()) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("agentbox-gateway: {e}");
-            return ExitCode::from(78);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -41,7 +36,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(GatewayOptions::from_config(&config, &env)))
+    runtime.block_on(run(GatewayOptions::from_config(&config, &ProcessEnv)))
 }
 
 async fn run(opts: GatewayOptions) -> ExitCode {

@@ -231,6 +231,23 @@ pub fn init_logging() {
         .init();
 }
 
+/// A daemon's first steps: logging (see [`init_logging`]), then its config from `--config`
+/// (else `$AGENTBOX_CONFIG`, else the default path). A config that does not load is reported on
+/// stderr as `<program>: <error>` and becomes exit code 78 (`EX_CONFIG`), before anything
+/// listens.
+pub fn start_daemon(
+    program: &str,
+    config: Option<&std::path::Path>,
+) -> Result<agentbox_policy::config::Config, std::process::ExitCode> {
+    use agentbox_policy::config::{Config, ProcessEnv, config_path};
+    init_logging();
+    let env = ProcessEnv;
+    Config::load(&config_path(config, &env), &env).map_err(|e| {
+        eprintln!("{program}: {e}");
+        std::process::ExitCode::from(78)
+    })
+}
+
 /// Resolves on SIGTERM (systemd's stop) or SIGINT.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
