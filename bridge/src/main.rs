@@ -2,24 +2,13 @@
 //! SIGTERM or SIGINT. Prints `listening on <addr>` on stdout once bound (port 0 picks one).
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentbox_policy::config::ProcessEnv;
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Parser)]
-#[command(name = "agentbox-bridge", version, about = "The agentbox llm-bridge")]
-struct Args {
-    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
-
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let config = match agentbox_http::start_daemon("agentbox-bridge", args.config.as_deref()) {
+    let config = match agentbox_http::start_daemon("agentbox-bridge", "The agentbox llm-bridge") {
         Ok(c) => c,
         Err(code) => return code,
     };

@@ -3,29 +3,17 @@
 //! `listening on unix:<path>` on stdout once the control socket is bound.
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentbox_gateway::{Gateway, GatewayOptions};
 use agentbox_policy::config::ProcessEnv;
-use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "agentbox-gateway",
-    version,
-    about = "The agentbox per-task LLM gateway"
-)]
-struct Args {
-    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
-
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let config = match agentbox_http::start_daemon("agentbox-gateway", args.config.as_deref()) {
+    let config = match agentbox_http::start_daemon(
+        "agentbox-gateway",
+        "The agentbox per-task LLM gateway",
+    ) {
         Ok(c) => c,
         Err(code) => return code,
     };
