@@ -1,15 +1,17 @@
-//! Everything a bridge request can fail with, and the one place that turns it into an HTTP
-//! status and an Anthropic-shaped error body.
+//! Everything a bridge request can fail with, and the one place that turns it into what the
+//! client sees.
 //!
 //! Clients of the bridge are Anthropic clients (the gateway, Claude Code), so every error, ours
 //! or a provider's, reaches them as `{"type":"error","error":{"type","message"}}` with the
 //! status an Anthropic client expects to act on (429 is retried, 403 stops, 5xx is retried).
-//! Messages never contain a key: upstream URLs carry none, and keys live only in headers.
+//! Provider failures are the engine's [`LlmError`] (mapped there, with generic words for every
+//! 5xx); this type adds the bridge's own refusals. Messages never contain a key: keys live only
+//! in headers.
 
-use agentbox_wire::anthropic::{ErrorBody, ErrorType};
+use agentbox_llm::{ErrorReply, LlmError, Protocol};
+use agentbox_wire::anthropic::ErrorType;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 
 /// A failed bridge request.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +40,7 @@ pub enum BridgeError {
     /// The body is not JSON.
     #[error("request body is not valid JSON: {0}")]
     MalformedJson(String),
-    /// JSON of the wrong shape (wrong types, missing fields, unsupported content).
+    /// JSON of the wrong shape (wrong types, missing fields).
     #[error("{0}")]
     InvalidRequest(String),
     /// The model is not a remote model of the catalogue.
@@ -52,32 +54,17 @@ pub enum BridgeError {
         /// The variable that should hold the key.
         key_env: String,
     },
-    /// The provider could not be reached or the connection broke before a response.
-    #[error("upstream unreachable: {0}")]
-    UpstreamUnreachable(String),
-    /// The provider did not answer in time.
-    #[error("upstream timed out")]
-    UpstreamTimeout,
-    /// The provider answered with an error; already mapped to what our client should see.
-    #[error("upstream error {status}: {}", body.error.message)]
-    Upstream {
-        /// The status to return.
-        status: StatusCode,
-        /// The Anthropic error body to return.
-        body: Box<ErrorBody>,
-        /// `retry-after`, passed through.
-        retry_after: Option<HeaderValue>,
-    },
-    /// The provider answered 2xx with something we cannot understand.
-    #[error("upstream sent an invalid response: {0}")]
-    UpstreamInvalid(String),
+    /// Calling the provider failed (unreachable, timeout, its error, an invalid answer, a
+    /// request translation refused).
+    #[error(transparent)]
+    Llm(#[from] LlmError),
 }
 
 impl BridgeError {
-    /// The HTTP status and Anthropic error body for this error.
-    pub fn status_and_body(&self) -> (StatusCode, ErrorBody) {
+    /// What the client sees: status, kind, message.
+    pub fn reply(&self) -> ErrorReply {
         let own =
-            |status: StatusCode, kind: ErrorType| (status, ErrorBody::new(kind, self.to_string()));
+            |status: StatusCode, kind: ErrorType| ErrorReply::new(status, kind, self.to_string());
         match self {
             BridgeError::Unauthorized => {
                 own(StatusCode::UNAUTHORIZED, ErrorType::AuthenticationError)
@@ -101,41 +88,17 @@ impl BridgeError {
                 own(StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError)
             }
             BridgeError::NoKey { .. } => own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError),
-            BridgeError::UpstreamUnreachable(_) | BridgeError::UpstreamInvalid(_) => {
-                own(StatusCode::BAD_GATEWAY, ErrorType::ApiError)
-            }
-            BridgeError::UpstreamTimeout => {
-                own(StatusCode::GATEWAY_TIMEOUT, ErrorType::TimeoutError)
-            }
-            BridgeError::Upstream { status, body, .. } => (*status, (**body).clone()),
+            BridgeError::Llm(e) => e.reply(),
         }
     }
 }
 
-/// Serializes an Anthropic error body.
-pub fn error_bytes(body: &ErrorBody) -> Bytes {
-    // Serializing plain strings and enums cannot fail; an empty body beats a panic.
-    Bytes::from(serde_json::to_vec(body).unwrap_or_default())
-}
-
 impl IntoResponse for BridgeError {
     fn into_response(self) -> Response {
-        let (status, body) = self.status_and_body();
-        let mut resp = (status, error_bytes(&body)).into_response();
-        let headers = resp.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let BridgeError::Upstream {
-            retry_after: Some(v),
-            ..
-        } = self
-        {
-            headers.insert(header::RETRY_AFTER, v);
-        }
-        if status == StatusCode::UNAUTHORIZED {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        let mut resp = self.reply().into_response(Protocol::Anthropic);
+        if resp.status() == StatusCode::UNAUTHORIZED {
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
     }

@@ -5,24 +5,27 @@
 //!
 //! # Layout
 //! - [`Bridge`] (this file): the catalogue of remote models with their keys, the upstream
-//!   client, limits; built once from the config and the environment.
-//! - `routes`: the axum router: auth, `/health`, `/check/{model}`, `/v1/messages`.
-//! - `upstream`: calling a provider and mapping its errors.
-//! - the accept loop, timeouts and body limits come from `agentbox-http`.
+//!   engine, limits; built once from the config and the environment.
+//! - `routes`: the axum router: auth, `/health`, `/check/{model}`, `/v1/messages` (key
+//!   injection, sanitizing, model lookup; the call itself is `agentbox-llm`'s).
+//! - `check`: the `/check` probe.
+//! - the accept loop, timeouts and body limits come from `agentbox-http`; calling providers,
+//!   translating, streaming and mapping their errors from `agentbox-llm`.
 //! - [`error`]: every failure and its one mapping to a status and an Anthropic error body.
 //!
 //! Keys live in [`Secret`]s: no `Debug`, log line, error body or `/health` output shows them.
 
 #![forbid(unsafe_code)]
 
+mod check;
 pub mod error;
 mod routes;
-mod upstream;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentbox_llm::{ClientError, ClientOptions, Upstream};
 use agentbox_policy::config::{Backend, Config, HostEnv, Provider};
 use agentbox_policy::secret::Secret;
 
@@ -35,9 +38,9 @@ pub enum StartError {
     /// The bridge's own token variable is unset or empty.
     #[error("${0} is not set: the bridge refuses to run without its token")]
     NoToken(String),
-    /// The HTTP client could not be built (TLS backend failure).
-    #[error("cannot build the upstream HTTP client: {0}")]
-    Client(String),
+    /// The upstream client could not be built (TLS backend failure).
+    #[error(transparent)]
+    Client(#[from] ClientError),
 }
 
 /// One remote model the bridge serves.
@@ -64,7 +67,7 @@ pub struct RemoteModel {
 pub struct Bridge {
     token: Secret,
     models: BTreeMap<String, RemoteModel>,
-    client: reqwest::Client,
+    upstream: Upstream,
     max_body_bytes: u64,
     body_timeout: Duration,
 }
@@ -101,18 +104,11 @@ impl Bridge {
                 },
             );
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            // Generations can be slow, but a provider silent for this long is gone.
-            .read_timeout(Duration::from_secs(600))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| StartError::Client(e.to_string()))?;
+        let upstream = Upstream::new(&ClientOptions::default())?;
         Ok(Arc::new(Bridge {
             token,
             models,
-            client,
+            upstream,
             max_body_bytes: config.bridge.max_body_bytes,
             body_timeout: config.bridge.body_timeout,
         }))

@@ -4,33 +4,17 @@
 #![forbid(unsafe_code)]
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use agentbox_policy::config::{Config, ProcessEnv, config_path};
-use clap::Parser;
+use agentbox_policy::config::ProcessEnv;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Parser)]
-#[command(name = "agentbox-bridge", version, about = "The agentbox llm-bridge")]
-struct Args {
-    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
-
 fn main() -> ExitCode {
-    let args = Args::parse();
-    agentbox_http::init_logging();
-    let env = ProcessEnv;
-    let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
+    let config = match agentbox_http::start_daemon("agentbox-bridge", "The agentbox llm-bridge") {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("agentbox-bridge: {e}");
-            return ExitCode::from(78);
-        }
+        Err(code) => return code,
     };
-    let bridge = match agentbox_bridge::Bridge::from_config(&config, &env) {
+    let bridge = match agentbox_bridge::Bridge::from_config(&config, &ProcessEnv) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("agentbox-bridge: {e}");

@@ -15,13 +15,16 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
+use agentbox_llm::adapter::anthropic_version;
+use agentbox_llm::{AnthropicTarget, Auth, ChatTarget};
 use agentbox_policy::config::Provider;
 use agentbox_policy::sanitize;
 use agentbox_policy::secret::presented_token;
+use agentbox_wire::translate::ChatOptions;
 
 use crate::Bridge;
+use crate::check::check as probe;
 use crate::error::BridgeError;
-use crate::upstream;
 
 /// The bridge's router; state is the shared [`Bridge`].
 pub fn router(bridge: Arc<Bridge>) -> Router {
@@ -84,7 +87,7 @@ async fn check(State(bridge): State<Arc<Bridge>>, Path(model): Path<String>) -> 
     let Some(m) = bridge.models.get(&model) else {
         return BridgeError::UnknownModel(model).into_response();
     };
-    let outcome = upstream::check(&bridge.client, m).await;
+    let outcome = probe(bridge.upstream.client(), m).await;
     let body = match outcome {
         Ok(()) => json!({"ok": true}),
         Err(e) => json!({"ok": false, "error": e.to_string(), "reason": e.reason()}),
@@ -129,20 +132,34 @@ async fn messages(
             ));
         }
     };
-    let version = parts
-        .headers
-        .get("anthropic-version")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or(upstream::DEFAULT_ANTHROPIC_VERSION);
     tracing::info!(model = %model.id, provider = model.provider.as_str(), stream, bytes = bytes.len(), "messages");
-    match model.provider {
+    let answer = match model.provider {
         Provider::Anthropic => {
-            upstream::anthropic(&bridge.client, model, key, version, &value).await
+            let target = AnthropicTarget {
+                url: &format!("{}/v1/messages", model.base_url),
+                auth: Auth::ApiKey(key),
+                version: anthropic_version(&parts.headers),
+            };
+            bridge.upstream.anthropic(target, &value).await?
         }
         Provider::Openai => {
-            upstream::openai(&bridge.client, model, key, value, bytes.len(), stream).await
+            let target = ChatTarget {
+                url: &format!("{}/chat/completions", model.base_url),
+                auth: Auth::Bearer(key),
+                chat: ChatOptions {
+                    model: Some(model.upstream_model.clone()),
+                    max_output_tokens: model.max_output_tokens,
+                    ..ChatOptions::default()
+                },
+                // Report the model the client asked for, not the provider's name for it.
+                reported_model: model.id.clone(),
+                // A rough count (4 bytes a token) until the provider's usage arrives.
+                input_tokens_estimate: (bytes.len() / 4) as u64,
+            };
+            bridge.upstream.anthropic_via_chat(target, value).await?
         }
-    }
+    };
+    Ok(answer.into_response())
 }
 
 /// Reads the body under the size limit and the body timeout.

@@ -6,12 +6,13 @@
 //! - [`ControlError`]: what the operator's tools see on the control socket:
 //!   `{"error":{"code","message"}}`.
 
-use agentbox_wire::anthropic::{ErrorBody, ErrorType};
-use axum::http::{HeaderValue, StatusCode, header};
+use agentbox_llm::{ErrorReply, LlmError, Protocol};
+use agentbox_wire::anthropic::ErrorType;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::ledger::Refusal;
+use crate::account::AccountError;
 use crate::sockets::SocketError;
 use crate::store::StoreError;
 
@@ -21,12 +22,6 @@ pub enum ProxyError {
     /// Not `POST /v1/messages` or `POST /v1/messages/count_tokens`.
     #[error("not found: {0}")]
     NotFound(String),
-    /// No task token, or the wrong one.
-    #[error("invalid task token")]
-    Unauthorized,
-    /// The task was closed.
-    #[error("task is closed")]
-    TaskClosed,
     /// Over `gateway.max_body_mb`.
     #[error("request body exceeds {limit} bytes")]
     BodyTooLarge {
@@ -42,39 +37,26 @@ pub enum ProxyError {
     /// Not JSON, or JSON of the wrong shape.
     #[error("{0}")]
     InvalidRequest(String),
-    /// The budget is spent: refused before any upstream call.
-    #[error("{0}; the task's budget is exhausted")]
-    Budget(Refusal),
     /// A remote model but no bridge token configured.
     #[error("the gateway has no bridge token: remote models are unavailable")]
     NoBridgeToken,
-    /// The destination could not be reached.
-    #[error("upstream unreachable: {0}")]
-    UpstreamUnreachable(String),
-    /// The destination did not answer in time.
-    #[error("upstream timed out")]
-    UpstreamTimeout,
-    /// The destination answered with an error, already in the client's terms.
-    #[error("upstream error {status}: {}", body.error.message)]
-    Upstream {
-        /// Status for the client.
-        status: StatusCode,
-        /// Body for the client.
-        body: Box<ErrorBody>,
-        /// `retry-after`, passed through.
-        retry_after: Option<HeaderValue>,
-    },
+    /// The task's account refused: bad token, closed task, spent budget.
+    #[error(transparent)]
+    Account(#[from] AccountError),
+    /// Calling the model failed (unreachable, timeout, its error, an invalid answer).
+    #[error(transparent)]
+    Llm(#[from] LlmError),
 }
 
 impl ProxyError {
-    /// Status and Anthropic error body.
-    pub fn status_and_body(&self) -> (StatusCode, ErrorBody) {
-        let own = |s: StatusCode, k: ErrorType| (s, ErrorBody::new(k, self.to_string()));
+    /// What the agent sees: status, kind, message.
+    pub fn reply(&self) -> ErrorReply {
+        let own = |s: StatusCode, k: ErrorType| ErrorReply::new(s, k, self.to_string());
         match self {
-            ProxyError::NotFound(_) | ProxyError::TaskClosed => {
+            ProxyError::NotFound(_) | ProxyError::Account(AccountError::TaskClosed) => {
                 own(StatusCode::NOT_FOUND, ErrorType::NotFoundError)
             }
-            ProxyError::Unauthorized => {
+            ProxyError::Account(AccountError::Unauthorized) => {
                 own(StatusCode::UNAUTHORIZED, ErrorType::AuthenticationError)
             }
             ProxyError::BodyTooLarge { .. } => {
@@ -86,34 +68,18 @@ impl ProxyError {
             ProxyError::BodyRead(_) | ProxyError::InvalidRequest(_) => {
                 own(StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError)
             }
-            ProxyError::Budget(_) => own(StatusCode::FORBIDDEN, ErrorType::PermissionError),
-            ProxyError::NoBridgeToken => own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError),
-            ProxyError::UpstreamUnreachable(_) => own(StatusCode::BAD_GATEWAY, ErrorType::ApiError),
-            ProxyError::UpstreamTimeout => {
-                own(StatusCode::GATEWAY_TIMEOUT, ErrorType::TimeoutError)
+            ProxyError::Account(AccountError::Budget(_)) => {
+                own(StatusCode::FORBIDDEN, ErrorType::PermissionError)
             }
-            ProxyError::Upstream { status, body, .. } => (*status, (**body).clone()),
+            ProxyError::NoBridgeToken => own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError),
+            ProxyError::Llm(e) => e.reply(),
         }
     }
 }
 
 impl IntoResponse for ProxyError {
     fn into_response(self) -> Response {
-        let (status, body) = self.status_and_body();
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
-        let mut resp = (status, bytes).into_response();
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        if let ProxyError::Upstream {
-            retry_after: Some(v),
-            ..
-        } = self
-        {
-            resp.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        resp
+        self.reply().into_response(Protocol::Anthropic)
     }
 }
 

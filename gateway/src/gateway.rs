@@ -12,7 +12,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use agentbox_policy::config::{Backend, Config, HostEnv, Model, ModelId};
+use agentbox_llm::{ClientError, ClientOptions, Upstream};
+use agentbox_policy::config::{Config, HostEnv, Model, ModelId};
 use agentbox_policy::id::Tid;
 use agentbox_policy::secret::Secret;
 use agentbox_wire::usage::MeteredUsage;
@@ -24,8 +25,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::error::{ControlError, ProxyError};
+use crate::account::{AccountError, Accounts, TaskAccount};
+use crate::error::ControlError;
 use crate::ledger::{Account, Budget, Reservation, Snapshot, TaskRecord, TaskState};
+use crate::proxy::ProxyConfig;
 use crate::sockets::SocketsDir;
 use crate::store::{Store, StoreError, VERSION};
 
@@ -96,19 +99,8 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The upstream HTTP client could not be built.
-    #[error("cannot build the HTTP client: {0}")]
-    Client(String),
-}
-
-/// Where a model's requests go.
-#[derive(Debug, Clone)]
-pub struct Destination {
-    /// The full `/v1/messages` URL.
-    pub url: String,
-    /// The `model` to send.
-    pub model: String,
-    /// Whether this is the bridge (needs the bridge token).
-    pub bridge: bool,
+    #[error(transparent)]
+    Client(#[from] ClientError),
 }
 
 struct Task {
@@ -154,7 +146,8 @@ pub struct Gateway {
     opts: GatewayOptions,
     sockets: SocketsDir,
     store: Store,
-    client: reqwest::Client,
+    /// What the task sockets share (upstream client, destinations, limits).
+    proxy: Arc<ProxyConfig>,
     tasks: Mutex<BTreeMap<Tid, Task>>,
     dirty: Notify,
     shutdown: CancellationToken,
@@ -187,12 +180,14 @@ impl Gateway {
             path: opts.data_dir.join("sockets"),
             source,
         })?;
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(600))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| StartError::Client(e.to_string()))?;
+        let proxy = Arc::new(ProxyConfig {
+            upstream: Upstream::new(&ClientOptions::default())?,
+            ollama_url: opts.ollama_url.clone(),
+            bridge_url: opts.bridge_url.clone(),
+            bridge_token: opts.bridge_token.clone(),
+            max_body_bytes: opts.max_body_bytes,
+            body_timeout: opts.body_timeout,
+        });
         let mut tasks = BTreeMap::new();
         for (tid, rec) in snapshot.tasks {
             // A record we cannot interpret is skipped loudly rather than guessed at.
@@ -225,7 +220,7 @@ impl Gateway {
             opts,
             sockets,
             store,
-            client,
+            proxy,
             tasks: Mutex::new(tasks),
             dirty: Notify::new(),
             shutdown,
@@ -244,11 +239,6 @@ impl Gateway {
     /// The options the gateway runs with.
     pub fn options(&self) -> &GatewayOptions {
         &self.opts
-    }
-
-    /// The upstream HTTP client.
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
     }
 
     /// Re-binds the sockets of every task that was open when the gateway last stopped.
@@ -278,7 +268,8 @@ impl Gateway {
         if let Some(t) = self.lock().get_mut(tid) {
             t.serving = Some(token.clone());
         }
-        let router = crate::proxy::router(self.clone(), tid.clone());
+        let account = TaskAccount::new(self.clone(), tid.clone());
+        let router = crate::proxy::router(self.proxy.clone(), account);
         self.tracker
             .spawn(agentbox_http::serve_unix(listener, router, token));
         tracing::info!(%tid, "task socket open");
@@ -391,76 +382,6 @@ impl Gateway {
         })
     }
 
-    /// Whether `presented` is the open task's token (constant time over the hash).
-    pub fn check_token(&self, tid: &Tid, presented: &[u8]) -> Result<(), ProxyError> {
-        let h = sha256(presented);
-        let tasks = self.lock();
-        let t = tasks.get(tid).ok_or(ProxyError::TaskClosed)?;
-        if t.state != TaskState::Open {
-            return Err(ProxyError::TaskClosed);
-        }
-        if bool::from(t.token_sha256.ct_eq(&h)) {
-            Ok(())
-        } else {
-            Err(ProxyError::Unauthorized)
-        }
-    }
-
-    /// The task's model entry.
-    pub fn model_of(&self, tid: &Tid) -> Result<Model, ProxyError> {
-        let tasks = self.lock();
-        let t = tasks.get(tid).ok_or(ProxyError::TaskClosed)?;
-        self.opts
-            .models
-            .get(&t.model)
-            .cloned()
-            .ok_or(ProxyError::TaskClosed)
-    }
-
-    /// Where a model's requests go.
-    pub fn destination(&self, model: &Model) -> Destination {
-        match &model.backend {
-            Backend::Vllm { port, .. } => Destination {
-                url: format!("http://127.0.0.1:{port}/v1/messages"),
-                model: model.upstream_model.clone(),
-                bridge: false,
-            },
-            Backend::Ollama => Destination {
-                url: format!("{}/v1/messages", self.opts.ollama_url),
-                model: model.upstream_model.clone(),
-                bridge: false,
-            },
-            // The bridge resolves the agentbox id to the provider's model itself.
-            Backend::Remote { .. } => Destination {
-                url: format!("{}/v1/messages", self.opts.bridge_url),
-                model: model.id.to_string(),
-                bridge: true,
-            },
-        }
-    }
-
-    /// Admits a request that may cost up to `r`, or refuses it (403) with nothing changed.
-    pub fn admit(&self, tid: &Tid, r: Reservation) -> Result<(), ProxyError> {
-        let mut tasks = self.lock();
-        let t = tasks.get_mut(tid).ok_or(ProxyError::TaskClosed)?;
-        t.account.admit(r).map_err(ProxyError::Budget)
-    }
-
-    /// Books a finished (or abandoned) request's real usage and releases its reservation.
-    pub fn settle(&self, tid: &Tid, r: Reservation, usage: &MeteredUsage) {
-        {
-            let mut tasks = self.lock();
-            let Some(t) = tasks.get_mut(tid) else {
-                return;
-            };
-            let prices = self.opts.models.get(&t.model).and_then(|m| m.prices);
-            t.account.settle(r, usage, prices.as_ref());
-        }
-        tracing::info!(%tid, input = usage.input_tokens, output = usage.output_tokens,
-            cache_read = usage.cache_read_input_tokens, cache_creation = usage.cache_creation_input_tokens, "settled");
-        self.dirty.notify_one();
-    }
-
     fn snapshot(&self) -> Snapshot {
         let tasks = self.lock();
         Snapshot {
@@ -514,6 +435,52 @@ impl Gateway {
         if let Err(e) = self.persist_now().await {
             tracing::error!(error = %e, "cannot save gateway state at shutdown");
         }
+    }
+}
+
+impl Accounts for Gateway {
+    fn check_token(&self, tid: &Tid, presented: &[u8]) -> Result<(), AccountError> {
+        let h = sha256(presented);
+        let tasks = self.lock();
+        let t = tasks.get(tid).ok_or(AccountError::TaskClosed)?;
+        if t.state != TaskState::Open {
+            return Err(AccountError::TaskClosed);
+        }
+        if bool::from(t.token_sha256.ct_eq(&h)) {
+            Ok(())
+        } else {
+            Err(AccountError::Unauthorized)
+        }
+    }
+
+    fn model_of(&self, tid: &Tid) -> Result<Model, AccountError> {
+        let tasks = self.lock();
+        let t = tasks.get(tid).ok_or(AccountError::TaskClosed)?;
+        self.opts
+            .models
+            .get(&t.model)
+            .cloned()
+            .ok_or(AccountError::TaskClosed)
+    }
+
+    fn admit(&self, tid: &Tid, r: Reservation) -> Result<(), AccountError> {
+        let mut tasks = self.lock();
+        let t = tasks.get_mut(tid).ok_or(AccountError::TaskClosed)?;
+        t.account.admit(r).map_err(AccountError::Budget)
+    }
+
+    fn settle(&self, tid: &Tid, r: Reservation, usage: &MeteredUsage) {
+        {
+            let mut tasks = self.lock();
+            let Some(t) = tasks.get_mut(tid) else {
+                return;
+            };
+            let prices = self.opts.models.get(&t.model).and_then(|m| m.prices);
+            t.account.settle(r, usage, prices.as_ref());
+        }
+        tracing::info!(%tid, input = usage.input_tokens, output = usage.output_tokens,
+            cache_read = usage.cache_read_input_tokens, cache_creation = usage.cache_creation_input_tokens, "settled");
+        self.dirty.notify_one();
     }
 }
 

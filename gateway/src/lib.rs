@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod account;
 pub mod control;
 pub mod error;
 pub mod estimate;

@@ -5,36 +5,19 @@
 #![forbid(unsafe_code)]
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use agentbox_gateway::{Gateway, GatewayOptions};
-use agentbox_policy::config::{Config, ProcessEnv, config_path};
-use clap::Parser;
+use agentbox_policy::config::ProcessEnv;
 use tokio_util::sync::CancellationToken;
 
-#[derive(Debug, Parser)]
-#[command(
-    name = "agentbox-gateway",
-    version,
-    about = "The agentbox per-task LLM gateway"
-)]
-struct Args {
-    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
-}
-
 fn main() -> ExitCode {
-    let args = Args::parse();
-    agentbox_http::init_logging();
-    let env = ProcessEnv;
-    let config = match Config::load(&config_path(args.config.as_deref(), &env), &env) {
+    let config = match agentbox_http::start_daemon(
+        "agentbox-gateway",
+        "The agentbox per-task LLM gateway",
+    ) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("agentbox-gateway: {e}");
-            return ExitCode::from(78);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
@@ -43,7 +26,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(GatewayOptions::from_config(&config, &env)))
+    runtime.block_on(run(GatewayOptions::from_config(&config, &ProcessEnv)))
 }
 
 async fn run(opts: GatewayOptions) -> ExitCode {

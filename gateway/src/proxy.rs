@@ -3,56 +3,101 @@
 //!
 //! A message request is authenticated (task token, constant time), read under the body limit,
 //! sanitized by `policy::sanitize` (model rewritten to the destination's name, server-side
-//! tools, `mcp_servers`, `container` and `context_management` removed), admitted against the
-//! budget with a reservation (403 before any upstream call when spent), and forwarded with only
-//! `anthropic-version`. The response streams back as it arrives while [`MeteredBody`] feeds
-//! the usage meter; the reservation is settled on the real usage when the body ends, or, if
-//! the client goes away first, when the body is dropped (which also drops the upstream
-//! request), billing what was generated up to then.
+//! tools, `mcp_servers`, `container` and `context_management` removed), `max_tokens` clamped
+//! to the catalogue's cap, admitted against the budget with a reservation (403 before any
+//! upstream call when spent), and forwarded through `agentbox-llm` with only
+//! `anthropic-version`. The response streams back as it arrives, metered; the reservation
+//! ([`Admission`]) is settled on the real usage when the body ends, or, if the client goes away
+//! first, when the body is dropped (which also drops the upstream request), billing what was
+//! generated up to then.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::time::Duration;
 
 use agentbox_http::{BodyError, read_body};
-use agentbox_policy::id::Tid;
+use agentbox_llm::adapter::anthropic_version;
+use agentbox_llm::{AnthropicTarget, Auth, Upstream};
+use agentbox_policy::config::{Backend, Model};
 use agentbox_policy::sanitize;
-use agentbox_policy::secret::presented_token;
-use agentbox_wire::anthropic::StreamEvent;
-use agentbox_wire::error::client_error_for_upstream;
-use agentbox_wire::usage::{BodyKind, MeteredUsage, UsageMeter};
+use agentbox_policy::secret::{Secret, presented_token};
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use bytes::Bytes;
-use futures_util::Stream;
 use serde_json::{Value, json};
 
+use crate::account::{AccountError, TaskAccount};
 use crate::error::ProxyError;
 use crate::estimate;
-use crate::gateway::Gateway;
 use crate::ledger::Reservation;
 
-/// The `anthropic-version` sent when the agent sent none (or an unusable one).
-const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+/// What every task socket shares: the upstream engine, where models live, the limits.
+#[derive(Debug)]
+pub struct ProxyConfig {
+    /// The upstream client.
+    pub upstream: Upstream,
+    /// Ollama's base URL, without a trailing `/`.
+    pub ollama_url: String,
+    /// The bridge's base URL, without a trailing `/`.
+    pub bridge_url: String,
+    /// The bridge's bearer token, for remote models.
+    pub bridge_token: Option<Secret>,
+    /// Largest request body.
+    pub max_body_bytes: u64,
+    /// How long a client may take to send its body.
+    pub body_timeout: Duration,
+}
+
+/// Where a model's requests go.
+#[derive(Debug, Clone)]
+pub struct Destination {
+    /// The full `/v1/messages` URL.
+    pub url: String,
+    /// The `model` to send.
+    pub model: String,
+    /// Whether this is the bridge (needs the bridge token).
+    pub bridge: bool,
+}
+
+impl ProxyConfig {
+    /// Where a model's requests go.
+    pub fn destination(&self, model: &Model) -> Destination {
+        match &model.backend {
+            Backend::Vllm { port, .. } => Destination {
+                url: format!("http://127.0.0.1:{port}/v1/messages"),
+                model: model.upstream_model.clone(),
+                bridge: false,
+            },
+            Backend::Ollama => Destination {
+                url: format!("{}/v1/messages", self.ollama_url),
+                model: model.upstream_model.clone(),
+                bridge: false,
+            },
+            // The bridge resolves the agentbox id to the provider's model itself.
+            Backend::Remote { .. } => Destination {
+                url: format!("{}/v1/messages", self.bridge_url),
+                model: model.id.to_string(),
+                bridge: true,
+            },
+        }
+    }
+}
 
 #[derive(Clone)]
 struct TaskCtx {
-    gw: Arc<Gateway>,
-    tid: Tid,
+    cfg: Arc<ProxyConfig>,
+    account: TaskAccount,
 }
 
 /// The router of one task's socket.
-pub fn router(gw: Arc<Gateway>, tid: Tid) -> Router {
+pub fn router(cfg: Arc<ProxyConfig>, account: TaskAccount) -> Router {
     Router::new()
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
-        .with_state(TaskCtx { gw, tid })
+        .with_state(TaskCtx { cfg, account })
 }
 
 async fn not_found(req: Request) -> ProxyError {
@@ -66,21 +111,25 @@ fn authenticate(ctx: &TaskCtx, headers: &HeaderMap) -> Result<(), ProxyError> {
             .map(HeaderValue::as_bytes),
         headers.get("x-api-key").map(HeaderValue::as_bytes),
     )
-    .ok_or(ProxyError::Unauthorized)?;
-    ctx.gw.check_token(&ctx.tid, token)
+    .ok_or(AccountError::Unauthorized)?;
+    Ok(ctx.account.check_token(token)?)
 }
 
 async fn read_json(ctx: &TaskCtx, req: Request) -> Result<(HeaderMap, Value), ProxyError> {
     let (parts, body) = req.into_parts();
     authenticate(ctx, &parts.headers)?;
-    let opts = ctx.gw.options();
-    let bytes = read_body(&parts.headers, body, opts.max_body_bytes, opts.body_timeout)
-        .await
-        .map_err(|e| match e {
-            BodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
-            BodyError::Timeout(_) => ProxyError::BodyTimeout,
-            BodyError::Read(m) => ProxyError::BodyRead(m),
-        })?;
+    let bytes = read_body(
+        &parts.headers,
+        body,
+        ctx.cfg.max_body_bytes,
+        ctx.cfg.body_timeout,
+    )
+    .await
+    .map_err(|e| match e {
+        BodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
+        BodyError::Timeout(_) => ProxyError::BodyTimeout,
+        BodyError::Read(m) => ProxyError::BodyRead(m),
+    })?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}")))?;
     if !value.is_object() {
@@ -100,8 +149,8 @@ async fn count_tokens(State(ctx): State<TaskCtx>, req: Request) -> Result<Respon
 /// `POST /v1/messages`.
 async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
     let (headers, mut value) = read_json(&ctx, req).await?;
-    let model = ctx.gw.model_of(&ctx.tid)?;
-    let dest = ctx.gw.destination(&model);
+    let model = ctx.account.model()?;
+    let dest = ctx.cfg.destination(&model);
     sanitize::sanitize(&mut value, &dest.model)
         .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
 
@@ -134,179 +183,31 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         max_tokens,
         model.prices.as_ref(),
     );
-    ctx.gw.admit(&ctx.tid, reservation)?;
-    // From here every path settles exactly once: on an early return the guard's drop does it.
-    let settlement = Settlement {
-        gw: ctx.gw.clone(),
-        tid: ctx.tid.clone(),
-        reservation: Some(reservation),
-    };
-
-    let token = if dest.bridge {
-        Some(
-            ctx.gw
-                .options()
+    // From here every path settles exactly once: on an early return the admission's drop does
+    // it, after the upstream answered the metered body does.
+    let admission = ctx.account.admit(reservation)?;
+    let auth = if dest.bridge {
+        Auth::Bearer(
+            ctx.cfg
                 .bridge_token
-                .clone()
+                .as_ref()
                 .ok_or(ProxyError::NoBridgeToken)?,
         )
     } else {
-        None
+        Auth::None
     };
-    let version = headers
-        .get("anthropic-version")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() < 64)
-        .unwrap_or(DEFAULT_ANTHROPIC_VERSION);
-    let body = serde_json::to_vec(&value).map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
-    let mut upstream = ctx
-        .gw
-        .client()
-        .post(&dest.url)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("anthropic-version", version)
-        .body(body);
-    if let Some(t) = &token {
-        upstream = upstream.bearer_auth(t.expose());
-    }
-    let resp = upstream.send().await.map_err(|e| {
-        if e.is_timeout() {
-            ProxyError::UpstreamTimeout
-        } else {
-            ProxyError::UpstreamUnreachable(agentbox_http::error_chain(&e))
-        }
-    })?;
-    let status = resp.status();
-    if !status.is_success() {
-        let retry_after = resp.headers().get(header::RETRY_AFTER).cloned();
-        let body = resp.bytes().await.unwrap_or_default();
-        let (status, body) = client_error_for_upstream(status.as_u16(), &body);
-        return Err(ProxyError::Upstream {
-            status: StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-            body: Box::new(body),
-            retry_after,
-        });
-    }
-    let content_type = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .cloned()
-        .unwrap_or(HeaderValue::from_static("application/json"));
-    let kind = BodyKind::from_content_type(content_type.to_str().unwrap_or(""));
-    let metered = MeteredBody {
-        upstream: Box::pin(resp.bytes_stream()),
-        meter: Some(UsageMeter::new(kind)),
-        settlement,
-        is_sse: kind == BodyKind::EventStream,
-        at_boundary: true,
-        done: false,
+    let target = AnthropicTarget {
+        url: &dest.url,
+        auth,
+        version: anthropic_version(&headers),
     };
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, content_type)
-        .body(Body::from_stream(metered))
-        .map_err(|e| ProxyError::UpstreamUnreachable(e.to_string()))
-}
-
-/// Settles a reservation exactly once: explicitly with the final report, or on drop with
-/// whatever was metered (client gone, early return).
-struct Settlement {
-    gw: Arc<Gateway>,
-    tid: Tid,
-    reservation: Option<Reservation>,
-}
-
-impl Settlement {
-    fn settle(&mut self, usage: &MeteredUsage) {
-        if let Some(r) = self.reservation.take() {
-            self.gw.settle(&self.tid, r, usage);
+    let answer = ctx.cfg.upstream.anthropic(target, &value).await?;
+    let tid = ctx.account.tid().clone();
+    let answer = answer.metered(move |report| {
+        if !report.complete {
+            tracing::warn!(%tid, "response ended incomplete; billing what was generated");
         }
-    }
-}
-
-impl Drop for Settlement {
-    fn drop(&mut self) {
-        self.settle(&MeteredUsage::default());
-    }
-}
-
-type UpstreamStream = Pin<Box<dyn Stream<Item = Result<Bytes, reqwest::Error>> + Send>>;
-
-/// The upstream body passed through chunk by chunk, metered on the way.
-struct MeteredBody {
-    upstream: UpstreamStream,
-    meter: Option<UsageMeter>,
-    settlement: Settlement,
-    is_sse: bool,
-    /// Whether the bytes forwarded so far end at an SSE frame boundary.
-    at_boundary: bool,
-    done: bool,
-}
-
-impl MeteredBody {
-    fn finish(&mut self) {
-        if let Some(meter) = self.meter.take() {
-            let report = meter.finish();
-            if !report.complete {
-                tracing::warn!(tid = %self.settlement.tid, "response ended incomplete; billing what was generated");
-            }
-            self.settlement.settle(&report.billable_usage());
-        }
-    }
-}
-
-impl Stream for MeteredBody {
-    type Item = Result<Bytes, std::io::Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        if this.done {
-            return Poll::Ready(None);
-        }
-        match this.upstream.as_mut().poll_next(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Some(Ok(chunk))) => {
-                if let Some(m) = this.meter.as_mut() {
-                    m.feed(&chunk);
-                }
-                if !chunk.is_empty() {
-                    this.at_boundary = agentbox_wire::sse::ends_frame(&chunk);
-                }
-                Poll::Ready(Some(Ok(chunk)))
-            }
-            Poll::Ready(Some(Err(e))) => {
-                this.done = true;
-                this.finish();
-                tracing::warn!(tid = %this.settlement.tid, error = %agentbox_http::error_chain(&e), "upstream broke mid-response");
-                if this.is_sse {
-                    // End the stream with an Anthropic `error` event, so the client sees a
-                    // failure rather than a silently truncated answer.
-                    Poll::Ready(Some(Ok(Bytes::from(StreamEvent::failure_frame(
-                        !this.at_boundary,
-                        format!(
-                            "upstream failed mid-stream: {}",
-                            agentbox_http::error_chain(&e)
-                        ),
-                    )))))
-                } else {
-                    Poll::Ready(Some(Err(std::io::Error::other(
-                        agentbox_http::error_chain(&e),
-                    ))))
-                }
-            }
-            Poll::Ready(None) => {
-                this.done = true;
-                this.finish();
-                Poll::Ready(None)
-            }
-        }
-    }
-}
-
-impl Drop for MeteredBody {
-    fn drop(&mut self) {
-        // The client went away (or the server is shutting down) before the end: dropping the
-        // upstream stream cancels the generation; bill what the meter saw.
-        self.finish();
-    }
+        admission.settle(&report.billable_usage());
+    });
+    Ok(answer.into_response())
 }

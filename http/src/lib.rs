@@ -245,6 +245,39 @@ pub fn init_logging() {
         .init();
 }
 
+/// The command line of a daemon that takes only its config file.
+#[derive(Debug, clap::Parser)]
+struct DaemonArgs {
+    /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
+    #[arg(long)]
+    config: Option<std::path::PathBuf>,
+}
+
+/// A daemon's first steps: its command line (`--config <file>`, `--help`, `--version`),
+/// logging (see [`init_logging`]), then its config from `--config` (else `$AGENTBOX_CONFIG`,
+/// else the default path). A config that does not load is reported on stderr as
+/// `<program>: <error>` and becomes exit code 78 (`EX_CONFIG`), before anything listens.
+pub fn start_daemon(
+    program: &'static str,
+    about: &'static str,
+) -> Result<agentbox_policy::config::Config, std::process::ExitCode> {
+    use agentbox_policy::config::{Config, ProcessEnv, config_path};
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = DaemonArgs::command()
+        .name(program)
+        .bin_name(program)
+        .about(about)
+        .version(env!("CARGO_PKG_VERSION"))
+        .get_matches();
+    let args = DaemonArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    init_logging();
+    let env = ProcessEnv;
+    Config::load(&config_path(args.config.as_deref(), &env), &env).map_err(|e| {
+        eprintln!("{program}: {e}");
+        std::process::ExitCode::from(78)
+    })
+}
+
 /// Resolves on SIGTERM (systemd's stop) or SIGINT.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};

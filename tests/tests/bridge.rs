@@ -646,3 +646,45 @@ async fn openai_translation_both_ways() {
     }
     assert_no_bridge_token(&reqs);
 }
+
+/// Whatever breaks at the provider, a 5xx the client sees names no provider address: a closed
+/// port, a provider 5xx whose own body names one (Anthropic-shaped or not), a stream cut
+/// mid-way (passthrough and translated).
+#[tokio::test]
+async fn no_5xx_body_names_an_upstream_url() {
+    let fake = fakellm(&json!({"steps": [
+        {"error": {"status": 500, "body": {"error": {"message": "backend http://127.0.0.1:8000/v1 refused"}}}},
+        {"error": {"status": 500, "body": {"type": "error", "error": {"type": "api_error", "message": "proxy http://127.0.0.1:8000 failed"}}}},
+        {"error": {"status": 503, "body": "<html>upstream 127.0.0.1:8000 is down</html>"}},
+        {"text": "cut short by the provider", "disconnect_after_events": 3},
+        {"text": "cut short by the provider", "disconnect_after_events": 3}
+    ]}));
+    let bridge = start(&fake);
+    let port = fake.base_url().rsplit(':').next().unwrap().to_owned();
+    let assert_generic = |text: &str| {
+        for addr in ["http://", "127.0.0.1", ":8000", &format!(":{port}")] {
+            assert!(!text.contains(addr), "{addr} in {text}");
+        }
+    };
+    for (model, status) in [("gpt", 502), ("claude", 500), ("claude", 502)] {
+        let r = post(&bridge, &request(model, false)).await;
+        assert_eq!(r.status(), status, "{model}");
+        let text = r.text().await.unwrap();
+        assert_anthropic_error(&serde_json::from_str(&text).unwrap(), "api_error");
+        assert_generic(&text);
+    }
+    for model in ["claude", "gpt"] {
+        let r = post(&bridge, &request(model, true)).await;
+        assert_eq!(r.status(), 200, "{model}");
+        let body = r.text().await.unwrap();
+        let frames = parse_sse(&body);
+        let last = frames.last().unwrap();
+        assert_eq!(last.event.as_deref(), Some("error"), "{model}: {body}");
+        assert_generic(&last.data);
+    }
+    let r = post(&bridge, &request("unreachable", false)).await;
+    assert_eq!(r.status(), 502);
+    let text = r.text().await.unwrap();
+    assert_anthropic_error(&serde_json::from_str(&text).unwrap(), "api_error");
+    assert_generic(&text);
+}

@@ -820,3 +820,113 @@ async fn vllm_models_go_to_their_loopback_port() {
     assert_eq!(reqs[0]["body"]["model"], "vllm-upstream");
     assert_eq!(task(&gw, "v1").await["usage"]["total_tokens"], 5);
 }
+
+/// The gateway's peak resident memory (`VmHWM`), bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    kb << 10
+}
+
+/// An upstream error body is read only up to the engine's cap: a 24 MiB one costs the gateway
+/// no more memory than a small one, and the agent gets a small, well-formed Anthropic error.
+#[tokio::test]
+async fn oversized_upstream_error_bodies_are_capped() {
+    let huge = "x".repeat(24 << 20);
+    let fake = fakellm(&json!({"steps": [
+        {"error": {"status": 500, "body": "warm-up"}},
+        {"error": {"status": 500, "body": {"error": {"message": huge}}}},
+        {"error": {"status": 400, "body": {"error": {"message": huge}}}}
+    ]}));
+    drop(huge);
+    let gw = start(&fake);
+    open(&gw, "big", "local", json!({})).await;
+    let sock = gw.task_socket("big");
+    // Warm up the paths a small error takes, then measure what a huge one adds.
+    let r = send(&sock, &request(false, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 502);
+    let before = peak_rss(gw.pid());
+    for status in [502, 400] {
+        let r = send(&sock, &request(false, 10), Some(TOKEN)).await;
+        assert_eq!(r.status, status);
+        assert!(r.body.len() < 4096, "{} bytes", r.body.len());
+        let v: Value = serde_json::from_slice(&r.body).unwrap();
+        assert_eq!(v["type"], "error", "{v}");
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+    let grown = peak_rss(gw.pid()).saturating_sub(before);
+    assert!(
+        grown < 8 << 20,
+        "peak memory grew by {} KiB for a 24 MiB error body",
+        grown >> 10
+    );
+    assert_eq!(task(&gw, "big").await["in_flight"], 0);
+}
+
+/// Whatever breaks upstream, a 5xx the agent sees names no upstream address: not for a closed
+/// port, not for an upstream 500 whose own body names one, not for a stream cut mid-way.
+#[tokio::test]
+async fn no_5xx_body_names_an_upstream_url() {
+    let fake = fakellm(&json!({"steps": [
+        {"error": {"status": 500, "body": {"error": {"message": "backend http://127.0.0.1:8000/v1 refused"}}}},
+        {"error": {"status": 503, "body": "<html>upstream 127.0.0.1:8000 is down</html>"}},
+        {"text": "cut short by the upstream", "disconnect_after_events": 3}
+    ]}));
+    let gw = start(&fake);
+    open(&gw, "urls", "local", json!({})).await;
+    let sock = gw.task_socket("urls");
+    let port = fake.base_url().rsplit(':').next().unwrap().to_owned();
+    let leaks = |body: &[u8]| {
+        let text = String::from_utf8_lossy(body).into_owned();
+        let named = text.contains("http://")
+            || text.contains("127.0.0.1")
+            || text.contains(&format!(":{port}"))
+            || text.contains(":8000");
+        (named, text)
+    };
+    for _ in 0..2 {
+        let r = send(&sock, &request(false, 10), Some(TOKEN)).await;
+        assert_eq!(r.status, 502);
+        assert_eq!(error_type(&r.body), "api_error");
+        let (named, text) = leaks(&r.body);
+        assert!(!named, "{text}");
+    }
+    let r = send(&sock, &request(true, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 200);
+    let frames = parse_sse(&String::from_utf8_lossy(&r.body));
+    assert_eq!(frames.last().unwrap().event.as_deref(), Some("error"));
+    let (named, text) = leaks(frames.last().unwrap().data.as_bytes());
+    assert!(!named, "{text}");
+
+    // Nothing listening upstream.
+    let gw2 = GatewayProcess::start(
+        &config(&fake, None).replace(&fake.base_url(), "http://127.0.0.1:9"),
+        &[],
+    )
+    .unwrap();
+    open(&gw2, "down", "local", json!({})).await;
+    let r = send(&gw2.task_socket("down"), &request(false, 10), Some(TOKEN)).await;
+    assert_eq!(r.status, 502);
+    let text = String::from_utf8_lossy(&r.body);
+    assert!(
+        !text.contains("http://") && !text.contains("127.0.0.1:9"),
+        "{text}"
+    );
+    // The detail is in the log instead.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !gw2.stderr().contains("127.0.0.1:9") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not logged: {}",
+            gw2.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,146 @@
+//! The adapters: how an Anthropic Messages request reaches an upstream of a given protocol and
+//! how its answer comes back as an [`Answer`]. The caller (a daemon's policy) supplies the URL,
+//! the auth and the options; the engine does the HTTP, the capped reads, the error mapping and
+//! the body.
+//!
+//! - [`Upstream::anthropic`]: passthrough to an Anthropic `/v1/messages` endpoint.
+//! - [`Upstream::anthropic_via_chat`]: Anthropic → OpenAI chat completions → Anthropic,
+//!   streamed through [`ChatToAnthropic`] or translated whole.
+//!
+//! A Responses ⇄ chat adapter is one more method here with its own [`StreamTranslator`].
+//!
+//! [`StreamTranslator`]: crate::body::StreamTranslator
+
+use agentbox_wire::anthropic::MessagesRequest;
+use agentbox_wire::chat::ChatResponse;
+use agentbox_wire::translate::{
+    ChatOptions, ResponseOptions, anthropic_into_chat, chat_to_anthropic_response,
+};
+use agentbox_wire::usage::BodyKind;
+use axum::http::{HeaderValue, StatusCode, header};
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::body::{Answer, ChatToAnthropic, LlmBody, upstream_stream};
+use crate::client::{Auth, MAX_ANSWER_BODY, Upstream, read_capped};
+use crate::error::{LlmError, Protocol};
+
+/// The `anthropic-version` sent when the client sent none (or an unusable one).
+pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// The `anthropic-version` to send: the client's when usable, else the default.
+pub fn anthropic_version(headers: &axum::http::HeaderMap) -> &str {
+    headers
+        .get("anthropic-version")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() < 64)
+        .unwrap_or(DEFAULT_ANTHROPIC_VERSION)
+}
+
+/// An Anthropic Messages endpoint.
+#[derive(Debug, Clone, Copy)]
+pub struct AnthropicTarget<'a> {
+    /// The full `/v1/messages` URL.
+    pub url: &'a str,
+    /// How to authenticate.
+    pub auth: Auth<'a>,
+    /// The `anthropic-version` header.
+    pub version: &'a str,
+}
+
+/// An OpenAI chat completions endpoint and how to translate for it.
+#[derive(Debug)]
+pub struct ChatTarget<'a> {
+    /// The full `/chat/completions` URL.
+    pub url: &'a str,
+    /// How to authenticate.
+    pub auth: Auth<'a>,
+    /// Request translation (upstream model name, output cap, ...).
+    pub chat: ChatOptions,
+    /// The model reported back to the client (its own name, not the provider's).
+    pub reported_model: String,
+    /// Input tokens to report until the provider's usage arrives.
+    pub input_tokens_estimate: u64,
+}
+
+impl Upstream {
+    /// Passes a request to an Anthropic endpoint and its answer back, streamed or not.
+    pub async fn anthropic(
+        &self,
+        target: AnthropicTarget<'_>,
+        body: &Value,
+    ) -> Result<Answer, LlmError> {
+        let bytes =
+            serde_json::to_vec(body).map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        let resp = self
+            .post_json(
+                target.url,
+                target.auth,
+                &[("anthropic-version", target.version)],
+                bytes,
+            )
+            .await?;
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("application/json"));
+        let kind = BodyKind::from_content_type(content_type.to_str().unwrap_or(""));
+        let sse = (kind == BodyKind::EventStream).then_some(Protocol::Anthropic);
+        Ok(Answer {
+            status,
+            content_type,
+            body: LlmBody::passthrough(upstream_stream(resp), sse),
+        })
+    }
+
+    /// Translates a request to chat completions, calls the endpoint, translates the answer
+    /// back: as Anthropic events while it streams, or whole.
+    pub async fn anthropic_via_chat(
+        &self,
+        target: ChatTarget<'_>,
+        body: Value,
+    ) -> Result<Answer, LlmError> {
+        let req: MessagesRequest =
+            serde_json::from_value(body).map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        let stream = req.stream == Some(true);
+        let resp_opts = ResponseOptions {
+            model: Some(target.reported_model),
+            input_tokens_estimate: target.input_tokens_estimate,
+            ..ResponseOptions::for_request(&req)
+        };
+        let chat = anthropic_into_chat(req, &target.chat)
+            .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        let bytes =
+            serde_json::to_vec(&chat).map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        let resp = self.post_json(target.url, target.auth, &[], bytes).await?;
+        if stream {
+            return Ok(Answer {
+                status: StatusCode::OK,
+                content_type: HeaderValue::from_static("text/event-stream"),
+                body: LlmBody::translated(
+                    upstream_stream(resp),
+                    Box::new(ChatToAnthropic::new(resp_opts)),
+                ),
+            });
+        }
+        let raw = read_capped(resp, MAX_ANSWER_BODY)
+            .await
+            .map_err(|e| LlmError::from_transport(&e))?;
+        let invalid = |what: String| {
+            tracing::warn!(error = %what, "upstream sent an invalid chat completion");
+            LlmError::InvalidResponse(what)
+        };
+        let chat: ChatResponse = serde_json::from_slice(&raw)
+            .map_err(|e| invalid(format!("not a chat completion: {e}")))?;
+        let message =
+            chat_to_anthropic_response(chat, &resp_opts).map_err(|e| invalid(e.to_string()))?;
+        let json = serde_json::to_vec(&message).map_err(|e| invalid(e.to_string()))?;
+        Ok(Answer {
+            status: StatusCode::OK,
+            content_type: HeaderValue::from_static("application/json"),
+            body: LlmBody::ready(Bytes::from(json)),
+        })
+    }
+}

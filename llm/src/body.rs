@@ -1,0 +1,617 @@
+//! The one streaming body transformer, [`LlmBody`], and [`Answer`], a successful upstream
+//! answer on its way to the client.
+//!
+//! An [`LlmBody`] owns the upstream byte stream and yields the client's bytes as they arrive:
+//! passed through, or decoded as SSE and translated by a [`StreamTranslator`] (the seam a
+//! Responses ⇄ chat translator slots into). Optionally a [`UsageMeter`] reads the bytes the
+//! client receives, and its report goes to a settle callback **exactly once**: when the body
+//! ends (cleanly or broken), or, if the client goes away first, when the body is dropped, with
+//! what was metered up to then. Dropping the body drops the upstream stream, which closes the
+//! connection and cancels the generation.
+//!
+//! A broken event stream is ended with the client protocol's error frame (never a silent
+//! truncation); a broken non-stream body cannot be repaired, so the response is aborted with an
+//! io error. What the client sees of a break is generic; the detail is logged.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use agentbox_wire::anthropic::{ErrorType, StreamEvent};
+use agentbox_wire::sse;
+use agentbox_wire::translate::{ChatStreamTranslator, ResponseOptions};
+use agentbox_wire::usage::{BodyKind, MeterReport, UsageMeter};
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+use bytes::Bytes;
+use futures_util::{Stream, TryStreamExt};
+
+use crate::error::Protocol;
+
+/// Why an upstream body broke (a reqwest error, in practice).
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The upstream's body, chunk by chunk.
+pub type UpstreamStream = Pin<Box<dyn Stream<Item = Result<Bytes, BodyError>> + Send>>;
+
+/// A reqwest response's body as an [`UpstreamStream`].
+pub fn upstream_stream(resp: reqwest::Response) -> UpstreamStream {
+    Box::pin(resp.bytes_stream().map_err(BodyError::from))
+}
+
+/// Receives the meter's report once, at the end of the body or when it is dropped.
+pub type Settle = Box<dyn FnOnce(MeterReport) + Send>;
+
+/// What a client is told when its stream breaks.
+const BROKEN_STREAM: &str = "upstream failed mid-stream";
+
+/// Turns the `data` of the upstream's SSE events into the client protocol's frames.
+pub trait StreamTranslator: Send {
+    /// Frames sent as soon as the upstream answered (so a slow prefill does not trip the
+    /// client's idle watchdog).
+    fn start(&mut self, out: &mut Vec<u8>);
+    /// Frames for one upstream event.
+    fn push(&mut self, data: &str, out: &mut Vec<u8>);
+    /// Frames for the upstream's clean end.
+    fn finish(&mut self, out: &mut Vec<u8>);
+    /// The frame that ends a broken stream; nothing follows it.
+    fn fail(&mut self, message: &str, out: &mut Vec<u8>);
+    /// Whether the client's stream is complete (nothing more will be read upstream).
+    fn is_done(&self) -> bool;
+}
+
+/// OpenAI chat chunks → Anthropic Messages events.
+#[derive(Debug)]
+pub struct ChatToAnthropic(ChatStreamTranslator);
+
+impl ChatToAnthropic {
+    /// A translator answering with `opts` (model reported, tool names mapped back, ...).
+    pub fn new(opts: ResponseOptions) -> Self {
+        ChatToAnthropic(ChatStreamTranslator::new(opts))
+    }
+}
+
+fn write_events(events: &[StreamEvent], out: &mut Vec<u8>) {
+    for e in events {
+        if let Err(err) = e.write_sse(out) {
+            tracing::error!(error = %err, "cannot serialize a stream event");
+        }
+    }
+}
+
+impl StreamTranslator for ChatToAnthropic {
+    fn start(&mut self, out: &mut Vec<u8>) {
+        write_events(&self.0.start(), out);
+    }
+    fn push(&mut self, data: &str, out: &mut Vec<u8>) {
+        write_events(&self.0.push_data(data), out);
+    }
+    fn finish(&mut self, out: &mut Vec<u8>) {
+        write_events(&self.0.finish(), out);
+    }
+    fn fail(&mut self, message: &str, out: &mut Vec<u8>) {
+        write_events(&[StreamEvent::error(ErrorType::ApiError, message)], out);
+    }
+    fn is_done(&self) -> bool {
+        self.0.is_done()
+    }
+}
+
+enum Mode {
+    /// Bytes as they come; `sse` says whether a break can be ended with an error frame.
+    Passthrough {
+        sse: Option<Protocol>,
+        /// Whether the bytes forwarded so far end at an SSE frame boundary.
+        at_boundary: bool,
+    },
+    /// SSE decoded and translated.
+    Translate {
+        decoder: sse::Decoder,
+        translator: Box<dyn StreamTranslator>,
+        started: bool,
+    },
+    /// A body already in memory (a translated non-streamed answer).
+    Ready(Option<Bytes>),
+}
+
+/// One step of the transformer.
+enum Step {
+    /// Bytes for the client: metered, and, when `last`, the end of the body.
+    Data { bytes: Bytes, last: bool },
+    /// The error frame that ends a broken stream: the meter settles first (the frame is ours,
+    /// not the model's), then it goes out, then the body ends.
+    Failure(Bytes),
+    /// A broken body that cannot be ended cleanly.
+    Abort(std::io::Error),
+    /// The end.
+    End,
+}
+
+/// The response body: see the module doc.
+pub struct LlmBody {
+    upstream: Option<UpstreamStream>,
+    mode: Mode,
+    meter: Option<(UsageMeter, Settle)>,
+    done: bool,
+    /// Data steps computed but not yet handed out (a translated chunk and its end).
+    queued: VecDeque<Step>,
+}
+
+impl std::fmt::Debug for LlmBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmBody")
+            .field("metered", &self.meter.is_some())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LlmBody {
+    /// The upstream's bytes as they come. `sse`: the body is an event stream in that protocol
+    /// (a break ends it with the protocol's error frame); `None`: a break aborts the response.
+    pub fn passthrough(upstream: UpstreamStream, sse: Option<Protocol>) -> Self {
+        Self::with_mode(
+            Some(upstream),
+            Mode::Passthrough {
+                sse,
+                at_boundary: true,
+            },
+        )
+    }
+
+    /// The upstream's event stream decoded and translated.
+    pub fn translated(upstream: UpstreamStream, translator: Box<dyn StreamTranslator>) -> Self {
+        Self::with_mode(
+            Some(upstream),
+            Mode::Translate {
+                decoder: sse::Decoder::new(),
+                translator,
+                started: false,
+            },
+        )
+    }
+
+    /// A body already complete.
+    pub fn ready(bytes: Bytes) -> Self {
+        Self::with_mode(None, Mode::Ready(Some(bytes)))
+    }
+
+    fn with_mode(upstream: Option<UpstreamStream>, mode: Mode) -> Self {
+        LlmBody {
+            upstream,
+            mode,
+            meter: None,
+            done: false,
+            queued: VecDeque::new(),
+        }
+    }
+
+    /// Meters what the client receives with `meter`; `settle` gets the report exactly once.
+    pub fn metered(mut self, meter: UsageMeter, settle: Settle) -> Self {
+        self.meter = Some((meter, settle));
+        self
+    }
+
+    /// Finishes the meter and hands its report over, once.
+    fn settle(&mut self) {
+        if let Some((meter, settle)) = self.meter.take() {
+            settle(meter.finish());
+        }
+    }
+
+    fn next_step(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
+        if let Some(step) = self.queued.pop_front() {
+            return Poll::Ready(step);
+        }
+        let upstream = &mut self.upstream;
+        match &mut self.mode {
+            Mode::Ready(bytes) => Poll::Ready(match bytes.take() {
+                Some(bytes) => Step::Data { bytes, last: true },
+                None => Step::End,
+            }),
+            Mode::Passthrough { sse, at_boundary } => {
+                let Some(up) = upstream.as_mut() else {
+                    return Poll::Ready(Step::End);
+                };
+                match up.as_mut().poll_next(cx) {
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(None) => Poll::Ready(Step::End),
+                    Poll::Ready(Some(Ok(bytes))) => {
+                        if !bytes.is_empty() {
+                            *at_boundary = sse::ends_frame(&bytes);
+                        }
+                        Poll::Ready(Step::Data { bytes, last: false })
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        tracing::warn!(error = %agentbox_http::error_chain(e.as_ref()), "upstream broke mid-response");
+                        Poll::Ready(match sse {
+                            Some(Protocol::Anthropic) => Step::Failure(Bytes::from(
+                                StreamEvent::failure_frame(!*at_boundary, BROKEN_STREAM),
+                            )),
+                            None => Step::Abort(std::io::Error::other(BROKEN_STREAM)),
+                        })
+                    }
+                }
+            }
+            Mode::Translate {
+                decoder,
+                translator,
+                started,
+            } => {
+                let mut out = Vec::new();
+                if !*started {
+                    *started = true;
+                    translator.start(&mut out);
+                    if !out.is_empty() {
+                        return Poll::Ready(Step::Data {
+                            bytes: Bytes::from(out),
+                            last: false,
+                        });
+                    }
+                }
+                loop {
+                    if translator.is_done() {
+                        return Poll::Ready(Step::End);
+                    }
+                    let Some(up) = upstream.as_mut() else {
+                        return Poll::Ready(Step::End);
+                    };
+                    let last = match up.as_mut().poll_next(cx) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Some(Ok(chunk))) => {
+                            let decoded = decoder.feed_with(&chunk, |ev| {
+                                translator.push(ev.data, &mut out);
+                            });
+                            if let Err(e) = decoded {
+                                tracing::warn!(error = %e, "upstream stream is not valid SSE");
+                                return Poll::Ready(self.fail_translated(out));
+                            }
+                            false
+                        }
+                        Poll::Ready(Some(Err(e))) => {
+                            tracing::warn!(error = %agentbox_http::error_chain(e.as_ref()), "upstream broke mid-stream");
+                            return Poll::Ready(self.fail_translated(out));
+                        }
+                        Poll::Ready(None) => {
+                            translator.finish(&mut out);
+                            true
+                        }
+                    };
+                    if !out.is_empty() || last {
+                        let last = last || translator.is_done();
+                        return Poll::Ready(if out.is_empty() {
+                            Step::End
+                        } else {
+                            Step::Data {
+                                bytes: Bytes::from(out),
+                                last,
+                            }
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends a translated stream: what was translated before the break goes out (metered), then
+    /// the translator's error frame.
+    fn fail_translated(&mut self, before: Vec<u8>) -> Step {
+        let mut frame = Vec::new();
+        if let Mode::Translate { translator, .. } = &mut self.mode {
+            translator.fail(BROKEN_STREAM, &mut frame);
+        }
+        let failure = Step::Failure(Bytes::from(frame));
+        if before.is_empty() {
+            failure
+        } else {
+            self.queued.push_back(failure);
+            Step::Data {
+                bytes: Bytes::from(before),
+                last: false,
+            }
+        }
+    }
+}
+
+impl Stream for LlmBody {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let step = match this.next_step(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(step) => step,
+        };
+        match step {
+            Step::Data { bytes, last } => {
+                if let Some((meter, _)) = this.meter.as_mut() {
+                    meter.feed(&bytes);
+                }
+                if last {
+                    this.queued.push_back(Step::End);
+                }
+                Poll::Ready(Some(Ok(bytes)))
+            }
+            Step::Failure(frame) => {
+                this.finish();
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Step::Abort(e) => {
+                this.finish();
+                Poll::Ready(Some(Err(e)))
+            }
+            Step::End => {
+                this.finish();
+                Poll::Ready(None)
+            }
+        }
+    }
+}
+
+impl LlmBody {
+    /// The body is over: settle, and let go of the upstream connection now rather than when
+    /// the client's side is torn down.
+    fn finish(&mut self) {
+        self.done = true;
+        self.queued.clear();
+        self.settle();
+        self.upstream = None;
+    }
+}
+
+impl Drop for LlmBody {
+    fn drop(&mut self) {
+        // The client went away (or the server is shutting down) before the end: the upstream
+        // stream is dropped with us, which cancels the generation; bill what the meter saw.
+        self.settle();
+    }
+}
+
+/// A successful upstream answer, ready to become the client's response.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status for the client.
+    pub status: StatusCode,
+    /// The body's content type for the client.
+    pub content_type: HeaderValue,
+    /// The body.
+    pub body: LlmBody,
+}
+
+impl Answer {
+    /// Whether the client's body is an event stream.
+    pub fn body_kind(&self) -> BodyKind {
+        BodyKind::from_content_type(self.content_type.to_str().unwrap_or(""))
+    }
+
+    /// Meters the client's body (an Anthropic answer, streamed or not); `settle` gets the
+    /// report exactly once.
+    pub fn metered(mut self, settle: impl FnOnce(MeterReport) + Send + 'static) -> Self {
+        let meter = UsageMeter::new(self.body_kind());
+        self.body = self.body.metered(meter, Box::new(settle));
+        self
+    }
+
+    /// The response.
+    pub fn into_response(self) -> Response {
+        let stream = self.body_kind() == BodyKind::EventStream;
+        let mut resp = Response::new(Body::from_stream(self.body));
+        *resp.status_mut() = self.status;
+        let headers = resp.headers_mut();
+        headers.insert(header::CONTENT_TYPE, self.content_type);
+        if stream {
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::{Arc, Mutex};
+
+    use agentbox_wire::translate::ResponseOptions;
+    use futures_util::StreamExt;
+
+    use super::*;
+
+    const START: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"x\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n";
+    const DELTA: &str = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hello\"}}\n\n";
+    const END: &str = "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":5}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+    type Reports = Arc<Mutex<Vec<MeterReport>>>;
+
+    fn upstream(items: Vec<Result<&'static str, &'static str>>) -> UpstreamStream {
+        Box::pin(futures_util::stream::iter(items.into_iter().map(|i| {
+            i.map(|s| Bytes::from_static(s.as_bytes()))
+                .map_err(|e| BodyError::from(std::io::Error::other(e)))
+        })))
+    }
+
+    fn metered(body: LlmBody, kind: BodyKind) -> (LlmBody, Reports) {
+        let reports: Reports = Arc::default();
+        let sink = reports.clone();
+        let body = body.metered(
+            UsageMeter::new(kind),
+            Box::new(move |r| sink.lock().unwrap().push(r)),
+        );
+        (body, reports)
+    }
+
+    async fn collect(body: &mut LlmBody) -> (String, Option<std::io::Error>) {
+        let mut out = String::new();
+        while let Some(item) = body.next().await {
+            match item {
+                Ok(b) => out.push_str(std::str::from_utf8(&b).unwrap()),
+                Err(e) => return (out, Some(e)),
+            }
+        }
+        (out, None)
+    }
+
+    #[tokio::test]
+    async fn settles_once_at_the_end() {
+        let up = upstream(vec![Ok(START), Ok(DELTA), Ok(END)]);
+        let (mut body, reports) = metered(
+            LlmBody::passthrough(up, Some(Protocol::Anthropic)),
+            BodyKind::EventStream,
+        );
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        assert_eq!(
+            out,
+            format!("{START}{DELTA}{END}"),
+            "passed through unchanged"
+        );
+        assert!(body.next().await.is_none(), "stays ended");
+        drop(body);
+        let reports = reports.lock().unwrap();
+        assert_eq!(reports.len(), 1, "settled exactly once");
+        assert!(reports[0].complete);
+        assert_eq!(reports[0].usage.input_tokens, 10);
+        assert_eq!(reports[0].usage.output_tokens, 5);
+    }
+
+    #[tokio::test]
+    async fn settles_once_on_drop_with_what_was_metered() {
+        let up: UpstreamStream =
+            Box::pin(upstream(vec![Ok(START), Ok(DELTA)]).chain(futures_util::stream::pending()));
+        let (mut body, reports) = metered(
+            LlmBody::passthrough(up, Some(Protocol::Anthropic)),
+            BodyKind::EventStream,
+        );
+        body.next().await.unwrap().unwrap();
+        body.next().await.unwrap().unwrap();
+        assert!(
+            reports.lock().unwrap().is_empty(),
+            "nothing settled mid-stream"
+        );
+        drop(body);
+        let reports = reports.lock().unwrap();
+        assert_eq!(reports.len(), 1);
+        assert!(!reports[0].complete);
+        assert_eq!(reports[0].usage.input_tokens, 10);
+        assert!(reports[0].billable_usage().output_tokens >= 1);
+    }
+
+    #[tokio::test]
+    async fn a_break_ends_the_stream_with_an_error_frame_and_settles_once() {
+        // Cut at a frame boundary: the error frame follows directly.
+        let up = upstream(vec![Ok(START), Err("connection reset by 127.0.0.1:9")]);
+        let (mut body, reports) = metered(
+            LlmBody::passthrough(up, Some(Protocol::Anthropic)),
+            BodyKind::EventStream,
+        );
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        let tail = out.strip_prefix(START).unwrap();
+        assert!(tail.starts_with("event: error\n"), "{tail}");
+        assert!(
+            !tail.contains("127.0.0.1"),
+            "the detail is logged, not sent: {tail}"
+        );
+        drop(body);
+        assert_eq!(
+            reports.lock().unwrap().len(),
+            1,
+            "settled once, not again on drop"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_mid_frame_is_closed_before_the_error_frame() {
+        let up = upstream(vec![
+            Ok(START),
+            Ok("event: content_block_delta\ndata: {\"ty"),
+            Err("reset"),
+        ]);
+        let mut body = LlmBody::passthrough(up, Some(Protocol::Anthropic));
+        let (out, _) = collect(&mut body).await;
+        assert!(out.ends_with("\n\n"));
+        assert!(out.contains("data: {\"ty\n\nevent: error\n"), "{out}");
+        let frame = out.rsplit("event: error\ndata: ").next().unwrap();
+        let v: serde_json::Value = serde_json::from_str(frame.trim()).unwrap();
+        assert_eq!(v["error"]["type"], "api_error");
+    }
+
+    #[tokio::test]
+    async fn a_broken_json_body_aborts() {
+        let up = upstream(vec![Ok("{\"type\":\"mess"), Err("reset")]);
+        let (mut body, reports) = metered(LlmBody::passthrough(up, None), BodyKind::Json);
+        let (out, err) = collect(&mut body).await;
+        assert_eq!(out, "{\"type\":\"mess");
+        assert!(err.is_some());
+        assert!(body.next().await.is_none());
+        drop(body);
+        assert_eq!(reports.lock().unwrap().len(), 1);
+    }
+
+    const CHAT_1: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"hi\"},\"finish_reason\":null}]}\n\n";
+    const CHAT_2: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3,\"total_tokens\":10}}\n\ndata: [DONE]\n\n";
+
+    fn translator() -> Box<dyn StreamTranslator> {
+        Box::new(ChatToAnthropic::new(ResponseOptions {
+            model: Some("gpt".into()),
+            ..ResponseOptions::default()
+        }))
+    }
+
+    #[tokio::test]
+    async fn translated_streams_end_cleanly_and_meter_what_the_client_gets() {
+        let up = upstream(vec![Ok(CHAT_1), Ok(CHAT_2)]);
+        let (mut body, reports) =
+            metered(LlmBody::translated(up, translator()), BodyKind::EventStream);
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        assert!(out.starts_with("event: message_start\n"), "{out}");
+        assert!(
+            out.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+            "{out}"
+        );
+        drop(body);
+        let reports = reports.lock().unwrap();
+        assert_eq!(reports.len(), 1);
+        assert!(reports[0].complete);
+        assert_eq!(reports[0].usage.output_tokens, 3);
+    }
+
+    #[tokio::test]
+    async fn translated_streams_end_a_break_with_an_error_event() {
+        let up = upstream(vec![Ok(CHAT_1), Err("reset by http://10.1.1.1:8000")]);
+        let (mut body, reports) =
+            metered(LlmBody::translated(up, translator()), BodyKind::EventStream);
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        assert!(out.contains("\"text\":\"hi\""), "{out}");
+        let last = out.trim_end().rsplit("\n\n").next().unwrap();
+        assert!(last.starts_with("event: error\n"), "{out}");
+        assert!(
+            !out.contains("message_stop") && !out.contains("http://"),
+            "{out}"
+        );
+        drop(body);
+        assert_eq!(reports.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn ready_bodies_are_metered_once() {
+        let json = r#"{"id":"m","type":"message","role":"assistant","model":"x","content":[],"stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":4,"output_tokens":2}}"#;
+        let (mut body, reports) = metered(
+            LlmBody::ready(Bytes::from_static(json.as_bytes())),
+            BodyKind::Json,
+        );
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        assert_eq!(out, json);
+        drop(body);
+        let reports = reports.lock().unwrap();
+        assert_eq!(reports.len(), 1);
+        assert_eq!(reports[0].usage.output_tokens, 2);
+    }
+}
