@@ -78,7 +78,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{BackendStartResult, BackendStatus, BackendStopResult};
+use crate::api::{BackendStartResult, BackendState, BackendStatus, BackendStopResult};
 use crate::cgroup::{Cgroups, TaskCgroup};
 use crate::error::LauncherError;
 use crate::layout::DataDir;
@@ -172,15 +172,20 @@ impl BackendPhase {
         }
     }
 
+    /// The `state` of the API.
+    pub fn state(self) -> BackendState {
+        match self {
+            BackendPhase::Stopped => BackendState::Stopped,
+            BackendPhase::Starting => BackendState::Starting,
+            BackendPhase::Healthy => BackendState::Healthy,
+            BackendPhase::Stopping => BackendState::Stopping,
+            BackendPhase::Failed => BackendState::Failed,
+        }
+    }
+
     /// The `state` string of the API.
     pub fn as_str(self) -> &'static str {
-        match self {
-            BackendPhase::Stopped => "stopped",
-            BackendPhase::Starting => "starting",
-            BackendPhase::Healthy => "healthy",
-            BackendPhase::Stopping => "stopping",
-            BackendPhase::Failed => "failed",
-        }
+        self.state().as_str()
     }
 }
 
@@ -358,7 +363,7 @@ impl Backends {
     fn view(model: &ModelId, slot: &Slot, busy: &Busy) -> BackendStatus {
         BackendStatus {
             model: model.to_string(),
-            state: slot.phase.as_str().to_owned(),
+            state: slot.phase.state(),
             pid: slot.pid,
             port: slot.port,
             agents: busy.get(model).copied().unwrap_or(0),
