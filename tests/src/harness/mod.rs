@@ -6,6 +6,7 @@ mod clients;
 mod daemons;
 mod fake;
 mod http;
+pub mod launcher;
 mod process;
 
 pub use clients::{client_bin, clients_dir, workspace_root};
@@ -81,11 +82,6 @@ pub enum HarnessError {
         source: serde_json::Error,
     },
     /// An HTTP exchange over a unix socket failed.
-    #[error("HTTP over {socket}: {message}")]
-    UnixHttp {
-        /// The socket path.
-        socket: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
+    #[error(transparent)]
+    Client(#[from] agentbox_api::ClientError),
 }
