@@ -318,6 +318,12 @@ impl GatewayProcess {
         self.data_dir().join("sockets").join(tid).join("llm.sock")
     }
 
+    /// The typed client for the control socket.
+    #[must_use]
+    pub fn client(&self) -> agentbox_api::GatewayClient {
+        agentbox_api::GatewayClient::new(self.control_socket())
+    }
+
     /// One request on the control socket; the body is JSON unless empty.
     ///
     /// # Errors
@@ -423,6 +429,12 @@ impl LauncherProcess {
     #[must_use]
     pub fn socket(&self) -> PathBuf {
         self.data_dir().join("run/launcher.sock")
+    }
+
+    /// The typed client for the launcher's socket (routes that wait are unbounded).
+    #[must_use]
+    pub fn client(&self) -> agentbox_api::LauncherClient {
+        agentbox_api::LauncherClient::new(self.socket())
     }
 
     /// One request on the launcher's socket; the body is JSON unless absent.

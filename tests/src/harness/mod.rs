@@ -9,7 +9,9 @@ mod http;
 pub mod launcher;
 mod process;
 
-pub use clients::{client_bin, clients_dir, workspace_root};
+pub use clients::{
+    claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
+};
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, workspace_bin};
 pub use fake::FakeLlm;
 pub use http::{SseFrame, UnixResponse, parse_sse, unix_json, unix_request};
