@@ -335,17 +335,15 @@ pub struct LauncherClient {
 impl LauncherClient {
     /// A client for the launcher at `socket`; routes that wait are unbounded.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        LauncherClient {
-            http: UnixClient::new(socket),
-            wait_timeout: None,
-        }
+        Self::over(UnixClient::new(socket))
     }
 
-    /// Bounds the ordinary routes by `timeout` (`None`: unbounded).
-    #[must_use]
-    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.http = self.http.with_timeout(timeout);
-        self
+    /// The launcher's routes over `http` (whose timeout bounds the ordinary routes).
+    pub fn over(http: UnixClient) -> Self {
+        LauncherClient {
+            http,
+            wait_timeout: None,
+        }
     }
 
     /// Bounds the routes that wait (`?wait=1`, starting a backend) by `timeout`.
@@ -485,16 +483,12 @@ pub struct GatewayClient {
 impl GatewayClient {
     /// A client for the gateway's control socket at `socket`.
     pub fn new(socket: impl Into<PathBuf>) -> Self {
-        GatewayClient {
-            http: UnixClient::new(socket),
-        }
+        Self::over(UnixClient::new(socket))
     }
 
-    /// Bounds every exchange by `timeout` (`None`: unbounded).
-    #[must_use]
-    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.http = self.http.with_timeout(timeout);
-        self
+    /// The gateway's routes over `http`.
+    pub fn over(http: UnixClient) -> Self {
+        GatewayClient { http }
     }
 
     /// The underlying client, for raw exchanges.

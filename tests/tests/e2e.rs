@@ -9,17 +9,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use agentbox_api::LauncherClient;
 use agentbox_api::gateway::{Budget, OpenTask};
 use agentbox_api::launcher::{AgentRequest, DeliverRequest, RunState, SnapshotRequest};
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
-    FakeLlm, GatewayProcess, Service, claude_print_cmd, readable_client, stream_json_result,
-    workspace_bin,
+    FakeLlm, GatewayProcess, LauncherProcess, claude_print_cmd, readable_client, stream_json_result,
 };
 use serde_json::json;
 
@@ -123,28 +121,15 @@ async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
 
     // The launcher, as root, on the same data dir.
     let claude = readable_client("claude", base.path()).unwrap_or_else(|e| panic!("{e}"));
-    let config = base.path().join("launcher.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {data:?}\n[launcher]\nclaude_bin = {claude:?}\nrepo_roots = [{repos:?}]\nvenv_root = \"/nonexistent/venvs\"\n{model_toml}"
+    let launcher = LauncherProcess::start_on(
+        Some(&data),
+        &format!(
+            "[launcher]\nclaude_bin = {claude:?}\nrepo_roots = [{repos:?}]\nvenv_root = \"/nonexistent/venvs\"\n{model_toml}"
         ),
+        SERVICE,
     )
     .unwrap();
-    let cgroup_parent = format!("agentbox-e2e-{}", std::process::id());
-    let mut cmd = Command::new(workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap());
-    cmd.arg("--config")
-        .arg(&config)
-        .arg("--service-uid")
-        .arg(SERVICE.to_string())
-        .arg("--cgroup-parent")
-        .arg(&cgroup_parent);
-    let (launcher, address) =
-        Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
-            l.strip_prefix("listening on unix:").map(str::to_owned)
-        })
-        .unwrap();
-    let lsock = PathBuf::from(address);
+    let lsock = launcher.socket();
 
     // The gateway still works with the launcher's layout in place (run/ and state/ shared).
     let tid = "e2e1";
@@ -287,9 +272,4 @@ async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
         .join(tid)
         .join("workspace/.git/hooks/post-commit");
     assert!(ws_hook.exists(), "the agent planted {}", ws_hook.display());
-
-    drop(launcher);
-    for ctrl in ["memory", "pids", "cpu", "freezer"] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctrl).join(&cgroup_parent));
-    }
 }

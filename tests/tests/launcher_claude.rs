@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ use agentbox_api::LauncherClient;
 use agentbox_api::launcher::{AgentRequest, RunState};
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
-    Service, claude_print_cmd, readable_client, stream_json_result, workspace_bin,
+    LauncherProcess, Service, claude_print_cmd, readable_client, stream_json_result,
 };
 use serde_json::{Value, json};
 
@@ -30,38 +30,20 @@ async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
         .tempdir()
         .unwrap();
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let data = base.path().join("data");
     let claude = readable_client("claude", base.path()).unwrap_or_else(|e| panic!("{e}"));
-    let config = base.path().join("agentbox.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {data:?}\n[launcher]\nclaude_bin = {claude:?}\nvenv_root = \"/nonexistent/venvs\"\n\
+    let launcher = LauncherProcess::start(
+        &format!(
+            "[launcher]\nclaude_bin = {claude:?}\nvenv_root = \"/nonexistent/venvs\"\n\
              [models.sonnet]\nbackend = \"ollama\"\nupstream_model = \"x\"\n"
         ),
+        SERVICE_UID,
     )
     .unwrap();
-    let cgroup_parent = format!("agentbox-claude-it-{}", std::process::id());
-    let launcher_bin = workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap();
-    let mut cmd = Command::new(launcher_bin);
-    cmd.arg("--config")
-        .arg(&config)
-        .arg("--service-uid")
-        .arg(SERVICE_UID.to_string())
-        .arg("--cgroup-parent")
-        .arg(&cgroup_parent);
-    let (launcher, address) =
-        Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
-            l.strip_prefix("listening on unix:").map(str::to_owned)
-        })
-        .unwrap();
-    let socket = PathBuf::from(address);
+    let socket = launcher.socket();
+    let data = launcher.data_dir();
 
     let tid = "claude1";
-    let ws = data.join("tasks").join(tid).join("workspace");
-    std::fs::create_dir_all(&ws).unwrap();
-    chown(ws.parent().unwrap(), SERVICE_UID);
-    chown(&ws, SERVICE_UID);
+    let ws = launcher.workspace(tid).unwrap();
     let gw = data.join("sockets").join(tid);
     std::fs::create_dir_all(&gw).unwrap();
     chown(&gw, SERVICE_UID);
@@ -131,8 +113,4 @@ async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
         first["headers"]["authorization"], "Bearer test-token",
         "{diag}"
     );
-    drop(launcher);
-    for ctrl in ["memory", "pids", "cpu", "freezer"] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctrl).join(&cgroup_parent));
-    }
 }

@@ -361,6 +361,7 @@ impl GatewayProcess {
 #[derive(Debug)]
 pub struct LauncherProcess {
     service: Service,
+    data: PathBuf,
     cgroup_parent: String,
     service_uid: u32,
     // Declared last so the process is gone before its files are removed.
@@ -374,6 +375,19 @@ impl LauncherProcess {
     /// # Errors
     /// When the binary cannot be built or the launcher does not come up.
     pub fn start(config: &str, service_uid: u32) -> Result<Self, HarnessError> {
+        Self::start_on(None, config, service_uid)
+    }
+
+    /// Like [`LauncherProcess::start`], on the data dir `data` (another daemon's, shared as in
+    /// production) instead of a fresh one.
+    ///
+    /// # Errors
+    /// When the binary cannot be built or the launcher does not come up.
+    pub fn start_on(
+        data: Option<&Path>,
+        config: &str,
+        service_uid: u32,
+    ) -> Result<Self, HarnessError> {
         use std::os::unix::fs::PermissionsExt;
         use std::sync::atomic::{AtomicUsize, Ordering};
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -384,7 +398,7 @@ impl LauncherProcess {
         let (dir, path) = config_dir("launcher-", "")?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .map_err(io(dir.path()))?;
-        let data = dir.path().join("data");
+        let data = data.map_or_else(|| dir.path().join("data"), Path::to_path_buf);
         std::fs::write(&path, format!("data_dir = {data:?}\n{config}")).map_err(io(&path))?;
         let cgroup_parent = format!(
             "agentbox-harness-{}-{}",
@@ -400,13 +414,14 @@ impl LauncherProcess {
             .arg(&cgroup_parent)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("RUST_LOG", "warn");
+            .env("RUST_LOG", "info");
         let (service, _) =
             Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
                 l.strip_prefix("listening on unix:").map(str::to_owned)
             })?;
         Ok(Self {
             service,
+            data,
             cgroup_parent,
             service_uid,
             dir,
@@ -422,7 +437,7 @@ impl LauncherProcess {
     /// `$AGENTBOX_DATA`.
     #[must_use]
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 
     /// `run/launcher.sock`.
@@ -503,6 +518,12 @@ impl LauncherProcess {
     #[must_use]
     pub fn stderr(&self) -> String {
         self.service.stderr()
+    }
+
+    /// Its pid and output so far, for failure messages.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        self.service.describe()
     }
 }
 

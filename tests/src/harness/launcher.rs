@@ -271,7 +271,7 @@ impl Launcher {
     ///
     /// [`request`]: Launcher::request
     pub fn client(&self) -> LauncherClient {
-        LauncherClient::new(&self.socket).with_timeout(Some(HANG_GUARD))
+        LauncherClient::over(UnixClient::new(&self.socket).with_timeout(Some(HANG_GUARD)))
     }
 
     /// One blocking JSON exchange on the socket.
