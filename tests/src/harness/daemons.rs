@@ -3,12 +3,11 @@
 //! configs and data dirs.
 //!
 //! `env!("CARGO_BIN_EXE_*")` only covers binaries of the test's own package, and the daemons
-//! live in other packages. `scripts/test.sh` runs the whole workspace, which builds every
-//! daemon binary first (each daemon package has an integration test of its own, which makes
-//! cargo build its binaries). [`workspace_bin`] only calls `cargo build` itself when the binary
-//! is missing or older than a workspace source file, e.g. when one runs `-p agentbox-tests`
-//! alone after an edit: never a stale binary, and no rebuild (with `-p`'s different feature
-//! set) when it is fresh.
+//! live in other packages (whose integration tests live here too, so a test build does not
+//! produce their binaries). [`workspace_bin`] calls `cargo build` itself when the binary is
+//! missing or older than a workspace source file: never a stale binary, and no rebuild (with
+//! `-p`'s different feature set) when it is fresh. A build another cargo holds the lock for
+//! waits for it, so do not edit sources while a long test run is under way.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
