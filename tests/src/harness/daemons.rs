@@ -445,23 +445,11 @@ impl LauncherProcess {
         self.data_dir().join("run/launcher.sock")
     }
 
-    /// The typed client for the launcher's socket (routes that wait are unbounded).
+    /// The typed client for the launcher's socket (routes that wait are unbounded; raw
+    /// exchanges through its `http()`).
     #[must_use]
     pub fn client(&self) -> agentbox_api::LauncherClient {
         agentbox_api::LauncherClient::new(self.socket())
-    }
-
-    /// One request on the launcher's socket; the body is JSON unless absent.
-    ///
-    /// # Errors
-    /// When the exchange fails.
-    pub async fn request(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&serde_json::Value>,
-    ) -> Result<super::UnixResponse, HarnessError> {
-        super::unix_json(&self.socket(), method, path, body).await
     }
 
     /// Creates `tasks/<tid>/workspace` (empty, owned by the service uid) and returns it.
