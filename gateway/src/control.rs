@@ -1,6 +1,7 @@
 //! The control socket (`run/gateway.sock`): `POST /tasks`, `GET /tasks/{tid}`,
 //! `DELETE /tasks/{tid}`, `GET /status`. Only root and the service user may call it, checked
 //! by `SO_PEERCRED` on every request (the socket's mode is a second fence, not the only one).
+//! The shapes are `agentbox_api::gateway`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +14,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::error::ControlError;
-use crate::gateway::{Gateway, OpenTask};
+use agentbox_api::gateway::OpenTask;
+
+use crate::gateway::Gateway;
 
 /// Control requests are tiny.
 const MAX_CONTROL_BODY: u64 = 64 * 1024;

@@ -4,13 +4,13 @@
 //!   (`{"type":"error","error":{"type","message"}}`), with the statuses Claude Code acts on:
 //!   403 `permission_error` for an exhausted budget (it stops; it would retry 429 and 5xx).
 //! - [`ControlError`]: what the operator's tools see on the control socket:
-//!   `{"error":{"code","message"}}`.
+//!   `{"error":{"code","message"}}` ([`ErrorEnvelope`]).
 
+use agentbox_api::ErrorEnvelope;
 use agentbox_llm::{ErrorReply, LlmError, Protocol};
 use agentbox_wire::anthropic::ErrorType;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 use crate::account::AccountError;
 use crate::sockets::SocketError;
@@ -137,7 +137,7 @@ impl IntoResponse for ControlError {
         let (status, code) = self.status_and_code();
         (
             status,
-            axum::Json(json!({"error": {"code": code, "message": self.to_string()}})),
+            axum::Json(ErrorEnvelope::new(code, self.to_string())),
         )
             .into_response()
     }

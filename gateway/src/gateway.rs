@@ -12,13 +12,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use agentbox_api::gateway::{GatewayStatus, OpenTask, Remaining, Reserved, TaskUsage, TaskView};
 use agentbox_llm::{ClientError, ClientOptions, Upstream};
 use agentbox_policy::config::{Config, HostEnv, Model, ModelId};
 use agentbox_policy::id::Tid;
 use agentbox_policy::secret::Secret;
 use agentbox_wire::usage::MeteredUsage;
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::sync::Notify;
@@ -110,35 +109,6 @@ struct Task {
     state: TaskState,
     /// Cancels this task's socket server while it is open.
     serving: Option<CancellationToken>,
-}
-
-/// The request to open a task (`POST /tasks`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OpenTask {
-    /// The task id.
-    pub tid: String,
-    /// An agentbox model id from the catalogue.
-    pub model: String,
-    /// The task token the agent will present.
-    pub token: String,
-    /// Token and/or cost budget; omitted parts are unlimited.
-    #[serde(default)]
-    pub budget: Budget,
-}
-
-/// A task as the control socket reports it.
-#[derive(Debug, Serialize)]
-pub struct TaskView {
-    pub tid: String,
-    pub model: String,
-    pub state: TaskState,
-    pub socket: Option<PathBuf>,
-    pub usage: Value,
-    pub budget: Budget,
-    pub remaining: Value,
-    pub reserved: Reservation,
-    pub in_flight: u32,
 }
 
 /// The gateway.
@@ -366,20 +336,20 @@ impl Gateway {
     }
 
     /// `GET /status`.
-    pub fn status(&self) -> Value {
+    pub fn status(&self) -> GatewayStatus {
         let tasks = self.lock();
         let list: Vec<TaskView> = tasks
             .iter()
             .map(|(tid, t)| view(tid, t, &self.sockets))
             .collect();
         let open = list.iter().filter(|t| t.state == TaskState::Open).count();
-        json!({
-            "ok": true,
-            "open_tasks": open,
-            "tasks": list,
-            "bridge_token": self.opts.bridge_token.is_some(),
-            "models": self.opts.models.keys().collect::<Vec<_>>(),
-        })
+        GatewayStatus {
+            ok: true,
+            open_tasks: open,
+            tasks: list,
+            bridge_token: self.opts.bridge_token.is_some(),
+            models: self.opts.models.keys().map(ToString::to_string).collect(),
+        }
     }
 
     fn snapshot(&self) -> Snapshot {
@@ -521,24 +491,27 @@ fn validate_budget(b: &Budget, model: &Model) -> Result<(), ControlError> {
 
 fn view(tid: &Tid, t: &Task, sockets: &SocketsDir) -> TaskView {
     let s = &t.account.spent;
-    let (rem_tokens, rem_usd) = t.account.remaining();
+    let (tokens, usd) = t.account.remaining();
     TaskView {
         tid: tid.to_string(),
         model: t.model.to_string(),
         state: t.state,
         socket: (t.state == TaskState::Open).then(|| sockets.socket_path(tid)),
-        usage: json!({
-            "input_tokens": s.input_tokens,
-            "output_tokens": s.output_tokens,
-            "cache_read_input_tokens": s.cache_read_input_tokens,
-            "cache_creation_input_tokens": s.cache_creation_input_tokens,
-            "total_tokens": s.tokens(),
-            "requests": s.requests,
-            "cost_usd": s.cost_usd,
-        }),
+        usage: TaskUsage {
+            input_tokens: s.input_tokens,
+            output_tokens: s.output_tokens,
+            cache_read_input_tokens: s.cache_read_input_tokens,
+            cache_creation_input_tokens: s.cache_creation_input_tokens,
+            total_tokens: s.tokens(),
+            requests: s.requests,
+            cost_usd: s.cost_usd,
+        },
         budget: t.account.budget,
-        remaining: json!({"tokens": rem_tokens, "usd": rem_usd}),
-        reserved: t.account.reserved,
+        remaining: Remaining { tokens, usd },
+        reserved: Reserved {
+            tokens: t.account.reserved.tokens,
+            usd: t.account.reserved.usd,
+        },
         in_flight: t.account.in_flight,
     }
 }

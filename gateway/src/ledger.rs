@@ -14,17 +14,9 @@ use agentbox_policy::config::Prices;
 use agentbox_wire::usage::MeteredUsage;
 use serde::{Deserialize, Serialize};
 
-/// A task's budget; `None` parts are unlimited.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Budget {
-    /// Tokens: input + output + cache creation + cache read.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens: Option<u64>,
-    /// US dollars, from the catalogue's prices.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usd: Option<f64>,
-}
+/// A task's budget (`None` parts are unlimited) and whether its socket is served: the control
+/// API's shapes, persisted as they are.
+pub use agentbox_api::gateway::{Budget, TaskState};
 
 /// What a task has consumed.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -178,16 +170,6 @@ impl Account {
             self.budget.usd.map(|b| (b - self.spent.cost_usd).max(0.0)),
         )
     }
-}
-
-/// Whether a task's socket is being served.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskState {
-    /// `sockets/<tid>/llm.sock` is served.
-    Open,
-    /// Closed by `DELETE`; usage kept, so re-opening continues the same account.
-    Closed,
 }
 
 /// What is persisted per task (the token only as its SHA-256: no secret on disk).

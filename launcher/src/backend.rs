@@ -78,12 +78,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api::{BackendStartResult, BackendStatus, BackendStopResult};
 use agentbox_sandbox::cgroup::{Cgroups, TaskCgroup};
 use agentbox_sandbox::proc::{self, ChildSetup, Sink};
 use agentbox_sandbox::walk::Owner;
 
+use crate::api::{BackendStartResult, BackendState, BackendStatus, BackendStopResult};
 use crate::layout::{DataDir, DataError};
+
 use crate::state::{BackendRecord, BackendStore};
 
 /// Why a backend request failed. Mapped to HTTP in [`crate::error`].
@@ -207,15 +208,20 @@ impl BackendPhase {
         }
     }
 
+    /// The `state` of the API.
+    pub fn state(self) -> BackendState {
+        match self {
+            BackendPhase::Stopped => BackendState::Stopped,
+            BackendPhase::Starting => BackendState::Starting,
+            BackendPhase::Healthy => BackendState::Healthy,
+            BackendPhase::Stopping => BackendState::Stopping,
+            BackendPhase::Failed => BackendState::Failed,
+        }
+    }
+
     /// The `state` string of the API.
     pub fn as_str(self) -> &'static str {
-        match self {
-            BackendPhase::Stopped => "stopped",
-            BackendPhase::Starting => "starting",
-            BackendPhase::Healthy => "healthy",
-            BackendPhase::Stopping => "stopping",
-            BackendPhase::Failed => "failed",
-        }
+        self.state().as_str()
     }
 }
 
@@ -393,7 +399,7 @@ impl Backends {
     fn view(model: &ModelId, slot: &Slot, busy: &Busy) -> BackendStatus {
         BackendStatus {
             model: model.to_string(),
-            state: slot.phase.as_str().to_owned(),
+            state: slot.phase.state(),
             pid: slot.pid,
             port: slot.port,
             agents: busy.get(model).copied().unwrap_or(0),

@@ -1,11 +1,12 @@
 //! Everything a launcher request can fail with, and the one place that turns it into an HTTP
 //! status and a JSON body.
 //!
-//! Body shape, for every error of every route:
+//! Body shape, for every error of every route: [`ErrorEnvelope`],
 //! `{"error": {"code": "<stable snake_case code>", "message": "<human readable>"}}`.
 //! Callers (the CLI, tests) branch on `code`; `message` is for people and may change. Untrusted
 //! input only ever appears escaped and shortened (the policy crate's errors already do that).
 
+use agentbox_api::ErrorEnvelope;
 use agentbox_policy::env::EnvError;
 use agentbox_policy::resolve::ResolveError;
 use agentbox_sandbox::bwrap::SpawnError;
@@ -15,7 +16,6 @@ use agentbox_sandbox::walk::WalkError;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
 
 use crate::backend::BackendError;
 use crate::git::GitError;
@@ -271,8 +271,7 @@ impl IntoResponse for LauncherError {
         if status.is_server_error() {
             tracing::warn!(code, error = %self, "request failed");
         }
-        let body = json!({"error": {"code": code, "message": self.to_string()}});
-        (status, Json(body)).into_response()
+        (status, Json(ErrorEnvelope::new(code, self.to_string()))).into_response()
     }
 }
 

@@ -27,15 +27,14 @@ use std::time::Duration;
 
 use agentbox_policy::config::{Backend, Config, ModelId};
 use agentbox_policy::id::{AgentBranch, Tid};
-use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{
     AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
-    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, SnapshotRequest,
-    SnapshotResult,
+    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, HostStatus,
+    LauncherStatus, RunSummary, SnapshotRequest, SnapshotResult,
 };
 use agentbox_sandbox::bwrap::{self, Mounts, Plan, Program, RunAs};
 use agentbox_sandbox::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
@@ -694,7 +693,7 @@ impl Launcher {
         let cap = self.output_cap();
         Ok(AgentStatus {
             tid: tid.to_string(),
-            state: phase.as_str().to_owned(),
+            state: phase.state(),
             exit_code: outcome.exit_code,
             oom_killed: outcome.oom_killed,
             timed_out: phase == Phase::Done(Final::TimedOut),
@@ -764,8 +763,9 @@ impl Launcher {
         Ok(status)
     }
 
-    /// The runs in progress and the number of waiting clients, for `GET /status`.
-    pub fn runs_json(&self) -> Value {
+    /// `GET /status`: the runs in progress, the number of waiting clients, the backends, and
+    /// `host` (probed by the caller).
+    pub fn status(&self, host: HostStatus) -> LauncherStatus {
         let reg = self.lock();
         let mut agents = Vec::new();
         let mut checks = Vec::new();
@@ -775,23 +775,27 @@ impl Launcher {
                 finished += 1;
                 continue;
             }
-            let item = json!({"tid": tid.as_str(), "state": e.phase.as_str()});
+            let item = RunSummary {
+                tid: tid.to_string(),
+                state: e.phase.state(),
+            };
             match e.kind {
                 RunKind::Agent => agents.push(item),
                 RunKind::Check => checks.push(item),
             }
         }
-        agents.sort_by(|a, b| a["tid"].as_str().cmp(&b["tid"].as_str()));
-        checks.sort_by(|a, b| a["tid"].as_str().cmp(&b["tid"].as_str()));
+        agents.sort_by(|a, b| a.tid.cmp(&b.tid));
+        checks.sort_by(|a, b| a.tid.cmp(&b.tid));
         drop(reg);
-        let backends = self.backends.statuses(&self.busy_models());
-        json!({
-            "agents": agents,
-            "checks": checks,
-            "finished": finished,
-            "waiters": self.waiters.load(Ordering::SeqCst),
-            "backends": backends,
-        })
+        LauncherStatus {
+            agents,
+            checks,
+            finished,
+            waiters: self.waiters.load(Ordering::SeqCst),
+            backends: self.backends.statuses(&self.busy_models()),
+            ready: host.ready,
+            host,
+        }
     }
 
     // === vLLM backends ===

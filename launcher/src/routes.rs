@@ -12,7 +12,7 @@
 //! | POST | `/repo/delete-branch` | 200 `{repo, branch, sha}` |
 //! | POST | `/backends/{model}/start` | 200 [`BackendStartResult`](crate::api::BackendStartResult) once healthy |
 //! | POST | `/backends/vllm/stop` | 200 [`BackendStopResult`](crate::api::BackendStopResult) |
-//! | GET | `/status` | 200 host readiness, runs and backends |
+//! | GET | `/status` | 200 [`LauncherStatus`](crate::api::LauncherStatus): host readiness, runs and backends |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -193,15 +193,7 @@ async fn backend_stop(
 
 async fn status(State(l): Shared) -> Response {
     let host = crate::status::probe_host(l.bwrap().to_path_buf(), l.cgroups().clone()).await;
-    let mut body = l.runs_json();
-    if let (Some(obj), Ok(host)) = (body.as_object_mut(), serde_json::to_value(&host)) {
-        obj.insert(
-            "ready".to_owned(),
-            serde_json::Value::Bool(host["ready"].as_bool().unwrap_or(false)),
-        );
-        obj.insert("host".to_owned(), host);
-    }
-    Json(body).into_response()
+    Json(l.status(host)).into_response()
 }
 
 async fn no_route(uri: Uri) -> LauncherError {

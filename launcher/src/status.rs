@@ -8,27 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Serialize;
-
+use crate::api::{HostCheck as Check, HostStatus};
 use agentbox_sandbox::cgroup::Cgroups;
-
-/// One readiness item.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Check {
-    pub ok: bool,
-    pub detail: String,
-}
-
-/// The host's readiness.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct HostStatus {
-    pub ready: bool,
-    /// One line per problem; empty when ready.
-    pub reasons: Vec<String>,
-    pub bwrap: Check,
-    pub user_namespaces: Check,
-    pub cgroups: Check,
-}
 
 /// What the verdict needs from the host.
 pub trait HostProbe {

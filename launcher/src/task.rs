@@ -23,6 +23,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::RunState;
+
 /// Why a run is being stopped from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -119,19 +121,24 @@ impl Phase {
         }
     }
 
+    /// The `state` of the API.
+    pub fn state(self) -> RunState {
+        match self {
+            Phase::Starting => RunState::Starting,
+            Phase::Running => RunState::Running,
+            Phase::Stopping(_) => RunState::Stopping,
+            Phase::Finishing(_) => RunState::Finishing,
+            Phase::Done(Final::Exited) => RunState::Exited,
+            Phase::Done(Final::TimedOut) => RunState::TimedOut,
+            Phase::Done(Final::Killed) => RunState::Killed,
+            Phase::Done(Final::Failed) => RunState::Failed,
+            Phase::Done(Final::Lost) => RunState::Lost,
+        }
+    }
+
     /// The `state` string of the API.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Starting => "starting",
-            Phase::Running => "running",
-            Phase::Stopping(_) => "stopping",
-            Phase::Finishing(_) => "finishing",
-            Phase::Done(Final::Exited) => "exited",
-            Phase::Done(Final::TimedOut) => "timed_out",
-            Phase::Done(Final::Killed) => "killed",
-            Phase::Done(Final::Failed) => "failed",
-            Phase::Done(Final::Lost) => "lost",
-        }
+        self.state().as_str()
     }
 }
 

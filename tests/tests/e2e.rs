@@ -9,28 +9,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
+use agentbox_api::LauncherClient;
+use agentbox_api::gateway::{Budget, OpenTask};
+use agentbox_api::launcher::{AgentRequest, DeliverRequest, RunState, SnapshotRequest};
+use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
-    FakeLlm, GatewayProcess, Service, client_bin, unix_json, workspace_bin,
+    FakeLlm, GatewayProcess, LauncherProcess, claude_print_cmd, readable_client, stream_json_result,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// The service user's uid/gid for this test (no passwd entry needed: `--service-uid`).
 const SERVICE: u32 = 64020;
 const TOKEN: &str = "e2e-task-token-0123456789";
-
-async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let r = unix_json(socket, method, path, body.as_ref())
-        .await
-        .unwrap();
-    (
-        r.status,
-        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
-    )
-}
 
 fn git(dir: &Path, args: &[&str]) -> String {
     // The repository belongs to the service user; the test reads it as root.
@@ -62,18 +55,6 @@ fn chown_tree(p: &Path, uid: u32) {
         .status()
         .unwrap();
     assert!(status.success());
-}
-
-/// The agent uid must be able to read the binary, and the client cache lives under /root.
-fn readable_claude(dir: &Path) -> PathBuf {
-    let real =
-        std::fs::canonicalize(client_bin("claude").unwrap_or_else(|e| panic!("{e}"))).unwrap();
-    let target = dir.join("claude");
-    if std::fs::hard_link(&real, &target).is_err() {
-        std::fs::copy(&real, &target).unwrap();
-    }
-    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
-    target
 }
 
 #[tokio::test]
@@ -139,71 +120,63 @@ async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
     let data = gw.data_dir();
 
     // The launcher, as root, on the same data dir.
-    let claude = readable_claude(base.path());
-    let config = base.path().join("launcher.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {data:?}\n[launcher]\nclaude_bin = {claude:?}\nrepo_roots = [{repos:?}]\nvenv_root = \"/nonexistent/venvs\"\n{model_toml}"
+    let claude = readable_client("claude", base.path()).unwrap_or_else(|e| panic!("{e}"));
+    let launcher = LauncherProcess::start_on(
+        Some(&data),
+        &format!(
+            "[launcher]\nclaude_bin = {claude:?}\nrepo_roots = [{repos:?}]\nvenv_root = \"/nonexistent/venvs\"\n{model_toml}"
         ),
+        SERVICE,
     )
     .unwrap();
-    let cgroup_parent = format!("agentbox-e2e-{}", std::process::id());
-    let mut cmd = Command::new(workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap());
-    cmd.arg("--config")
-        .arg(&config)
-        .arg("--service-uid")
-        .arg(SERVICE.to_string())
-        .arg("--cgroup-parent")
-        .arg(&cgroup_parent);
-    let (launcher, address) =
-        Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
-            l.strip_prefix("listening on unix:").map(str::to_owned)
-        })
-        .unwrap();
-    let lsock = PathBuf::from(address);
+    let lsock = launcher.socket();
 
     // The gateway still works with the launcher's layout in place (run/ and state/ shared).
     let tid = "e2e1";
-    let (s, snap) = call(
-        &lsock,
-        "POST",
-        "/repo/snapshot",
-        Some(json!({"tid": tid, "path": repo})),
-    )
-    .await;
-    assert_eq!(s, 200, "{snap}\n{}", launcher.describe());
-    assert_eq!(snap["sha"], base_sha);
-    let r = gw
-        .control("POST", "/tasks", Some(&json!({"tid": tid, "model": "local", "token": TOKEN, "budget": {"tokens": 1_000_000}})))
+    let launcher_api = LauncherClient::new(&lsock);
+    let snap = launcher_api
+        .snapshot(&SnapshotRequest {
+            tid: tid.into(),
+            path: repo.display().to_string(),
+            git_ref: None,
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", launcher.describe()));
+    assert_eq!(snap.sha, base_sha);
+    let opened = gw
+        .client()
+        .open_task(&OpenTask {
+            tid: tid.into(),
+            model: "local".into(),
+            token: TOKEN.into(),
+            budget: Budget {
+                tokens: Some(1_000_000),
+                usd: None,
+            },
+        })
+        .await;
+    assert!(opened.is_ok(), "{opened:?}\n{}", gw.stderr());
+
+    let started = launcher_api
+        .start_agent(&AgentRequest {
+            tid: tid.into(),
+            model: "local".into(),
+            cmd: claude_print_cmd("Edit README.md."),
+            env: Default::default(),
+            venv: None,
+            timeout_s: 300,
+            token: Some(TOKEN.into()),
+        })
+        .await;
+    assert!(started.is_ok(), "{started:?}\n{}", launcher.describe());
+    let v = launcher_api
+        .wait_agent(&Tid::parse(tid).unwrap())
         .await
         .unwrap();
-    assert_eq!(
-        r.status,
-        201,
-        "{}\n{}",
-        String::from_utf8_lossy(&r.body),
-        gw.stderr()
-    );
-
-    let (s, v) = call(
-        &lsock,
-        "POST",
-        "/agents",
-        Some(json!({
-            "tid": tid, "model": "local", "timeout_s": 300, "token": TOKEN,
-            "cmd": ["claude", "-p", "Edit README.md.", "--output-format", "stream-json", "--verbose",
-                    "--model", "claude-sonnet-4-5", "--permission-mode", "bypassPermissions"]
-        })),
-    )
-    .await;
-    assert_eq!(s, 201, "{v}\n{}", launcher.describe());
-    let (s, v) = call(&lsock, "GET", &format!("/agents/{tid}?wait=1"), None).await;
-    assert_eq!(s, 200, "{v}");
     let log = fake.requests().unwrap();
     let diag = || {
         format!(
-            "{v:#}\n--- fakellm ---\n{}\n--- gateway ---\n{}\n--- launcher ---\n{}",
+            "{v:#?}\n--- fakellm ---\n{}\n--- gateway ---\n{}\n--- launcher ---\n{}",
             log.iter()
                 .map(|r| format!("{} {} {}", r["path"], r["served_by"], r["body"]["model"]))
                 .collect::<Vec<_>>()
@@ -212,26 +185,21 @@ async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
             launcher.describe()
         )
     };
-    assert_eq!(v["state"], "exited", "{}", diag());
-    assert_eq!(v["exit_code"], 0, "{}", diag());
-    let result = v["stdout"]
-        .as_str()
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|e| e["type"] == "result")
-        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    assert_eq!(v.state, RunState::Exited, "{}", diag());
+    assert_eq!(v.exit_code, Some(0), "{}", diag());
+    let result =
+        stream_json_result(&v.stdout).unwrap_or_else(|| panic!("no result event: {}", diag()));
     assert_eq!(result["result"], "done", "{}", diag());
-    let bash_result = v["stdout"].as_str().unwrap().contains("planted");
+    let bash_result = v.stdout.contains("planted");
     assert!(
         bash_result,
         "the agent's Bash tool ran inside the sandbox: {}",
         diag()
     );
-    let commit = v["result_commit"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no result commit: {}", diag()))
-        .to_owned();
+    let commit = v
+        .result_commit
+        .clone()
+        .unwrap_or_else(|| panic!("no result commit: {}", diag()));
 
     // Everything the agent sent went through the gateway, sanitized and metered.
     assert_eq!(log.len(), 4, "{}", diag());
@@ -246,31 +214,27 @@ async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
         );
         assert!(!r.to_string().contains(TOKEN));
     }
-    let r = gw
-        .control("GET", &format!("/tasks/{tid}"), None)
-        .await
-        .unwrap();
-    let usage: Value = serde_json::from_slice(&r.body).unwrap();
+    let view = gw.client().task(&Tid::parse(tid).unwrap()).await.unwrap();
     assert_eq!(
-        usage["usage"]["input_tokens"],
+        view.usage.input_tokens,
         1000 + 1100 + 1200 + 1300,
-        "{usage}"
+        "{view:?}"
     );
-    assert_eq!(usage["usage"]["output_tokens"], 10 + 20 + 30 + 2);
-    assert_eq!(usage["usage"]["cache_read_input_tokens"], 1500);
-    assert_eq!(usage["usage"]["cache_creation_input_tokens"], 500);
+    assert_eq!(view.usage.output_tokens, 10 + 20 + 30 + 2);
+    assert_eq!(view.usage.cache_read_input_tokens, 1500);
+    assert_eq!(view.usage.cache_creation_input_tokens, 500);
 
     // Deliver: agent/<tid> lands in the repo, on top of the snapshot, with the edit; the repo's
     // HEAD and work tree are untouched; nothing planted ran.
     let branch = format!("agent/{tid}");
-    let (s, d) = call(
-        &lsock,
-        "POST",
-        "/repo/deliver",
-        Some(json!({"tid": tid, "path": repo, "branch": branch})),
-    )
-    .await;
-    assert_eq!(s, 200, "{d}\n{}", launcher.describe());
+    let d = launcher_api
+        .deliver(&DeliverRequest {
+            tid: tid.into(),
+            path: repo.display().to_string(),
+            branch: branch.clone(),
+        })
+        .await;
+    assert!(d.is_ok(), "{d:?}\n{}", launcher.describe());
     let delivered = git(&repo, &["rev-parse", &format!("refs/heads/{branch}")]);
     assert_eq!(delivered, commit);
     assert_eq!(
@@ -308,9 +272,4 @@ async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
         .join(tid)
         .join("workspace/.git/hooks/post-commit");
     assert!(ws_hook.exists(), "the agent planted {}", ws_hook.display());
-
-    drop(launcher);
-    for ctrl in ["memory", "pids", "cpu", "freezer"] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctrl).join(&cgroup_parent));
-    }
 }

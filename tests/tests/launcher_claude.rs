@@ -5,39 +5,22 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use agentbox_tests::harness::{Service, client_bin, unix_json, workspace_bin};
+use agentbox_api::LauncherClient;
+use agentbox_api::launcher::{AgentRequest, RunState};
+use agentbox_policy::id::Tid;
+use agentbox_tests::harness::{
+    LauncherProcess, Service, claude_print_cmd, readable_client, stream_json_result,
+};
 use serde_json::{Value, json};
 
 const SERVICE_UID: u32 = 64010;
 
 fn chown(p: &Path, uid: u32) {
     std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
-}
-
-/// The agent uid must be able to read the binary, and the client cache lives under /root.
-fn readable_claude(dir: &Path) -> PathBuf {
-    let real =
-        std::fs::canonicalize(client_bin("claude").unwrap_or_else(|e| panic!("{e}"))).unwrap();
-    let target = dir.join("claude");
-    if std::fs::hard_link(&real, &target).is_err() {
-        std::fs::copy(&real, &target).unwrap();
-    }
-    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755)).unwrap();
-    target
-}
-
-async fn call(socket: &Path, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let r = unix_json(socket, method, path, body.as_ref())
-        .await
-        .unwrap();
-    (
-        r.status,
-        serde_json::from_slice(&r.body).unwrap_or(Value::Null),
-    )
 }
 
 #[tokio::test]
@@ -47,38 +30,20 @@ async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
         .tempdir()
         .unwrap();
     std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let data = base.path().join("data");
-    let claude = readable_claude(base.path());
-    let config = base.path().join("agentbox.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "data_dir = {data:?}\n[launcher]\nclaude_bin = {claude:?}\nvenv_root = \"/nonexistent/venvs\"\n\
+    let claude = readable_client("claude", base.path()).unwrap_or_else(|e| panic!("{e}"));
+    let launcher = LauncherProcess::start(
+        &format!(
+            "[launcher]\nclaude_bin = {claude:?}\nvenv_root = \"/nonexistent/venvs\"\n\
              [models.sonnet]\nbackend = \"ollama\"\nupstream_model = \"x\"\n"
         ),
+        SERVICE_UID,
     )
     .unwrap();
-    let cgroup_parent = format!("agentbox-claude-it-{}", std::process::id());
-    let launcher_bin = workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap();
-    let mut cmd = Command::new(launcher_bin);
-    cmd.arg("--config")
-        .arg(&config)
-        .arg("--service-uid")
-        .arg(SERVICE_UID.to_string())
-        .arg("--cgroup-parent")
-        .arg(&cgroup_parent);
-    let (launcher, address) =
-        Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
-            l.strip_prefix("listening on unix:").map(str::to_owned)
-        })
-        .unwrap();
-    let socket = PathBuf::from(address);
+    let socket = launcher.socket();
+    let data = launcher.data_dir();
 
     let tid = "claude1";
-    let ws = data.join("tasks").join(tid).join("workspace");
-    std::fs::create_dir_all(&ws).unwrap();
-    chown(ws.parent().unwrap(), SERVICE_UID);
-    chown(&ws, SERVICE_UID);
+    let ws = launcher.workspace(tid).unwrap();
     let gw = data.join("sockets").join(tid);
     std::fs::create_dir_all(&gw).unwrap();
     chown(&gw, SERVICE_UID);
@@ -111,35 +76,27 @@ async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
     .unwrap();
     std::fs::set_permissions(&llm_sock, std::fs::Permissions::from_mode(0o666)).unwrap();
 
-    let (status, body) = call(
-        &socket,
-        "POST",
-        "/agents",
-        Some(json!({
-            "tid": tid, "model": "sonnet", "timeout_s": 300, "token": "test-token",
-            "cmd": ["claude", "-p", "Create hello.txt in the current directory.",
-                    "--output-format", "stream-json", "--verbose",
-                    "--model", "claude-sonnet-4-5", "--permission-mode", "bypassPermissions"]
-        })),
-    )
-    .await;
-    assert_eq!(status, 201, "{body}\n{}", launcher.describe());
-    let (status, v) = call(&socket, "GET", &format!("/agents/{tid}?wait=1"), None).await;
-    assert_eq!(status, 200, "{v}");
+    let client = LauncherClient::new(&socket);
+    let agent = AgentRequest {
+        tid: tid.into(),
+        model: "sonnet".into(),
+        cmd: claude_print_cmd("Create hello.txt in the current directory."),
+        env: Default::default(),
+        venv: None,
+        timeout_s: 300,
+        token: Some("test-token".into()),
+    };
+    let started = client.start_agent(&agent).await;
+    assert!(started.is_ok(), "{started:?}\n{}", launcher.describe());
+    let v = client.wait_agent(&Tid::parse(tid).unwrap()).await.unwrap();
     let requests = std::fs::read_to_string(&log).unwrap_or_default();
     let diag = format!(
-        "{v:#}\n--- fakellm log ---\n{requests}\n{}",
+        "{v:#?}\n--- fakellm log ---\n{requests}\n{}",
         launcher.describe()
     );
-    assert_eq!(v["state"], "exited", "{diag}");
-    assert_eq!(v["exit_code"], 0, "{diag}");
-    let result = v["stdout"]
-        .as_str()
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|e| e["type"] == "result")
-        .unwrap_or_else(|| panic!("no result event: {diag}"));
+    assert_eq!(v.state, RunState::Exited, "{diag}");
+    assert_eq!(v.exit_code, Some(0), "{diag}");
+    let result = stream_json_result(&v.stdout).unwrap_or_else(|| panic!("no result event: {diag}"));
     assert_eq!(result["result"], "done", "{diag}");
     assert_eq!(
         std::fs::read_to_string(ws.join("hello.txt")).unwrap(),
@@ -156,8 +113,4 @@ async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
         first["headers"]["authorization"], "Bearer test-token",
         "{diag}"
     );
-    drop(launcher);
-    for ctrl in ["memory", "pids", "cpu", "freezer"] {
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup").join(ctrl).join(&cgroup_parent));
-    }
 }

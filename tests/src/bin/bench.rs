@@ -20,6 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use agentbox_api::gateway::{Budget, OpenTask};
+use agentbox_api::launcher::{AgentRequest, RunState};
+use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
     BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess, workspace_bin,
 };
@@ -54,32 +57,26 @@ const QUICK: Plan = Plan {
     concurrency: 64,
 };
 
-/// HTTP clients for both transports, each with a keep-alive pool.
+/// The TCP client, with a keep-alive pool (unix-socket targets carry their own
+/// `agentbox_api::UnixClient`, pooled the same way).
 #[derive(Debug, Clone)]
 struct Clients {
     tcp: reqwest::Client,
-    unix: UnixClient,
 }
 
-type UnixClient = hyper_util::client::legacy::Client<
-    hyperlocal::UnixConnector,
-    http_body_util::Full<bytes::Bytes>,
->;
-
-/// One side of a comparison: a URL (or a unix socket and a path), headers and a body.
+/// One side of a comparison: a URL (or a unix socket's client and a path), headers and a body.
 #[derive(Debug, Clone)]
 struct Target {
     url: String,
-    socket: Option<std::path::PathBuf>,
+    unix: Option<agentbox_api::UnixClient>,
     headers: Vec<(String, String)>,
     body: bytes::Bytes,
 }
 
 impl Target {
     async fn send(&self, clients: &Clients) -> Result<Duration> {
-        use http_body_util::BodyExt;
         let start = Instant::now();
-        let (status, body) = match &self.socket {
+        let (status, body) = match &self.unix {
             None => {
                 let mut req = clients.tcp.post(&self.url).body(self.body.clone());
                 for (k, v) in &self.headers {
@@ -89,18 +86,16 @@ impl Target {
                 let status = resp.status().as_u16();
                 (status, resp.bytes().await?)
             }
-            Some(sock) => {
-                let uri: hyper::Uri = hyperlocal::Uri::new(sock, &self.url).into();
-                let mut req = hyper::Request::post(uri);
-                for (k, v) in &self.headers {
-                    req = req.header(k, v);
-                }
-                let resp = clients
-                    .unix
-                    .request(req.body(http_body_util::Full::new(self.body.clone()))?)
+            Some(unix) => {
+                let headers: Vec<(&str, &str)> = self
+                    .headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                let resp = unix
+                    .raw("POST", &self.url, &headers, self.body.clone())
                     .await?;
-                let status = resp.status().as_u16();
-                (status, resp.into_body().collect().await?.to_bytes())
+                (resp.status, resp.body)
             }
         };
         let elapsed = start.elapsed();
@@ -312,7 +307,7 @@ key_env = "BENCH_KEY"
             let body = workload::claude_code_request(model, stream);
             let bytes = bytes::Bytes::from(serde_json::to_vec(&body)?);
             let through = Target {
-                socket: None,
+                unix: None,
                 url: format!("{}/v1/messages", bridge.base_url()),
                 headers: vec![
                     ("authorization".into(), format!("Bearer {TOKEN}")),
@@ -339,7 +334,7 @@ key_env = "BENCH_KEY"
             })
             .collect();
             let direct = Target {
-                socket: None,
+                unix: None,
                 url: format!("{}{path}", fake.base_url()),
                 headers,
                 body: bytes::Bytes::from(serde_json::to_vec(&forwarded["body"])?),
@@ -376,10 +371,7 @@ fn clients() -> Result<Clients> {
         .tcp_nodelay(true)
         .pool_max_idle_per_host(256)
         .build()?;
-    let unix = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .pool_max_idle_per_host(256)
-        .build(hyperlocal::UnixConnector);
-    Ok(Clients { tcp, unix })
+    Ok(Clients { tcp })
 }
 
 async fn bench_gateway(plan: Plan) -> Result<()> {
@@ -395,26 +387,22 @@ async fn bench_gateway(plan: Plan) -> Result<()> {
     );
     let gw = GatewayProcess::start(&config, &[])?;
     let token = "bench-task-token-0123456789";
-    let r = gw
-        .control(
-            "POST",
-            "/tasks",
-            Some(&json!({"tid": "bench", "model": "local", "token": token})),
-        )
-        .await?;
-    if r.status != 201 {
-        bail!(
-            "cannot open the bench task: {}",
-            String::from_utf8_lossy(&r.body)
-        );
-    }
+    gw.client()
+        .open_task(&OpenTask {
+            tid: "bench".into(),
+            model: "local".into(),
+            token: token.into(),
+            budget: Budget::default(),
+        })
+        .await
+        .context("cannot open the bench task")?;
     let client = clients()?;
     let mut rows = Vec::new();
     for stream in [false, true] {
         let body = workload::claude_code_request("claude-sonnet-4-5", stream);
         let bytes = bytes::Bytes::from(serde_json::to_vec(&body)?);
         let through = Target {
-            socket: Some(gw.task_socket("bench")),
+            unix: Some(agentbox_api::UnixClient::new(gw.task_socket("bench")).with_timeout(None)),
             url: "/v1/messages?beta=true".into(),
             headers: vec![
                 ("authorization".into(), format!("Bearer {token}")),
@@ -430,7 +418,7 @@ async fn bench_gateway(plan: Plan) -> Result<()> {
         through.send(&client).await?;
         let forwarded = fake.requests()?.pop().context("fakellm saw nothing")?;
         let direct = Target {
-            socket: None,
+            unix: None,
             url: format!("{}/v1/messages", fake.base_url()),
             headers: vec![
                 ("anthropic-version".into(), "2023-06-01".into()),
@@ -584,25 +572,25 @@ impl Floor {
 /// `DELETE`. Returns (t0, stamp).
 async fn launcher_once(l: &LauncherProcess, tid: &str, ws: &Path) -> Result<(i128, i128)> {
     remove_stamp(ws)?;
-    let body = json!({"tid": tid, "model": "m", "cmd": ["claude"], "timeout_s": 60});
+    let client = l.client();
+    let req = AgentRequest {
+        tid: tid.into(),
+        model: "m".into(),
+        cmd: vec!["claude".into()],
+        env: Default::default(),
+        venv: None,
+        timeout_s: 60,
+        token: None,
+    };
+    let tid = Tid::parse(tid)?;
     let t0 = monotonic_ns();
-    let r = l.request("POST", "/agents", Some(&body)).await?;
-    if r.status != 201 {
-        bail!(
-            "POST /agents answered {}: {}",
-            r.status,
-            String::from_utf8_lossy(&r.body)
-        );
-    }
-    let done = l
-        .request("GET", &format!("/agents/{tid}?wait=1"), None)
-        .await?;
-    let v: serde_json::Value = serde_json::from_slice(&done.body)?;
-    if v["state"] != "exited" || v["exit_code"] != 0 {
-        bail!("the agent did not run cleanly: {v}");
+    client.start_agent(&req).await.context("POST /agents")?;
+    let done = client.wait_agent(&tid).await?;
+    if done.state != RunState::Exited || done.exit_code != Some(0) {
+        bail!("the agent did not run cleanly: {done:?}");
     }
     let stamp = read_stamp(ws)?;
-    l.request("DELETE", &format!("/agents/{tid}"), None).await?;
+    client.delete_agent(&tid).await?;
     Ok((t0, stamp))
 }
 

@@ -87,3 +87,54 @@ pub fn client_bin(name: &str) -> Result<PathBuf, HarnessError> {
         )))
     }
 }
+
+/// The real `name` CLI hard-linked (or copied) to `dir/name`, mode 0755: the agent uid must be
+/// able to read it inside a sandbox, and the clients cache lives under `/root`.
+///
+/// # Errors
+/// When the client is missing or cannot be placed.
+pub fn readable_client(name: &str, dir: &Path) -> Result<PathBuf, HarnessError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| HarnessError::Io { path, source }
+    };
+    let bin = client_bin(name)?;
+    let real = std::fs::canonicalize(&bin).map_err(io(&bin))?;
+    let target = dir.join(name);
+    if std::fs::hard_link(&real, &target).is_err() {
+        std::fs::copy(&real, &target).map_err(io(&target))?;
+    }
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o755))
+        .map_err(io(&target))?;
+    Ok(target)
+}
+
+/// The `cmd` of a one-shot Claude Code agent: `-p prompt`, stream-json output (so the
+/// `result` event can be read back), the model fakellm scripts answer, permissions bypassed.
+#[must_use]
+pub fn claude_print_cmd(prompt: &str) -> Vec<String> {
+    [
+        "claude",
+        "-p",
+        prompt,
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--model",
+        "claude-sonnet-4-5",
+        "--permission-mode",
+        "bypassPermissions",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// The `{"type":"result"}` event of Claude Code's stream-json output.
+#[must_use]
+pub fn stream_json_result(stdout: &str) -> Option<serde_json::Value> {
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["type"] == "result")
+}

@@ -3,12 +3,11 @@
 //! configs and data dirs.
 //!
 //! `env!("CARGO_BIN_EXE_*")` only covers binaries of the test's own package, and the daemons
-//! live in other packages. `scripts/test.sh` runs the whole workspace, which builds every
-//! daemon binary first (each daemon package has an integration test of its own, which makes
-//! cargo build its binaries). [`workspace_bin`] only calls `cargo build` itself when the binary
-//! is missing or older than a workspace source file, e.g. when one runs `-p agentbox-tests`
-//! alone after an edit: never a stale binary, and no rebuild (with `-p`'s different feature
-//! set) when it is fresh.
+//! live in other packages (whose integration tests live here too, so a test build does not
+//! produce their binaries). [`workspace_bin`] calls `cargo build` itself when the binary is
+//! missing or older than a workspace source file: never a stale binary, and no rebuild (with
+//! `-p`'s different feature set) when it is fresh. A build another cargo holds the lock for
+//! waits for it, so do not edit sources while a long test run is under way.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -318,6 +317,12 @@ impl GatewayProcess {
         self.data_dir().join("sockets").join(tid).join("llm.sock")
     }
 
+    /// The typed client for the control socket.
+    #[must_use]
+    pub fn client(&self) -> agentbox_api::GatewayClient {
+        agentbox_api::GatewayClient::new(self.control_socket())
+    }
+
     /// One request on the control socket; the body is JSON unless empty.
     ///
     /// # Errors
@@ -355,6 +360,7 @@ impl GatewayProcess {
 #[derive(Debug)]
 pub struct LauncherProcess {
     service: Service,
+    data: PathBuf,
     cgroup_parent: String,
     service_uid: u32,
     // Declared last so the process is gone before its files are removed.
@@ -368,6 +374,19 @@ impl LauncherProcess {
     /// # Errors
     /// When the binary cannot be built or the launcher does not come up.
     pub fn start(config: &str, service_uid: u32) -> Result<Self, HarnessError> {
+        Self::start_on(None, config, service_uid)
+    }
+
+    /// Like [`LauncherProcess::start`], on the data dir `data` (another daemon's, shared as in
+    /// production) instead of a fresh one.
+    ///
+    /// # Errors
+    /// When the binary cannot be built or the launcher does not come up.
+    pub fn start_on(
+        data: Option<&Path>,
+        config: &str,
+        service_uid: u32,
+    ) -> Result<Self, HarnessError> {
         use std::os::unix::fs::PermissionsExt;
         use std::sync::atomic::{AtomicUsize, Ordering};
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
@@ -378,7 +397,7 @@ impl LauncherProcess {
         let (dir, path) = config_dir("launcher-", "")?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .map_err(io(dir.path()))?;
-        let data = dir.path().join("data");
+        let data = data.map_or_else(|| dir.path().join("data"), Path::to_path_buf);
         std::fs::write(&path, format!("data_dir = {data:?}\n{config}")).map_err(io(&path))?;
         let cgroup_parent = format!(
             "agentbox-harness-{}-{}",
@@ -394,13 +413,14 @@ impl LauncherProcess {
             .arg(&cgroup_parent)
             .env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("RUST_LOG", "warn");
+            .env("RUST_LOG", "info");
         let (service, _) =
             Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
                 l.strip_prefix("listening on unix:").map(str::to_owned)
             })?;
         Ok(Self {
             service,
+            data,
             cgroup_parent,
             service_uid,
             dir,
@@ -416,7 +436,7 @@ impl LauncherProcess {
     /// `$AGENTBOX_DATA`.
     #[must_use]
     pub fn data_dir(&self) -> PathBuf {
-        self.dir.path().join("data")
+        self.data.clone()
     }
 
     /// `run/launcher.sock`.
@@ -425,17 +445,11 @@ impl LauncherProcess {
         self.data_dir().join("run/launcher.sock")
     }
 
-    /// One request on the launcher's socket; the body is JSON unless absent.
-    ///
-    /// # Errors
-    /// When the exchange fails.
-    pub async fn request(
-        &self,
-        method: &str,
-        path: &str,
-        body: Option<&serde_json::Value>,
-    ) -> Result<super::UnixResponse, HarnessError> {
-        super::unix_json(&self.socket(), method, path, body).await
+    /// The typed client for the launcher's socket (routes that wait are unbounded; raw
+    /// exchanges through its `http()`).
+    #[must_use]
+    pub fn client(&self) -> agentbox_api::LauncherClient {
+        agentbox_api::LauncherClient::new(self.socket())
     }
 
     /// Creates `tasks/<tid>/workspace` (empty, owned by the service uid) and returns it.
@@ -491,6 +505,12 @@ impl LauncherProcess {
     #[must_use]
     pub fn stderr(&self) -> String {
         self.service.stderr()
+    }
+
+    /// Its pid and output so far, for failure messages.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        self.service.describe()
     }
 }
 

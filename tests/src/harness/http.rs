@@ -1,25 +1,16 @@
-//! HTTP helpers for tests: one HTTP/1.1 exchange over a unix socket (reqwest only does TCP),
-//! and a small SSE parser that keeps each frame's `event:` name so tests can check framing.
+//! HTTP helpers for tests: one exchange over a unix socket (reqwest only does TCP) through
+//! `agentbox-api`'s client, and a small SSE parser that keeps each frame's `event:` name so
+//! tests can check framing.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
+use agentbox_api::UnixClient;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 
 use super::HarnessError;
 
 /// A response read to the end over a unix socket.
-#[derive(Debug, Clone)]
-pub struct UnixResponse {
-    /// Status code.
-    pub status: u16,
-    /// Header names (lowercase) to values; repeats joined by `", "`.
-    pub headers: BTreeMap<String, String>,
-    /// The whole body.
-    pub body: Bytes,
-}
+pub use agentbox_api::RawResponse as UnixResponse;
 
 /// Sends one request over the unix socket at `socket` and reads the whole response. The
 /// `host` header is set to `localhost` unless given.
@@ -33,54 +24,10 @@ pub async fn unix_request(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Result<UnixResponse, HarnessError> {
-    let fail = |message: String| HarnessError::UnixHttp {
-        socket: socket.to_path_buf(),
-        message,
-    };
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|e| fail(format!("connect: {e}")))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| fail(format!("handshake: {e}")))?;
-    let driver = tokio::spawn(conn);
-    let mut builder = hyper::Request::builder().method(method).uri(path);
-    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
-        builder = builder.header("host", "localhost");
-    }
-    for (name, value) in headers {
-        builder = builder.header(*name, *value);
-    }
-    let request = builder
-        .body(Full::new(body.into()))
-        .map_err(|e| fail(format!("building the request: {e}")))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| fail(format!("sending: {e}")))?;
-    let status = response.status().as_u16();
-    let mut map: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in response.headers() {
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        map.entry(name.as_str().to_owned())
-            .and_modify(|v| {
-                v.push_str(", ");
-                v.push_str(&value);
-            })
-            .or_insert(value);
-    }
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| fail(format!("reading the body: {e}")))?
-        .to_bytes();
-    driver.abort();
-    Ok(UnixResponse {
-        status,
-        headers: map,
-        body,
-    })
+    Ok(UnixClient::new(socket)
+        .with_timeout(None)
+        .raw(method, path, headers, body)
+        .await?)
 }
 
 /// [`unix_request`] with an optional JSON body (`content-type: application/json`): the control

@@ -6,9 +6,12 @@ mod clients;
 mod daemons;
 mod fake;
 mod http;
+pub mod launcher;
 mod process;
 
-pub use clients::{client_bin, clients_dir, workspace_root};
+pub use clients::{
+    claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
+};
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, workspace_bin};
 pub use fake::FakeLlm;
 pub use http::{SseFrame, UnixResponse, parse_sse, unix_json, unix_request};
@@ -81,11 +84,6 @@ pub enum HarnessError {
         source: serde_json::Error,
     },
     /// An HTTP exchange over a unix socket failed.
-    #[error("HTTP over {socket}: {message}")]
-    UnixHttp {
-        /// The socket path.
-        socket: PathBuf,
-        /// What went wrong.
-        message: String,
-    },
+    #[error(transparent)]
+    Client(#[from] agentbox_api::ClientError),
 }

@@ -2,9 +2,9 @@
 //! seccomp and cgroups): the properties of the attack catalogue (research §10, items 12-22).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
-use common::{AGENT_UID, Launcher, Options, SERVICE_UID, owner_of};
+use agentbox_tests::harness::launcher::{
+    self as common, AGENT_UID, Launcher, Options, SERVICE_UID, owner_of,
+};
 use serde_json::{Value, json};
 
 fn out(v: &Value) -> &str {

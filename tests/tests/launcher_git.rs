@@ -4,14 +4,14 @@
 //! items 24-30).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Launcher, Options, SERVICE_UID, chown_tree};
+use agentbox_tests::harness::launcher::{
+    self as common, Launcher, Options, SERVICE_UID, chown_tree,
+};
 use serde_json::json;
 
 /// git as root for test setup and inspection.

@@ -3,12 +3,11 @@
 //! error bodies, and `GET /status`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::os::unix::fs::symlink;
 use std::process::Command;
 
-use common::{Launcher, Options, SERVICE_UID, chown};
+use agentbox_tests::harness::launcher::{self as common, Launcher, Options, SERVICE_UID, chown};
+use agentbox_tests::harness::workspace_bin;
 use serde_json::{Value, json};
 
 fn agent_body(tid: &str) -> Value {
@@ -20,7 +19,7 @@ fn bad_config_exits_78_and_socket_is_guarded() {
     let tmp = tempfile::tempdir().unwrap();
     let cfg = tmp.path().join("bad.toml");
     std::fs::write(&cfg, "[launcher]\nnot_a_key = 1\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_agentbox-launcher"))
+    let out = Command::new(workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap())
         .arg("--config")
         .arg(&cfg)
         .arg("--service-uid")

@@ -3,12 +3,12 @@
 //! scripts what the agent does inside the real sandbox. Restart behaviour included.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 
-use common::{Launcher, Options, SERVICE_UID, eventually, owner_of, processes_with};
+use agentbox_tests::harness::launcher::{
+    self as common, Launcher, Options, SERVICE_UID, eventually, owner_of, processes_with,
+};
 use serde_json::{Value, json};
 
 fn start(l: &Launcher, tid: &str, script: &str, timeout_s: u64) -> common::Resp {

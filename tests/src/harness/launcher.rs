@@ -1,20 +1,24 @@
-//! Shared by the launcher's integration tests: a real `agentbox-launcher` process (as root) on
-//! a temp data dir with a temp config and its own cgroup parent, and a tiny blocking HTTP/1.1
-//! client over the real unix socket.
+//! The launcher's own integration tests (`tests/tests/launcher_*.rs`): a real
+//! `agentbox-launcher` process (as root) on a temp data dir with a temp config (repo and venv
+//! roots, a scripted stand-in for claude) and its own cgroup parent, restartable and crashable,
+//! and blocking calls on its socket through `agentbox-api`'s client.
 //!
-//! Timeouts here are hang guards only; no test asserts on elapsed time.
-#![allow(clippy::unwrap_used, clippy::expect_used, dead_code)]
+//! Unlike the rest of the harness these helpers panic on failure: they are assertions of the
+//! tests that call them. Timeouts here are hang guards only; no test asserts on elapsed time.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use agentbox_api::{LauncherClient, UnixClient};
 use serde_json::Value;
+
+use super::workspace_bin;
 
 /// The service identity the tests give the launcher with `--service-uid`.
 pub const SERVICE_UID: u32 = 64010;
@@ -61,11 +65,12 @@ impl Default for Options {
     }
 }
 
-/// A response.
+/// A response, its body as JSON (`Null` when it is not JSON).
 #[derive(Debug, Clone)]
 pub struct Resp {
     pub status: u16,
     pub body: Value,
+    /// Status and body as text, for failure messages.
     pub raw: String,
 }
 
@@ -76,6 +81,7 @@ impl Resp {
 }
 
 /// A launcher process and its directories.
+#[derive(Debug)]
 pub struct Launcher {
     pub base: PathBuf,
     pub data: PathBuf,
@@ -90,6 +96,7 @@ pub struct Launcher {
     _dir: tempfile::TempDir,
 }
 
+/// `chown uid:uid` (following symlinks: for paths the test made itself).
 pub fn chown(path: &Path, uid: u32) {
     std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
 }
@@ -107,6 +114,7 @@ pub fn chown_tree(path: &Path, uid: u32) {
 }
 
 impl Launcher {
+    /// Starts a launcher with `opts` on a fresh temp dir.
     pub fn start(opts: Options) -> Launcher {
         let dir = tempfile::Builder::new()
             .prefix("launcher-it-")
@@ -177,7 +185,8 @@ impl Launcher {
 
     /// Starts (or restarts) the launcher process.
     pub fn spawn(&mut self) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_agentbox-launcher"))
+        let bin = workspace_bin("agentbox-launcher", "agentbox-launcher").unwrap();
+        let mut child = Command::new(bin)
             .arg("--config")
             .arg(&self.config)
             .arg("--service-uid")
@@ -224,10 +233,12 @@ impl Launcher {
         self.child = Some(child);
     }
 
+    /// Its stderr (the logs) over every start so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// The running process's pid.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
@@ -256,14 +267,24 @@ impl Launcher {
         }
     }
 
+    /// The typed client for this launcher (async; for the blocking calls use [`request`]).
+    ///
+    /// [`request`]: Launcher::request
+    pub fn client(&self) -> LauncherClient {
+        LauncherClient::over(UnixClient::new(&self.socket).with_timeout(Some(HANG_GUARD)))
+    }
+
+    /// One blocking JSON exchange on the socket.
     pub fn request(&self, method: &str, path: &str, body: Option<&Value>) -> Resp {
         request(&self.socket, method, path, body)
     }
 
+    /// `POST path` with `body`.
     pub fn post(&self, path: &str, body: &Value) -> Resp {
         self.request("POST", path, Some(body))
     }
 
+    /// `GET path`.
     pub fn get(&self, path: &str) -> Resp {
         self.request("GET", path, None)
     }
@@ -345,57 +366,28 @@ impl Drop for Launcher {
     }
 }
 
-/// One HTTP/1.1 exchange over a unix socket (`Connection: close`, read to EOF).
+/// One blocking JSON exchange over the unix socket at `socket`, on a runtime of its own (the
+/// launcher tests are synchronous and call this from several threads at once).
 pub fn request(socket: &Path, method: &str, path: &str, body: Option<&Value>) -> Resp {
-    let mut s = UnixStream::connect(socket).unwrap();
-    s.set_read_timeout(Some(HANG_GUARD)).unwrap();
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body.as_bytes()).unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).unwrap();
-    parse_response(&raw)
-}
-
-fn parse_response(raw: &[u8]) -> Resp {
-    let text = String::from_utf8_lossy(raw).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body_text = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
-    let body = serde_json::from_str(&body_text).unwrap_or(Value::Null);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r = rt
+        .block_on(UnixClient::new(socket).with_timeout(Some(HANG_GUARD)).raw(
+            method,
+            path,
+            &[("content-type", "application/json")],
+            body,
+        ))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let text = String::from_utf8_lossy(&r.body).into_owned();
     Resp {
-        status,
-        body,
-        raw: text,
+        status: r.status,
+        body: serde_json::from_str(&text).unwrap_or(Value::Null),
+        raw: format!("{} {text}", r.status),
     }
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n.min(rest.len())]);
-        s = rest.get(n + 2..).unwrap_or("");
-    }
-    out
 }
 
 /// Polls `f` until it returns `Some`, up to a generous hang guard.
@@ -432,45 +424,15 @@ pub fn processes_with(prefix: &str) -> Vec<String> {
     out
 }
 
+/// The owner uid of `p` itself (not following a symlink).
 pub fn owner_of(p: &Path) -> u32 {
     use std::os::unix::fs::MetadataExt;
     std::fs::symlink_metadata(p).unwrap().uid()
 }
 
-/// The `fakellm` binary of this workspace (package `agentbox-tests`), built for the profile the
-/// tests run under: `cargo build` is a no-op when it is fresh, and a test of this package alone
-/// (`-p agentbox-launcher`) would otherwise find it missing or stale.
+/// The `fakellm` binary of this workspace, built for the profile the tests run under.
 pub fn fakellm_bin() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            // Tests run from target/<profile>/deps/<test>-<hash>.
-            let exe = std::env::current_exe().unwrap();
-            let profile_dir = exe.parent().unwrap().parent().unwrap();
-            let target_dir = profile_dir.parent().unwrap();
-            let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-                Some("debug") | None => "dev",
-                Some(other) => other,
-            };
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-            let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-            let out = Command::new(cargo)
-                .current_dir(workspace)
-                .args(["build", "--quiet", "--profile", profile])
-                .args(["-p", "agentbox-tests", "--bin", "fakellm"])
-                .arg("--target-dir")
-                .arg(target_dir)
-                .stdin(Stdio::null())
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "cannot build fakellm:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            profile_dir.join("fakellm")
-        })
-        .clone()
+    workspace_bin("agentbox-tests", "fakellm").unwrap()
 }
 
 /// A TCP port that was free a moment ago.

@@ -4,12 +4,12 @@
 //! exits at once, validation, and shutdown and crash recovery (attack catalogue §10 item 33).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
-use common::{Launcher, Options, SERVICE_UID, chown, eventually, processes_with};
+use agentbox_tests::harness::launcher::{
+    self as common, Launcher, Options, SERVICE_UID, chown, eventually, processes_with,
+};
 use serde_json::{Value, json};
 
 /// A fakellm to be run by the launcher as a backend on its own port, with its script and

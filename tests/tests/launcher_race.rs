@@ -7,8 +7,6 @@
 //! printed inside equal the real workspace's) and handed it back.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
@@ -16,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{Launcher, Options, SERVICE_UID, chown};
+use agentbox_tests::harness::launcher::{Launcher, Options, SERVICE_UID, chown};
 use rustix::fs::{AtFlags, Mode, OFlags, RenameFlags, StatxFlags};
 use serde_json::json;
 

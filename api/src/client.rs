@@ -1,0 +1,534 @@
+//! One HTTP/1.1 client over unix sockets (hyper's pooled client with hyperlocal's connector),
+//! typed per route for the launcher and the gateway, with raw access (status, headers, body
+//! bytes) for callers that must send or read what the types cannot: malformed requests, other
+//! sockets (a task's `llm.sock`), streamed answers.
+//!
+//! A non-2xx answer becomes [`ClientError::Api`] carrying the status and the envelope's `code`
+//! and `message`, so callers branch on `code`. Every exchange is bounded by a timeout, except
+//! the routes that wait by design (`?wait=1`, starting a backend), which have their own.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use agentbox_policy::config::ModelId;
+use agentbox_policy::id::Tid;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Method;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use hyperlocal::UnixConnector;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{ApiError, ErrorEnvelope};
+use crate::gateway::{GatewayStatus, OpenTask, TaskView};
+use crate::launcher::{
+    AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
+    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, LauncherStatus,
+    SnapshotRequest, SnapshotResult,
+};
+
+/// The default bound on one exchange.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How much of an unexpected body an error quotes.
+const QUOTE_LIMIT: usize = 2048;
+
+/// What a call can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon answered with its error envelope.
+    #[error("{status} {}: {}", error.code, error.message)]
+    Api {
+        /// The HTTP status.
+        status: u16,
+        /// `code` (stable) and `message` (for people).
+        error: ApiError,
+    },
+    /// A non-2xx answer without the envelope (not one of our daemons?).
+    #[error("status {status} without an error envelope: {body}")]
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+    },
+    /// A 2xx answer that is not the expected JSON.
+    #[error("status {status}, unexpected body ({source}): {body}")]
+    Decode {
+        /// The HTTP status.
+        status: u16,
+        /// The start of the body.
+        body: String,
+        /// The parse error.
+        source: serde_json::Error,
+    },
+    /// The request could not be built (a bad method, path or header).
+    #[error("invalid request: {0}")]
+    Request(String),
+    /// Connecting, sending or reading failed (including a connection dropped mid-body).
+    #[error("HTTP over {}: {message}", socket.display())]
+    Transport {
+        /// The socket.
+        socket: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// No complete answer within the timeout.
+    #[error("HTTP over {}: no answer within {timeout:?}", socket.display())]
+    Timeout {
+        /// The socket.
+        socket: PathBuf,
+        /// The bound.
+        timeout: Duration,
+    },
+}
+
+impl ClientError {
+    /// The envelope's `code`, for an error answer of a daemon.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { error, .. } => Some(&error.code),
+            ClientError::Status { .. }
+            | ClientError::Decode { .. }
+            | ClientError::Request(_)
+            | ClientError::Transport { .. }
+            | ClientError::Timeout { .. } => None,
+        }
+    }
+
+    /// The HTTP status, when there was an answer.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. }
+            | ClientError::Status { status, .. }
+            | ClientError::Decode { status, .. } => Some(*status),
+            ClientError::Request(_)
+            | ClientError::Transport { .. }
+            | ClientError::Timeout { .. } => None,
+        }
+    }
+}
+
+/// An answer read to the end.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    /// Status code.
+    pub status: u16,
+    /// Header names (lowercase) to values; repeats joined by `", "`.
+    pub headers: BTreeMap<String, String>,
+    /// The whole body (de-chunked).
+    pub body: Bytes,
+}
+
+impl RawResponse {
+    /// The body as `T`, for a 2xx answer; the error envelope as [`ClientError::Api`] otherwise.
+    ///
+    /// # Errors
+    /// A non-2xx status, or a body that is not `T`.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
+        if !(200..300).contains(&self.status) {
+            return Err(match serde_json::from_slice::<ErrorEnvelope>(&self.body) {
+                Ok(env) => ClientError::Api {
+                    status: self.status,
+                    error: env.error,
+                },
+                Err(_) => ClientError::Status {
+                    status: self.status,
+                    body: quote(&self.body),
+                },
+            });
+        }
+        serde_json::from_slice(&self.body).map_err(|source| ClientError::Decode {
+            status: self.status,
+            body: quote(&self.body),
+            source,
+        })
+    }
+
+    /// The error envelope, if the body is one.
+    pub fn error(&self) -> Option<ApiError> {
+        serde_json::from_slice::<ErrorEnvelope>(&self.body)
+            .ok()
+            .map(|e| e.error)
+    }
+}
+
+fn quote(body: &[u8]) -> String {
+    String::from_utf8_lossy(body.get(..QUOTE_LIMIT).unwrap_or(body)).into_owned()
+}
+
+/// HTTP/1.1 over one unix socket, keeping idle connections for reuse. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct UnixClient {
+    socket: PathBuf,
+    client: Client<UnixConnector, Full<Bytes>>,
+    timeout: Option<Duration>,
+}
+
+impl UnixClient {
+    /// A client for the socket at `socket`, with [`DEFAULT_TIMEOUT`].
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(256)
+            .build(UnixConnector);
+        UnixClient {
+            socket: socket.into(),
+            client,
+            timeout: Some(DEFAULT_TIMEOUT),
+        }
+    }
+
+    /// Bounds every exchange by `timeout` (`None`: unbounded).
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// One exchange: `method path` with `headers` and `body`, read to the end. `host` is
+    /// `localhost` unless given.
+    ///
+    /// # Errors
+    /// A bad method or header, a transport failure, or the timeout.
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Result<RawResponse, ClientError> {
+        self.raw_within(self.timeout, method, path, headers, body.into())
+            .await
+    }
+
+    async fn raw_within(
+        &self,
+        timeout: Option<Duration>,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<RawResponse, ClientError> {
+        let method = Method::from_bytes(method.as_bytes())
+            .map_err(|e| ClientError::Request(format!("method {method:?}: {e}")))?;
+        let uri: hyper::Uri = hyperlocal::Uri::new(&self.socket, path).into();
+        let mut builder = hyper::Request::builder().method(method).uri(uri);
+        if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+            builder = builder.header("host", "localhost");
+        }
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let request = builder
+            .body(Full::new(body))
+            .map_err(|e| ClientError::Request(e.to_string()))?;
+        let exchange = async {
+            let fail = |what: &str, e: &dyn std::fmt::Display| ClientError::Transport {
+                socket: self.socket.clone(),
+                message: format!("{what}: {e}"),
+            };
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| fail("sending", &error_chain(&e)))?;
+            let status = response.status().as_u16();
+            let mut map: BTreeMap<String, String> = BTreeMap::new();
+            for (name, value) in response.headers() {
+                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                map.entry(name.as_str().to_owned())
+                    .and_modify(|v| {
+                        v.push_str(", ");
+                        v.push_str(&value);
+                    })
+                    .or_insert(value);
+            }
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| fail("reading the body", &error_chain(&e)))?
+                .to_bytes();
+            Ok(RawResponse {
+                status,
+                headers: map,
+                body,
+            })
+        };
+        match timeout {
+            None => exchange.await,
+            Some(t) => {
+                tokio::time::timeout(t, exchange)
+                    .await
+                    .map_err(|_| ClientError::Timeout {
+                        socket: self.socket.clone(),
+                        timeout: t,
+                    })?
+            }
+        }
+    }
+
+    /// A JSON request (`content-type: application/json`; no body when `body` is `None`)
+    /// whose answer is `T`.
+    ///
+    /// # Errors
+    /// As [`UnixClient::raw`] and [`RawResponse::json`].
+    pub async fn call<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        self.call_within(self.timeout, method, path, body).await
+    }
+
+    async fn call_within<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        timeout: Option<Duration>,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        let bytes = match body {
+            Some(b) => serde_json::to_vec(b).map_err(|e| ClientError::Request(e.to_string()))?,
+            None => Vec::new(),
+        };
+        self.raw_within(
+            timeout,
+            method,
+            path,
+            &[("content-type", "application/json")],
+            bytes.into(),
+        )
+        .await?
+        .json()
+    }
+}
+
+/// hyper's errors say "client error (Connect)" and keep the cause in `source()`.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+/// The launcher's routes (`run/launcher.sock`).
+#[derive(Debug, Clone)]
+pub struct LauncherClient {
+    http: UnixClient,
+    wait_timeout: Option<Duration>,
+}
+
+impl LauncherClient {
+    /// A client for the launcher at `socket`; routes that wait are unbounded.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self::over(UnixClient::new(socket))
+    }
+
+    /// The launcher's routes over `http` (whose timeout bounds the ordinary routes).
+    pub fn over(http: UnixClient) -> Self {
+        LauncherClient {
+            http,
+            wait_timeout: None,
+        }
+    }
+
+    /// Bounds the routes that wait (`?wait=1`, starting a backend) by `timeout`.
+    #[must_use]
+    pub fn with_wait_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.wait_timeout = timeout;
+        self
+    }
+
+    /// The underlying client, for raw exchanges.
+    pub fn http(&self) -> &UnixClient {
+        &self.http
+    }
+
+    /// `POST /agents`.
+    ///
+    /// # Errors
+    /// The launcher's refusal, or a transport failure.
+    pub async fn start_agent(&self, req: &AgentRequest) -> Result<AgentStatus, ClientError> {
+        self.http.call("POST", "/agents", Some(req)).await
+    }
+
+    /// `GET /agents/{tid}`.
+    ///
+    /// # Errors
+    /// The launcher's refusal, or a transport failure.
+    pub async fn agent(&self, tid: &Tid) -> Result<AgentStatus, ClientError> {
+        self.http
+            .call::<(), _>("GET", &format!("/agents/{tid}"), None)
+            .await
+    }
+
+    /// `GET /agents/{tid}?wait=1`: the status once the run has ended.
+    ///
+    /// # Errors
+    /// The launcher's refusal, a transport failure, or the wait timeout.
+    pub async fn wait_agent(&self, tid: &Tid) -> Result<AgentStatus, ClientError> {
+        self.http
+            .call_within::<(), _>(
+                self.wait_timeout,
+                "GET",
+                &format!("/agents/{tid}?wait=1"),
+                None,
+            )
+            .await
+    }
+
+    /// `DELETE /agents/{tid}`: stops the run if it is active and forgets it.
+    ///
+    /// # Errors
+    /// The launcher's refusal, or a transport failure.
+    pub async fn delete_agent(&self, tid: &Tid) -> Result<AgentStatus, ClientError> {
+        self.http
+            .call_within::<(), _>(self.wait_timeout, "DELETE", &format!("/agents/{tid}"), None)
+            .await
+    }
+
+    /// `POST /checks` (runs to completion within the request).
+    ///
+    /// # Errors
+    /// The launcher's refusal, a transport failure, or the wait timeout.
+    pub async fn run_check(&self, req: &CheckRequest) -> Result<CheckResult, ClientError> {
+        self.http
+            .call_within(self.wait_timeout, "POST", "/checks", Some(req))
+            .await
+    }
+
+    /// `POST /repo/snapshot`.
+    ///
+    /// # Errors
+    /// The launcher's refusal, or a transport failure.
+    pub async fn snapshot(&self, req: &SnapshotRequest) -> Result<SnapshotResult, ClientError> {
+        self.http.call("POST", "/repo/snapshot", Some(req)).await
+    }
+
+    /// `POST /repo/deliver`.
+    ///
+    /// # Errors
+    /// The launcher's refusal, or a transport failure.
+    pub async fn deliver(&self, req: &DeliverRequest) -> Result<DeliverResult, ClientError> {
+        self.http.call("POST", "/repo/deliver", Some(req)).await
+    }
+
+    /// `POST /repo/delete-branch`.
+    ///
+    /// # Errors
+    /// The launcher's refusal, or a transport failure.
+    pub async fn delete_branch(
+        &self,
+        req: &DeleteBranchRequest,
+    ) -> Result<DeleteBranchResult, ClientError> {
+        self.http
+            .call("POST", "/repo/delete-branch", Some(req))
+            .await
+    }
+
+    /// `POST /backends/{model}/start`, answered once the backend is healthy.
+    ///
+    /// # Errors
+    /// The launcher's refusal, a transport failure, or the wait timeout.
+    pub async fn start_backend(&self, model: &ModelId) -> Result<BackendStartResult, ClientError> {
+        self.http
+            .call_within::<(), _>(
+                self.wait_timeout,
+                "POST",
+                &format!("/backends/{model}/start"),
+                None,
+            )
+            .await
+    }
+
+    /// `POST /backends/vllm/stop`.
+    ///
+    /// # Errors
+    /// The launcher's refusal, or a transport failure.
+    pub async fn stop_backends(&self) -> Result<BackendStopResult, ClientError> {
+        self.http
+            .call_within::<(), _>(self.wait_timeout, "POST", "/backends/vllm/stop", None)
+            .await
+    }
+
+    /// `GET /status`.
+    ///
+    /// # Errors
+    /// A transport failure.
+    pub async fn status(&self) -> Result<LauncherStatus, ClientError> {
+        self.http.call::<(), _>("GET", "/status", None).await
+    }
+}
+
+/// The gateway's control routes (`run/gateway.sock`).
+#[derive(Debug, Clone)]
+pub struct GatewayClient {
+    http: UnixClient,
+}
+
+impl GatewayClient {
+    /// A client for the gateway's control socket at `socket`.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self::over(UnixClient::new(socket))
+    }
+
+    /// The gateway's routes over `http`.
+    pub fn over(http: UnixClient) -> Self {
+        GatewayClient { http }
+    }
+
+    /// The underlying client, for raw exchanges.
+    pub fn http(&self) -> &UnixClient {
+        &self.http
+    }
+
+    /// `POST /tasks`.
+    ///
+    /// # Errors
+    /// The gateway's refusal, or a transport failure.
+    pub async fn open_task(&self, req: &OpenTask) -> Result<TaskView, ClientError> {
+        self.http.call("POST", "/tasks", Some(req)).await
+    }
+
+    /// `GET /tasks/{tid}`.
+    ///
+    /// # Errors
+    /// The gateway's refusal, or a transport failure.
+    pub async fn task(&self, tid: &Tid) -> Result<TaskView, ClientError> {
+        self.http
+            .call::<(), _>("GET", &format!("/tasks/{tid}"), None)
+            .await
+    }
+
+    /// `DELETE /tasks/{tid}`.
+    ///
+    /// # Errors
+    /// The gateway's refusal, or a transport failure.
+    pub async fn close_task(&self, tid: &Tid) -> Result<TaskView, ClientError> {
+        self.http
+            .call::<(), _>("DELETE", &format!("/tasks/{tid}"), None)
+            .await
+    }
+
+    /// `GET /status`.
+    ///
+    /// # Errors
+    /// A transport failure.
+    pub async fn status(&self) -> Result<GatewayStatus, ClientError> {
+        self.http.call::<(), _>("GET", "/status", None).await
+    }
+}

@@ -1,0 +1,293 @@
+//! The launcher's API (`run/launcher.sock`), exactly as it travels. Requests refuse unknown
+//! fields (a misspelt `timeout_s` must not silently become a default); ids and paths are kept
+//! as strings here and validated by the launcher, so every refusal gets its own error code
+//! instead of a generic serde message.
+//!
+//! | method | path | success |
+//! |---|---|---|
+//! | POST | `/agents` [`AgentRequest`] | 201 [`AgentStatus`] |
+//! | GET | `/agents/{tid}` (`?wait=1` blocks until done) | 200 [`AgentStatus`] |
+//! | DELETE | `/agents/{tid}` | 200 final [`AgentStatus`] |
+//! | POST | `/checks` [`CheckRequest`] | 200 [`CheckResult`] (synchronous) |
+//! | POST | `/repo/snapshot` [`SnapshotRequest`] | 200 [`SnapshotResult`] |
+//! | POST | `/repo/deliver` [`DeliverRequest`] | 200 [`DeliverResult`] |
+//! | POST | `/repo/delete-branch` [`DeleteBranchRequest`] | 200 [`DeleteBranchResult`] |
+//! | POST | `/backends/{model}/start` | 200 [`BackendStartResult`] once healthy |
+//! | POST | `/backends/vllm/stop` | 200 [`BackendStopResult`] |
+//! | GET | `/status` | 200 [`LauncherStatus`] |
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /agents`. `token` extends the seed API: the task token the gateway expects, passed
+/// to the agent as `ANTHROPIC_AUTH_TOKEN` (the env allowlist refuses every `ANTHROPIC_*` key in
+/// `env`, so the token needs a field of its own). The launcher keeps it in memory only, never
+/// persisted or logged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRequest {
+    pub tid: String,
+    pub model: String,
+    pub cmd: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub venv: Option<String>,
+    pub timeout_s: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// `POST /checks`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    pub tid: String,
+    pub command: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub venv: Option<String>,
+    pub timeout_s: u64,
+}
+
+/// `POST /repo/snapshot`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    pub tid: String,
+    pub path: String,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+}
+
+/// `POST /repo/deliver`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliverRequest {
+    pub tid: String,
+    pub path: String,
+    pub branch: String,
+}
+
+/// `POST /repo/delete-branch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteBranchRequest {
+    pub path: String,
+    pub branch: String,
+}
+
+/// Where a sandbox run (an agent or a check) is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Starting,
+    Running,
+    Stopping,
+    /// The sandbox is gone; the workspace is being handed back and collected.
+    Finishing,
+    Exited,
+    TimedOut,
+    /// By `DELETE` or launcher shutdown.
+    Killed,
+    /// Could not start.
+    Failed,
+    /// The launcher died while it ran; found at restart.
+    Lost,
+}
+
+impl RunState {
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Starting => "starting",
+            RunState::Running => "running",
+            RunState::Stopping => "stopping",
+            RunState::Finishing => "finishing",
+            RunState::Exited => "exited",
+            RunState::TimedOut => "timed_out",
+            RunState::Killed => "killed",
+            RunState::Failed => "failed",
+            RunState::Lost => "lost",
+        }
+    }
+
+    /// Whether the run has ended (nothing will change any more).
+    pub fn is_done(self) -> bool {
+        match self {
+            RunState::Exited
+            | RunState::TimedOut
+            | RunState::Killed
+            | RunState::Failed
+            | RunState::Lost => true,
+            RunState::Starting | RunState::Running | RunState::Stopping | RunState::Finishing => {
+                false
+            }
+        }
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `GET /agents/{tid}` (and the body of `POST /agents` and `DELETE /agents/{tid}`).
+/// `exit_code` is the sandboxed command's status, `128 + signal` when it was killed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub tid: String,
+    pub state: RunState,
+    pub exit_code: Option<i32>,
+    pub oom_killed: bool,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// Whether stdout or stderr hit `limits.output_cap_kb` and lost output.
+    pub truncated: bool,
+    /// The `agent/<tid>` commit in the shadow repository, when a snapshot existed.
+    pub result_commit: Option<String>,
+    /// Why starting, handing back or collecting went wrong, if it did.
+    pub error: Option<String>,
+}
+
+/// The answer of `POST /checks`: the check runs to completion within the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub tid: String,
+    pub exit_code: Option<i32>,
+    pub oom_killed: bool,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: bool,
+}
+
+/// `POST /repo/snapshot` → `{repo, sha}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotResult {
+    /// The repository's top-level directory.
+    pub repo: String,
+    /// The commit that was copied.
+    pub sha: String,
+}
+
+/// `POST /repo/deliver` → the branch and the commit it now points at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeliverResult {
+    pub repo: String,
+    pub branch: String,
+    pub sha: String,
+}
+
+/// `POST /repo/delete-branch`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteBranchResult {
+    pub repo: String,
+    pub branch: String,
+    /// The commit the branch pointed at before it was deleted.
+    pub sha: String,
+}
+
+/// Where a vLLM backend is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendState {
+    Stopped,
+    /// Spawned, waiting for `GET /health` to answer 200.
+    Starting,
+    Healthy,
+    Stopping,
+    /// Exited, or never became healthy; `error` says which.
+    Failed,
+}
+
+impl BackendState {
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendState::Stopped => "stopped",
+            BackendState::Starting => "starting",
+            BackendState::Healthy => "healthy",
+            BackendState::Stopping => "stopping",
+            BackendState::Failed => "failed",
+        }
+    }
+}
+
+impl fmt::Display for BackendState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One vLLM backend, in `GET /status` and the answers of the backend routes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStatus {
+    pub model: String,
+    pub state: BackendState,
+    /// The server process (leader of its own process group), while it runs.
+    pub pid: Option<u32>,
+    /// It serves on `127.0.0.1:<port>`.
+    pub port: u16,
+    /// Running agents of this model: while there are any, the backend is busy and is not
+    /// stopped to make room for another.
+    pub agents: usize,
+    pub error: Option<String>,
+}
+
+/// `POST /backends/{model}/start` → the backend, healthy, and the idle backends that were
+/// stopped to make room for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStartResult {
+    #[serde(flatten)]
+    pub backend: BackendStatus,
+    pub stopped: Vec<String>,
+}
+
+/// `POST /backends/vllm/stop` → the backends that were running (or starting) and are now
+/// stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStopResult {
+    pub stopped: Vec<String>,
+}
+
+/// A run in progress, in `GET /status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub tid: String,
+    pub state: RunState,
+}
+
+/// One host readiness item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostCheck {
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// Can this host run sandboxes, and if not, exactly what is missing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostStatus {
+    pub ready: bool,
+    /// One line per problem; empty when ready.
+    pub reasons: Vec<String>,
+    pub bwrap: HostCheck,
+    pub user_namespaces: HostCheck,
+    pub cgroups: HostCheck,
+}
+
+/// `GET /status`: the runs in progress (sorted by tid), how many finished runs are kept, the
+/// clients waiting on `?wait=1`, the backends, and host readiness (`ready` = `host.ready`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LauncherStatus {
+    pub agents: Vec<RunSummary>,
+    pub checks: Vec<RunSummary>,
+    pub finished: usize,
+    pub waiters: usize,
+    pub backends: Vec<BackendStatus>,
+    pub ready: bool,
+    pub host: HostStatus,
+}
