@@ -636,8 +636,8 @@ impl Launcher {
             Ok(report) => {
                 if !report.skipped.is_empty() {
                     errors.push(format!(
-                        "left with the agent uid: {}",
-                        report.skipped.join("; ")
+                        "not handed back as they were: {}",
+                        report.skipped_summary()
                     ));
                 }
                 true
