@@ -319,14 +319,18 @@ impl DataDir {
     }
 
     /// `tasks/<tid>/workspace` as a restarted launcher finds it: owned by the service uid or
-    /// still by `agent_uid` (the launcher died before handing it back); anything else is
-    /// refused.
-    pub fn workspace_for_recovery(&self, tid: &Tid, agent_uid: u32) -> Result<OwnedFd, DataError> {
+    /// still by a uid of the agent range (`is_agent`: the launcher died before handing it
+    /// back); anything else is refused.
+    pub fn workspace_for_recovery(
+        &self,
+        tid: &Tid,
+        is_agent: impl Fn(u32) -> bool,
+    ) -> Result<OwnedFd, DataError> {
         let r = self
             .root
             .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)?;
         let uid = r.identity().uid;
-        if uid != self.service.uid && uid != agent_uid {
+        if uid != self.service.uid && !is_agent(uid) {
             return Err(refused(&r, format!("is owned by uid {uid}")));
         }
         Ok(r.into_fd())
