@@ -106,6 +106,12 @@ pub enum LauncherError {
     /// The launcher is shutting down.
     #[error("the launcher is shutting down")]
     ShuttingDown,
+    /// Every uid of the agent range belongs to a run whose workspace is not handed back yet.
+    #[error("every agent uid ({0}) is in use")]
+    NoAgentUid(String),
+    /// The configuration cannot work on this host.
+    #[error("configuration: {0}")]
+    Config(String),
     /// `/backends/{model}/start` names a model that is not served by vLLM.
     #[error("model {0} is not a vllm model")]
     NotVllm(String),
@@ -179,6 +185,8 @@ impl LauncherError {
             LauncherError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             LauncherError::HostNotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "host_not_ready"),
             LauncherError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
+            LauncherError::NoAgentUid(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_agent_uid"),
+            LauncherError::Config(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             LauncherError::NotVllm(_) => (StatusCode::BAD_REQUEST, "not_vllm"),
             LauncherError::Data(e) => data_status(e),
             LauncherError::Git(e) => git_status(e),

@@ -48,6 +48,7 @@ use crate::git::{self, Git, TaskPaths};
 use crate::layout::{DataDir, LogKind, Stream};
 use crate::state::{BackendStore, Record, StateStore};
 use crate::task::{Entry, Event, Final, Outcome, Phase, Registry, RunKind, StopReason};
+use crate::uids::AgentIds;
 use crate::validate;
 
 /// How long output capture may lag behind the death of every sandboxed process.
@@ -73,7 +74,7 @@ pub struct Launcher {
     config: Config,
     data: DataDir,
     service: Owner,
-    agent: Owner,
+    agents: AgentIds,
     cgroups: Result<Cgroups, String>,
     bwrap: PathBuf,
     registry: Mutex<Registry>,
@@ -111,6 +112,23 @@ struct Running {
     workspace: OwnedFd,
     workspace_gid: u32,
     staged: Staged,
+    agent: Owner,
+}
+
+/// A launch that failed, and whether the run's agent uid may be given back (nothing of the
+/// workspace is left with it).
+struct LaunchFailed {
+    error: LauncherError,
+    agent_free: bool,
+}
+
+impl<E: Into<LauncherError>> From<E> for LaunchFailed {
+    fn from(e: E) -> Self {
+        LaunchFailed {
+            error: e.into(),
+            agent_free: true,
+        }
+    }
 }
 
 /// A validated run request.
@@ -126,20 +144,44 @@ struct RunSpec {
     timeout: Duration,
 }
 
+/// Refuses an agent range that holds the service identity or a user of the host.
+fn check_agent_range(agents: &AgentIds, service: Owner) -> Result<(), LauncherError> {
+    if agents.contains_uid(service.uid) || agents.contains_gid(service.gid) {
+        return Err(LauncherError::Config(format!(
+            "agent_uid/agent_uid_count: the agent range {} holds the service identity {}:{}",
+            agents.describe(),
+            service.uid,
+            service.gid
+        )));
+    }
+    // A host user in the range would share its uid with sandboxes. The packaged
+    // `agentbox-agent` entry names the range's first uid and is expected.
+    let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+    for line in passwd.lines() {
+        let mut f = line.split(':');
+        let (Some(name), Some(_), Some(uid)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if let Ok(uid) = uid.parse::<u32>()
+            && agents.contains_uid(uid)
+            && !name.starts_with("agentbox-agent")
+        {
+            return Err(LauncherError::Config(format!(
+                "agent_uid/agent_uid_count: the agent range {} holds the host user {name:?} ({uid})",
+                agents.describe()
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl Launcher {
     /// Builds the launcher; call [`Launcher::recover`] before serving.
     pub fn new(settings: Settings) -> Result<Arc<Launcher>, LauncherError> {
         let store = StateStore::open(&settings.data.agent_state_dir())?;
         let backend_store = BackendStore::open(&settings.data.backend_state_dir())?;
-        let agent = Owner {
-            uid: settings.config.agent_uid,
-            gid: settings.config.agent_gid,
-        };
-        if agent.uid == settings.service.uid {
-            return Err(LauncherError::Internal(
-                "agent_uid must differ from the service uid",
-            ));
-        }
+        let agents = AgentIds::new(&settings.config);
+        check_agent_range(&agents, settings.service)?;
         let staging = Staging::new(settings.data.path().join("mnt"), settings.data.mnt_dir()?);
         let tracker = TaskTracker::new();
         let shutdown = CancellationToken::new();
@@ -164,7 +206,7 @@ impl Launcher {
             config: settings.config,
             data: settings.data,
             service: settings.service,
-            agent,
+            agents,
             cgroups: settings.cgroups,
             bwrap: settings.bwrap,
             registry: Mutex::new(Registry::default()),
@@ -273,6 +315,7 @@ impl Launcher {
                 },
                 outcome: e.outcome.clone(),
                 workspace_gid: e.workspace_gid,
+                agent_uid: e.agent_uid,
             }
         };
         let store = self.store.clone();
@@ -388,13 +431,22 @@ impl Launcher {
     ) -> Result<watch::Receiver<Phase>, LauncherError> {
         let cgroups = self.ready_cgroups()?;
         let stop = self.shutdown.child_token();
+        let agent = self
+            .agents
+            .take()
+            .ok_or_else(|| LauncherError::NoAgentUid(self.agents.describe()))?;
         let rx = {
             let mut reg = self.lock();
-            let entry = Entry::new(spec.kind, spec.model.clone(), stop.clone(), 0);
+            let entry = Entry::new(spec.kind, spec.model.clone(), stop.clone(), 0, agent.uid);
             let rx = entry.watch.subscribe();
-            reg.reserve(&spec.tid, entry).map_err(|phase| {
-                LauncherError::Conflict(format!("task {} is {phase}", spec.tid))
-            })?;
+            let reserved = reg
+                .reserve(&spec.tid, entry)
+                .map_err(|phase| LauncherError::Conflict(format!("task {} is {phase}", spec.tid)));
+            drop(reg);
+            if reserved.is_err() {
+                self.agents.give_back(agent);
+            }
+            reserved?;
             rx
         };
         let tid = spec.tid.clone();
@@ -407,7 +459,7 @@ impl Launcher {
         let (launched, outcome) = tokio::sync::oneshot::channel();
         let me = Arc::clone(self);
         self.tracker.spawn(async move {
-            match me.launch(spec, &cgroups).await {
+            match me.launch(spec, agent, &cgroups).await {
                 Ok(running) => {
                     me.event(&tid, Event::Spawned);
                     me.persist(&tid).await;
@@ -415,11 +467,16 @@ impl Launcher {
                     let _ = launched.send(Ok(()));
                     me.supervise(tid, kind, running, timeout, stop).await;
                 }
-                Err(e) => {
+                Err(failed) => {
                     // Nothing ran: forget the reservation rather than keep a "failed" run
                     // around.
                     me.lock().runs.remove(&tid);
-                    let _ = launched.send(Err(e));
+                    if failed.agent_free {
+                        me.agents.give_back(agent);
+                    } else {
+                        tracing::error!(%tid, uid = agent.uid, "agent uid kept: its workspace was not handed back");
+                    }
+                    let _ = launched.send(Err(failed.error));
                 }
             }
         });
@@ -432,8 +489,9 @@ impl Launcher {
     async fn launch(
         self: &Arc<Self>,
         spec: RunSpec,
+        agent: Owner,
         cgroups: &Cgroups,
-    ) -> Result<Running, LauncherError> {
+    ) -> Result<Running, LaunchFailed> {
         let tid = &spec.tid;
         let ws = self.data.workspace(tid)?;
         let workspace_gid = ws.identity().gid;
@@ -442,7 +500,6 @@ impl Launcher {
         }
         let workspace = ws.into_fd();
         let walk_fd = workspace.try_clone().map_err(LauncherError::Dup)?;
-        let agent = self.agent;
         let limits = self.walk_limits;
         let handed =
             tokio::task::spawn_blocking(move || walk::hand_over(walk_fd.as_fd(), agent, limits))
@@ -451,12 +508,17 @@ impl Launcher {
             // The scan refuses before anything changes, but the tree can change under the
             // second pass (the service user still owns the names): whatever was already given
             // to the agent uid goes back, or the next request would find a foreign workspace.
+            let mut agent_free = true;
             if e.changed_anything()
                 && let Err(back) = self.hand_back(&workspace, workspace_gid).await
             {
                 tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed hand-over");
+                agent_free = false;
             }
-            return Err(LauncherError::HandOver(e));
+            return Err(LaunchFailed {
+                error: LauncherError::HandOver(e),
+                agent_free,
+            });
         }
         let started = async {
             let sources = Sources {
@@ -465,8 +527,9 @@ impl Launcher {
                 venv: spec.venv.as_ref().map(AsFd::as_fd),
             };
             let staged = self.staging.stage(tid, sources)?;
-            let (child, cgroup, captures) =
-                self.spawn_sandbox(&spec, cgroups, &staged.mounts).await?;
+            let (child, cgroup, captures) = self
+                .spawn_sandbox(&spec, agent, cgroups, &staged.mounts)
+                .await?;
             Ok::<_, LauncherError>((child, cgroup, captures, staged))
         }
         .await;
@@ -478,12 +541,17 @@ impl Launcher {
                 workspace,
                 workspace_gid,
                 staged,
+                agent,
             }),
-            Err(e) => {
-                if let Err(back) = self.hand_back(&workspace, workspace_gid).await {
+            Err(error) => {
+                let back = self.hand_back(&workspace, workspace_gid).await;
+                if let Err(back) = &back {
                     tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed start");
                 }
-                Err(e)
+                Err(LaunchFailed {
+                    error,
+                    agent_free: back.is_ok(),
+                })
             }
         }
     }
@@ -491,6 +559,7 @@ impl Launcher {
     async fn spawn_sandbox(
         self: &Arc<Self>,
         spec: &RunSpec,
+        agent: Owner,
         cgroups: &Cgroups,
         staged: &Mounts,
     ) -> Result<
@@ -525,8 +594,8 @@ impl Launcher {
             gateway: staged.gateway.as_ref().map(dup).transpose()?,
         };
         let run_as = RunAs {
-            uid: self.agent.uid,
-            gid: self.agent.gid,
+            uid: agent.uid,
+            gid: agent.gid,
         };
         let mut child =
             match bwrap::spawn(&plan, &mounts, &cgroup.join_files(), run_as, &self.bwrap) {
@@ -580,6 +649,7 @@ impl Launcher {
             workspace,
             workspace_gid,
             staged,
+            agent,
         } = running;
         let kill = |cg: &TaskCgroup| {
             let cg = cg.clone();
@@ -634,15 +704,19 @@ impl Launcher {
         }
         let handed_back = match self.hand_back(&workspace, workspace_gid).await {
             Ok(report) => {
+                // Its processes are dead (the cgroup is empty) and the workspace holds nothing
+                // of it any more: the uid may serve the next run.
+                self.agents.give_back(agent);
                 if !report.skipped.is_empty() {
                     errors.push(format!(
-                        "left with the agent uid: {}",
-                        report.skipped.join("; ")
+                        "not handed back as they were: {}",
+                        report.skipped_summary()
                     ));
                 }
                 true
             }
             Err(e) => {
+                tracing::error!(%tid, uid = agent.uid, "agent uid kept: its workspace was not handed back");
                 errors.push(e.to_string());
                 false
             }
@@ -955,13 +1029,19 @@ impl Launcher {
                 None => {
                     let mut outcome = record.outcome;
                     let mut why = vec!["the launcher stopped while this run was active".to_owned()];
-                    match self.data.workspace_for_recovery(&tid, self.agent.uid) {
-                        Ok(ws) => {
-                            if let Err(e) = self.hand_back(&ws, record.workspace_gid).await {
-                                why.push(e.to_string());
-                            }
-                        }
+                    let mut handed_back = false;
+                    match self
+                        .data
+                        .workspace_for_recovery(&tid, |uid| self.agents.contains_uid(uid))
+                    {
+                        Ok(ws) => match self.hand_back(&ws, record.workspace_gid).await {
+                            Ok(_) => handed_back = true,
+                            Err(e) => why.push(e.to_string()),
+                        },
                         Err(e) => why.push(format!("workspace: {e}")),
+                    }
+                    if !handed_back && let Some(uid) = record.agent_uid {
+                        self.agents.keep(uid);
                     }
                     outcome.error = Some(why.join("; "));
                     (Final::Lost, outcome)

@@ -139,7 +139,12 @@ impl DataDir {
     /// Creates (if needed) and checks the data directory and its fixed subdirectories.
     pub fn prepare(path: &Path, service: Owner) -> Result<DataDir, LayoutError> {
         if !path.exists() {
-            std::fs::create_dir_all(path).map_err(|e| bad(path, e.to_string()))?;
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(path)
+                .map_err(|e| bad(path, e.to_string()))?;
         }
         let root = Root::open(path).map_err(|e| bad(path, e.to_string()))?;
         let id = *root.identity();
@@ -156,6 +161,16 @@ impl DataDir {
             ));
         }
         let dir = DataDir { root, service };
+        // Root's data dir is 0711 (traversable, not listable: task ids are not for everyone),
+        // whatever the umask made of it or an older version left.
+        if id.uid == 0 && id.mode & 0o7777 != 0o711 {
+            let fd = dir
+                .root
+                .as_fd()
+                .try_clone_to_owned()
+                .map_err(|e| bad(path, format!("dup: {e}")))?;
+            chmod_fd(&fd, 0o711).map_err(|e| bad(path, format!("chmod: {e}")))?;
+        }
         dir.ensure_dir("run", 0, service.gid, 0o1770)?;
         dir.ensure_dir("state", 0, 0, 0o711)?;
         dir.ensure_subdir("state", "gateway", service.uid, service.gid, 0o700)?;
@@ -319,14 +334,18 @@ impl DataDir {
     }
 
     /// `tasks/<tid>/workspace` as a restarted launcher finds it: owned by the service uid or
-    /// still by `agent_uid` (the launcher died before handing it back); anything else is
-    /// refused.
-    pub fn workspace_for_recovery(&self, tid: &Tid, agent_uid: u32) -> Result<OwnedFd, DataError> {
+    /// still by a uid of the agent range (`is_agent`: the launcher died before handing it
+    /// back); anything else is refused.
+    pub fn workspace_for_recovery(
+        &self,
+        tid: &Tid,
+        is_agent: impl Fn(u32) -> bool,
+    ) -> Result<OwnedFd, DataError> {
         let r = self
             .root
             .resolve_dir(&rel(&["tasks", tid.as_str(), "workspace"])?)?;
         let uid = r.identity().uid;
-        if uid != self.service.uid && uid != agent_uid {
+        if uid != self.service.uid && !is_agent(uid) {
             return Err(refused(&r, format!("is owned by uid {uid}")));
         }
         Ok(r.into_fd())
@@ -485,6 +504,12 @@ mod tests {
         let data = tmp.path().join("data");
         let d = DataDir::prepare(&data, SERVICE).unwrap();
         let meta = |p: &str| std::fs::metadata(data.join(p)).unwrap();
+        // Created and re-asserted 0711 (documented; 0755 let anyone list the task ids).
+        assert_eq!(meta("").mode() & 0o7777, 0o711);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+        DataDir::prepare(&data, SERVICE).unwrap();
+        assert_eq!(meta("").mode() & 0o7777, 0o711);
         assert_eq!(
             (
                 meta("run").uid(),

@@ -32,6 +32,7 @@ pub mod routes;
 pub mod state;
 pub mod status;
 pub mod task;
+pub mod uids;
 pub mod validate;
 
 pub use launcher::Launcher;

@@ -28,6 +28,10 @@ pub struct Record {
     pub finished: Option<Final>,
     pub outcome: Outcome,
     pub workspace_gid: u32,
+    /// The run's agent uid, so a restarted launcher knows whose files to take back (absent in
+    /// records of launchers that had one agent uid for all runs).
+    #[serde(default)]
+    pub agent_uid: Option<u32>,
 }
 
 /// Why a record could not be written.
@@ -232,6 +236,7 @@ mod tests {
                 ..Outcome::default()
             },
             workspace_gid: 7,
+            agent_uid: Some(64003),
         };
         store.save(&rec).unwrap();
         store.save(&rec).unwrap();

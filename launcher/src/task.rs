@@ -182,6 +182,8 @@ pub struct Entry {
     pub watch: watch::Sender<Phase>,
     /// The gid the workspace had before it was handed over, to hand it back to.
     pub workspace_gid: u32,
+    /// The run's own agent uid (`None` for restored runs, whose uid is given back).
+    pub agent_uid: Option<u32>,
 }
 
 impl Entry {
@@ -190,6 +192,7 @@ impl Entry {
         model: Option<ModelId>,
         stop: CancellationToken,
         workspace_gid: u32,
+        agent_uid: u32,
     ) -> Entry {
         Entry {
             kind,
@@ -199,6 +202,7 @@ impl Entry {
             stop,
             watch: watch::Sender::new(Phase::Starting),
             workspace_gid,
+            agent_uid: Some(agent_uid),
         }
     }
 
@@ -213,6 +217,7 @@ impl Entry {
             stop: CancellationToken::new(),
             watch: watch::Sender::new(phase),
             workspace_gid,
+            agent_uid: None,
         }
     }
 
@@ -314,13 +319,13 @@ mod tests {
         let tid = Tid::parse("a").unwrap();
         r.reserve(
             &tid,
-            Entry::new(RunKind::Agent, None, CancellationToken::new(), 0),
+            Entry::new(RunKind::Agent, None, CancellationToken::new(), 0, 64000),
         )
         .unwrap();
         assert_eq!(
             r.reserve(
                 &tid,
-                Entry::new(RunKind::Check, None, CancellationToken::new(), 0)
+                Entry::new(RunKind::Check, None, CancellationToken::new(), 0, 64000)
             )
             .unwrap_err(),
             Phase::Starting
@@ -331,7 +336,7 @@ mod tests {
         assert!(rx.borrow_and_update().is_done());
         r.reserve(
             &tid,
-            Entry::new(RunKind::Check, None, CancellationToken::new(), 0),
+            Entry::new(RunKind::Check, None, CancellationToken::new(), 0, 64000),
         )
         .unwrap();
         assert_eq!(r.active().count(), 1);

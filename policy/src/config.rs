@@ -148,6 +148,8 @@ struct RawConfig {
     agent_uid: u32,
     #[serde(default = "default_agent_id")]
     agent_gid: u32,
+    #[serde(default = "default_agent_uid_count")]
+    agent_uid_count: u32,
     #[serde(default)]
     launcher: RawLauncher,
     #[serde(default)]
@@ -163,6 +165,10 @@ fn default_service_user() -> String {
 }
 fn default_agent_id() -> u32 {
     64000
+}
+
+fn default_agent_uid_count() -> u32 {
+    1000
 }
 
 #[derive(Debug, Deserialize)]
@@ -373,10 +379,13 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// The service user that owns `data_dir` and may call the control sockets.
     pub service_user: String,
-    /// The uid sandboxed processes run as; owns nothing on the host.
+    /// The first uid of the range sandboxed processes run as (each run its own uid); the
+    /// range owns nothing on the host.
     pub agent_uid: u32,
-    /// The gid sandboxed processes run as.
+    /// The first gid of the range; a run's gid is at the same offset as its uid.
     pub agent_gid: u32,
+    /// How many uids (and gids) the range holds: at most this many runs at once.
+    pub agent_uid_count: u32,
     /// `[launcher]`.
     pub launcher: LauncherConfig,
     /// `[gateway]`.
@@ -611,9 +620,28 @@ impl Config {
         }
         // Uid/gid 0 would make the sandbox root on the host; 65534 is `nobody`, shared with
         // unrelated services.
-        for (key, id) in [("agent_uid", raw.agent_uid), ("agent_gid", raw.agent_gid)] {
-            if id == 0 || id == 65534 || id == u32::MAX {
-                return Err(invalid(key, format!("{id} cannot be the agent identity")));
+        if raw.agent_uid_count == 0 || raw.agent_uid_count > 1 << 20 {
+            return Err(invalid(
+                "agent_uid_count",
+                format!("{} is not between 1 and {}", raw.agent_uid_count, 1 << 20),
+            ));
+        }
+        for (key, first) in [("agent_uid", raw.agent_uid), ("agent_gid", raw.agent_gid)] {
+            let Some(last) = first.checked_add(raw.agent_uid_count - 1) else {
+                return Err(invalid(
+                    "agent_uid_count",
+                    format!("{key} + agent_uid_count overflows"),
+                ));
+            };
+            // 65535 and u32::MAX are (uid_t)-1 (16 and 32 bit): "no change" to chown.
+            for id in [0, 65534, 65535, u32::MAX] {
+                if (first..=last).contains(&id) {
+                    let what = if id == first { key } else { "agent_uid_count" };
+                    return Err(invalid(
+                        what,
+                        format!("the agent range {first}-{last} contains {id}"),
+                    ));
+                }
             }
         }
 
@@ -668,6 +696,7 @@ impl Config {
             service_user: raw.service_user,
             agent_uid: raw.agent_uid,
             agent_gid: raw.agent_gid,
+            agent_uid_count: raw.agent_uid_count,
             launcher,
             gateway,
             bridge,
@@ -1017,6 +1046,7 @@ mod tests {
         let c = parse(EXAMPLE).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/var/lib/agentbox"));
         assert_eq!(c.agent_uid, 64000);
+        assert_eq!(c.agent_uid_count, 1000);
         assert_eq!(
             c.launcher.repo_roots,
             vec![validate_root("/srv/repos").unwrap()]
@@ -1263,6 +1293,15 @@ mod tests {
                 ("[launcher]\nvenv_root = \"venvs\"", "launcher.venv_root"),
                 ("agent_uid = 0", "agent_uid"),
                 ("agent_gid = 65534", "agent_gid"),
+                ("agent_uid_count = 0", "agent_uid_count"),
+                (
+                    "agent_uid = 65000\nagent_uid_count = 600",
+                    "agent_uid_count",
+                ),
+                (
+                    "agent_gid = 4294967000\nagent_uid_count = 1000",
+                    "agent_uid_count",
+                ),
                 ("service_user = \"Root Admin\"", "service_user"),
                 ("[launcher.limits]\npids = 0", "launcher.limits.pids"),
                 ("[gateway]\nmax_body_mb = 0", "gateway.max_body_mb"),

@@ -12,13 +12,22 @@
 //! - hard-linked non-directories are refused: chowning one would also chown its other names,
 //!   which may lie outside the workspace (the systemd-tmpfiles rule); device nodes are refused;
 //!   nothing on another filesystem is touched;
-//! - setuid and setgid bits are stripped, so no file leaves the walk as a privilege carrier for
-//!   its new owner;
-//! - entry count and depth are bounded; the open fds are bounded by the depth.
+//! - setuid, setgid and world-write bits are stripped, so no file leaves the walk as a privilege
+//!   carrier for its new owner or a door for everyone;
+//! - the open fds are bounded by the depth limit.
 //!
-//! Hand-over first scans the whole tree and refuses it before changing anything; hand-back
-//! (after every agent process is dead) changes what it can and reports what it skipped, since
-//! leaving the whole tree to the agent uid would be worse than leaving a few entries.
+//! Hand-over first scans the whole tree (entry count and depth bounded) and refuses it before
+//! changing anything. Hand-back (after every agent process is dead) must leave nothing owned by
+//! the agent uid, setuid/setgid or world-writable, whatever the agent built: it has no entry
+//! limit (the agent could only create what its filesystem holds), and what it cannot hand back
+//! safely it *removes*, by name relative to the held parent descriptor (removing a name never
+//! changes the inode behind it, so this is safe whatever the name points to): hard-linked
+//! non-directories not already the new owner's and harmless (chowning one would also chown its
+//! other names, which may lie outside the workspace: the systemd-tmpfiles rule), device nodes,
+//! and directories nested deeper than the depth limit (removed with two descriptors, by
+//! hoisting their subdirectories up into the parent held at the limit). Only entries on another
+//! filesystem, which the walk never touches, are left alone. The report lists at most
+//! [`MAX_LISTED`] entries and counts the rest.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -50,6 +59,12 @@ impl Default for WalkLimits {
     }
 }
 
+/// How many entries a report names; the rest are only counted.
+pub const MAX_LISTED: usize = 32;
+
+/// Mode bits no entry keeps: setuid, setgid, world-writable.
+const DANGEROUS_BITS: u32 = 0o6002;
+
 /// What a walk did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WalkReport {
@@ -57,8 +72,25 @@ pub struct WalkReport {
     pub visited: u64,
     /// Entries whose owner or mode was changed.
     pub changed: u64,
-    /// Entries left alone on hand-back, with the reason (escaped relative paths).
+    /// Entries (a subtree counts once) removed on hand-back because they could not be handed
+    /// back safely.
+    pub removed: u64,
+    /// Entries removed or left alone on hand-back, with the reason (escaped relative paths);
+    /// at most [`MAX_LISTED`].
     pub skipped: Vec<String>,
+    /// Entries removed or left alone beyond those listed in `skipped`.
+    pub unlisted: u64,
+}
+
+impl WalkReport {
+    /// `skipped` in one line, with the count of the unlisted ones; empty when nothing was.
+    pub fn skipped_summary(&self) -> String {
+        let mut s = self.skipped.join("; ");
+        if self.unlisted > 0 {
+            s.push_str(&format!("; and {} more", self.unlisted));
+        }
+        s
+    }
 }
 
 /// Why a walk stopped.
@@ -123,8 +155,11 @@ pub fn hand_over(
     walk(top, to, limits, Pass::Apply, OnBad::Refuse).map_err(|e| WalkError::Partial(Box::new(e)))
 }
 
-/// Hands the tree back to `to`, skipping (and reporting) what must not be touched. Call only
-/// when nothing else can write the tree: every agent process must be dead.
+/// Hands the tree back to `to`: afterwards no entry is owned by anyone else, setuid/setgid
+/// or world-writable, except entries on another filesystem (left alone and reported); what
+/// cannot be handed back safely is removed and reported. `limits.max_entries` does not apply
+/// (a hand-back cut short would leave the rest with the agent). Call only when nothing else
+/// can write the tree: every agent process must be dead.
 pub fn hand_back(
     top: BorrowedFd<'_>,
     to: Owner,
@@ -226,21 +261,132 @@ struct Walker {
     on_bad: OnBad,
     root_dev: u64,
     report: WalkReport,
+    /// Names given to hoisted directories, to keep them unique.
+    hoisted: u64,
 }
 
 impl Walker {
-    fn bad(&mut self, path: &str, reason: &'static str) -> Result<(), WalkError> {
+    fn note(&mut self, path: &str, what: &str) {
+        tracing::warn!(path, what, "while handing a workspace back");
+        if self.report.skipped.len() < MAX_LISTED {
+            self.report.skipped.push(format!("{path}: {what}"));
+        } else {
+            self.report.unlisted += 1;
+        }
+    }
+
+    /// An entry the walk must not hand over: refused on hand-over; on hand-back left alone
+    /// (`remove: None`) or removed by name from the directory `remove` holds.
+    fn bad(
+        &mut self,
+        path: &str,
+        reason: &'static str,
+        remove: Option<(BorrowedFd<'_>, &CStr, &Stat)>,
+    ) -> Result<(), WalkError> {
         match self.on_bad {
             OnBad::Refuse => Err(WalkError::Refused {
                 path: path.to_owned(),
                 reason,
             }),
             OnBad::Skip => {
-                tracing::warn!(path, reason, "left alone while handing a workspace back");
-                self.report.skipped.push(format!("{path}: {reason}"));
+                match remove {
+                    None => self.note(path, &format!("left alone: {reason}")),
+                    Some((dir, name, st)) => {
+                        self.remove(dir, name, st, path)?;
+                        self.report.removed += 1;
+                        self.note(path, &format!("removed: {reason}"));
+                    }
+                }
                 Ok(())
             }
         }
+    }
+
+    /// Removes the entry `name` of `dir` (a whole subtree for a directory). Only names are
+    /// removed, never an inode changed, so a name swapped in meanwhile costs its swapper that
+    /// name and nothing else.
+    fn remove(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        name: &CStr,
+        st: &Stat,
+        path: &str,
+    ) -> Result<(), WalkError> {
+        let io = |op, source| WalkError::Io {
+            path: path.to_owned(),
+            op,
+            source,
+        };
+        if st.kind != Kind::Dir {
+            return match fs::unlinkat(dir, name, AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => Ok(()),
+                Err(e) => Err(io("unlink", e)),
+            };
+        }
+        // A tree of any depth with two descriptors: empty one directory at a time, moving its
+        // subdirectories up into `dir` under fresh names and queueing them.
+        let mut queue: Vec<(CString, (u64, u64))> = vec![(name.to_owned(), (st.dev, st.ino))];
+        while let Some((name, (dev, ino))) = queue.pop() {
+            let fd = match fs::openat(
+                dir,
+                name.as_c_str(),
+                OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => continue,
+                Err(Errno::NOTDIR | Errno::LOOP) => {
+                    return Err(WalkError::Changed {
+                        path: path.to_owned(),
+                    });
+                }
+                Err(e) => return Err(io("open", e)),
+            };
+            let opened = stat_fd(fd.as_fd()).map_err(|e| io("stat", e))?;
+            if opened.dev != dev || opened.ino != ino {
+                return Err(WalkError::Changed {
+                    path: path.to_owned(),
+                });
+            }
+            for entry in read_names(fd.as_fd(), path)? {
+                let est = match stat_at(fd.as_fd(), &entry) {
+                    Ok(st) => st,
+                    Err(Errno::NOENT) => continue,
+                    Err(e) => return Err(io("stat", e)),
+                };
+                if est.kind != Kind::Dir {
+                    match fs::unlinkat(fd.as_fd(), entry.as_c_str(), AtFlags::empty()) {
+                        Ok(()) | Err(Errno::NOENT) => continue,
+                        Err(e) => return Err(io("unlink", e)),
+                    }
+                }
+                loop {
+                    let hoisted = CString::new(format!(".agentbox-removing-{}", self.hoisted))
+                        .map_err(|_| io("rename", Errno::INVAL))?;
+                    self.hoisted += 1;
+                    match fs::renameat_with(
+                        fd.as_fd(),
+                        entry.as_c_str(),
+                        dir,
+                        hoisted.as_c_str(),
+                        fs::RenameFlags::NOREPLACE,
+                    ) {
+                        Ok(()) => {
+                            queue.push((hoisted, (est.dev, est.ino)));
+                            break;
+                        }
+                        Err(Errno::EXIST) => continue,
+                        Err(Errno::NOENT) => break,
+                        Err(e) => return Err(io("rename", e)),
+                    }
+                }
+            }
+            match fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(io("rmdir", e)),
+            }
+        }
+        Ok(())
     }
 
     /// Changes owner and strips setuid/setgid through `fd`. `readable` says whether `fd` is a
@@ -273,11 +419,12 @@ impl Walker {
             changed = true;
         }
         // The kernel clears some of these bits on chown, not all (setgid without group
-        // execute stays), so look again.
-        if matches!(st.kind, Kind::File | Kind::Dir) {
+        // execute stays), so look again. A symlink's mode means nothing (and chmod through
+        // its magic link is not to be trusted), so it is left as it is.
+        if st.kind != Kind::Symlink {
             let now = stat_fd(fd).map_err(|e| io("stat", e))?;
-            if now.mode & 0o6000 != 0 {
-                let mode = Mode::from_raw_mode(now.mode & 0o1777);
+            if now.mode & DANGEROUS_BITS != 0 {
+                let mode = Mode::from_raw_mode(now.mode & 0o7777 & !DANGEROUS_BITS);
                 if readable {
                     fs::fchmod(fd, mode).map_err(|e| io("chmod", e))?;
                 } else {
@@ -339,6 +486,7 @@ fn walk(
         on_bad,
         root_dev: top_stat.dev,
         report: WalkReport::default(),
+        hoisted: 0,
     };
     w.report.visited = 1;
     w.apply(top_fd.as_fd(), &opened, true, ".")?;
@@ -357,7 +505,7 @@ fn walk(
         };
         frame.next += 1;
         w.report.visited += 1;
-        if w.report.visited > limits.max_entries {
+        if on_bad == OnBad::Refuse && w.report.visited > limits.max_entries {
             return Err(WalkError::TooManyEntries(limits.max_entries));
         }
         let path = child_path(&frame.path, &name);
@@ -369,13 +517,17 @@ fn walk(
             Err(e) => return Err(io(&path, "stat", e)),
         };
         if st.dev != w.root_dev {
-            w.bad(&path, "on another filesystem")?;
+            w.bad(&path, "on another filesystem", None)?;
             continue;
         }
         match st.kind {
             Kind::Dir => {
                 if depth > limits.max_depth {
-                    w.bad(&path, "nested too deeply")?;
+                    w.bad(
+                        &path,
+                        "nested too deeply",
+                        Some((frame.fd.as_fd(), &name, &st)),
+                    )?;
                     continue;
                 }
                 let fd = match fs::openat(
@@ -406,7 +558,17 @@ fn walk(
             }
             Kind::File | Kind::Symlink | Kind::Fifo | Kind::Socket => {
                 if st.nlink > 1 {
-                    w.bad(&path, "has more than one hard link")?;
+                    // Already the new owner's and harmless: nothing to hand back.
+                    let harmless = st.uid == to.uid
+                        && st.gid == to.gid
+                        && (st.kind == Kind::Symlink || st.mode & DANGEROUS_BITS == 0);
+                    if on_bad == OnBad::Refuse || !harmless {
+                        w.bad(
+                            &path,
+                            "has more than one hard link",
+                            Some((frame.fd.as_fd(), &name, &st)),
+                        )?;
+                    }
                     continue;
                 }
                 let fd = match fs::openat(
@@ -426,7 +588,11 @@ fn walk(
                 w.apply(fd.as_fd(), &opened, false, &path)?;
             }
             Kind::CharDev | Kind::BlockDev => {
-                w.bad(&path, "is a device node")?;
+                w.bad(
+                    &path,
+                    "is a device node",
+                    Some((frame.fd.as_fd(), &name, &st)),
+                )?;
             }
         }
     }
@@ -535,7 +701,9 @@ mod tests {
         assert_eq!(owner(&outside), (0, 0));
         assert_eq!(owner(&ws.join("a-first")), (SERVICE.uid, SERVICE.gid));
 
-        std::fs::remove_file(ws.join("d/zz-hardlink")).unwrap();
+        // ... by removing the name, which leaves the other name's inode as it was.
+        assert!(!ws.join("d/zz-hardlink").exists());
+        assert_eq!(std::fs::read(&outside).unwrap(), b"x");
         fs::mknodat(
             fs::CWD,
             ws.join("d/null"),
@@ -574,6 +742,90 @@ mod tests {
             hand_over(fd.as_fd(), AGENT, limits).unwrap_err(),
             WalkError::TooManyEntries(3)
         ));
+    }
+
+    /// Every entry under `top` (not following symlinks), with its metadata.
+    fn every_entry(top: &Path) -> Vec<(std::path::PathBuf, std::fs::Metadata)> {
+        let mut out = Vec::new();
+        let mut todo = vec![top.to_path_buf()];
+        while let Some(p) = todo.pop() {
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                for e in std::fs::read_dir(&p).unwrap() {
+                    todo.push(e.unwrap().path());
+                }
+            }
+            out.push((p, m));
+        }
+        out
+    }
+
+    /// What an agent can leave behind: nothing of it may survive hand-back as a setuid/setgid
+    /// or world-writable entry, or as an entry the agent still owns.
+    #[test]
+    fn hand_back_leaves_no_privilege_carrier() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(&ws).unwrap();
+        let plant = |p: &Path, mode: u32| {
+            std::fs::write(p, b"#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+            std::os::unix::fs::lchown(p, Some(AGENT.uid), Some(AGENT.gid)).unwrap();
+        };
+        plant(&ws.join("suid"), 0o4755);
+        plant(&ws.join("linked"), 0o6755);
+        std::fs::hard_link(ws.join("linked"), ws.join("linked-too")).unwrap();
+        std::fs::create_dir(ws.join("open")).unwrap();
+        std::fs::set_permissions(ws.join("open"), std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::os::unix::fs::lchown(ws.join("open"), Some(AGENT.uid), Some(AGENT.gid)).unwrap();
+        plant(&ws.join("open/ww"), 0o666);
+        let mut deep = ws.join("deep");
+        for _ in 0..8 {
+            deep = deep.join("d");
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::create_dir_all(ws.join("deep/d/d/d/d/d/side")).unwrap();
+        plant(&deep.join("suid"), 0o4755);
+        plant(&ws.join("deep/d/d/d/d/d/side/suid"), 0o4755);
+        // More hard links than the report may list.
+        std::fs::create_dir(ws.join("many")).unwrap();
+        for i in 0..200 {
+            plant(&ws.join(format!("many/{i}")), 0o644);
+            std::fs::hard_link(ws.join(format!("many/{i}")), ws.join(format!("many/{i}-b")))
+                .unwrap();
+        }
+        chown_agent_tree(&ws);
+
+        let fd = open_dir(&ws);
+        let limits = WalkLimits {
+            max_entries: 10,
+            max_depth: 4,
+        };
+        let report = hand_back(fd.as_fd(), SERVICE, limits).unwrap();
+        for (p, m) in every_entry(&ws) {
+            assert_eq!((m.uid(), m.gid()), (SERVICE.uid, SERVICE.gid), "{p:?}");
+            if !m.file_type().is_symlink() {
+                assert_eq!(m.mode() & 0o6002, 0, "{p:?}");
+            }
+        }
+        assert_eq!(
+            std::fs::metadata(ws.join("suid")).unwrap().mode() & 0o7777,
+            0o755
+        );
+        // The first name met is removed; the inode's last name is then an ordinary file.
+        assert!(ws.join("linked").exists() != ws.join("linked-too").exists());
+        assert!(!ws.join("deep/d/d/d/d").exists());
+        assert!(ws.join("deep/d/d/d").is_dir());
+        assert_eq!(report.skipped.len(), MAX_LISTED, "{report:?}");
+        assert_eq!(report.removed, 1 + 1 + 200);
+        assert_eq!(report.unlisted, report.removed - MAX_LISTED as u64);
+        assert!(report.skipped_summary().ends_with("and 170 more"));
+    }
+
+    fn chown_agent_tree(top: &Path) {
+        for (p, _) in every_entry(top) {
+            std::os::unix::fs::lchown(&p, Some(AGENT.uid), Some(AGENT.gid)).unwrap();
+        }
     }
 
     #[test]

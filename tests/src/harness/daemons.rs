@@ -398,7 +398,14 @@ impl LauncherProcess {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
             .map_err(io(dir.path()))?;
         let data = data.map_or_else(|| dir.path().join("data"), Path::to_path_buf);
-        std::fs::write(&path, format!("data_dir = {data:?}\n{config}")).map_err(io(&path))?;
+        // A small agent range (64000-64009), clear of the service uids the tests use.
+        let range = if config.contains("agent_uid_count") {
+            ""
+        } else {
+            "agent_uid_count = 10\n"
+        };
+        std::fs::write(&path, format!("data_dir = {data:?}\n{range}{config}"))
+            .map_err(io(&path))?;
         let cgroup_parent = format!(
             "agentbox-harness-{}-{}",
             std::process::id(),

@@ -22,8 +22,11 @@ use super::workspace_bin;
 
 /// The service identity the tests give the launcher with `--service-uid`.
 pub const SERVICE_UID: u32 = 64010;
-/// The agent identity (config default).
+/// The first agent identity (config default); each run gets one of
+/// `AGENT_UID..AGENT_UID + AGENT_UID_COUNT`.
 pub const AGENT_UID: u32 = 64000;
+/// How many agent uids the test launchers have (the range must not reach [`SERVICE_UID`]).
+pub const AGENT_UID_COUNT: u32 = 10;
 
 /// A stand-in for the claude binary: runs its first argument as a bash script, so agent
 /// lifecycle tests can script what "the agent" does inside the sandbox.
@@ -150,7 +153,7 @@ impl Launcher {
         std::fs::write(
             &config,
             format!(
-                "data_dir = {data:?}\nservice_user = \"nobody-here\"\n\
+                "data_dir = {data:?}\nservice_user = \"nobody-here\"\nagent_uid_count = {AGENT_UID_COUNT}\n\
                  [launcher]\nrepo_roots = [{repos:?}]\nvenv_root = {venvs:?}\nclaude_bin = {claude:?}\n\
                  env_allowlist = [{allow}]\n\
                  [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\n\
