@@ -14,45 +14,23 @@ use agentbox_tests::harness::launcher::{
 };
 use serde_json::json;
 
-/// git as root for test setup and inspection.
+/// git as root for test setup and inspection; the test's own git (the operator) must not trip
+/// the hostile filters either.
 fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args([
-            "-c",
+    common::git_with(
+        dir,
+        &[
             "safe.directory=*",
-            "-c",
             "user.name=t",
-            "-c",
             "user.email=t@t",
-            "-c",
             "core.hooksPath=/dev/null",
-        ])
-        .args([
-            "-c",
             "core.fsmonitor=false",
-            "-c",
             "init.defaultBranch=main",
-        ])
-        // The test's own git (the operator) must not trip the hostile filters either.
-        .args([
-            "-c",
             "filter.evil.smudge=cat",
-            "-c",
             "filter.evil.clean=cat",
-        ])
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        ],
+        args,
+    )
 }
 
 /// A directory every identity may write into: a hook that ran would leave a file here.
