@@ -336,6 +336,12 @@ impl Launcher {
         l
     }
 
+    /// What an agent run needs before it starts: its [`Launcher::workspace`] and its
+    /// [`Launcher::gateway_socket`] (keep the listener alive).
+    pub fn prepare_task(&self, tid: &str) -> (PathBuf, std::os::unix::net::UnixListener) {
+        (self.workspace(tid), self.gateway_socket(tid))
+    }
+
     /// Runs a check to completion and returns its result.
     pub fn check(&self, tid: &str, command: &str) -> Resp {
         self.post(
