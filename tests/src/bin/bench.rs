@@ -688,16 +688,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
     let result = run_launcher_bench(plan, &l, &floor, &floor_dir).await;
     // Our cgroup parents (the per-sandbox ones are gone already).
     let parents: Vec<PathBuf> = match cgroups.hierarchy() {
-        agentbox_sandbox::cgroup::Hierarchy::V1 {
-            memory,
-            pids,
-            cpu,
-            freezer,
-        } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
-            .into_iter()
-            .flatten()
-            .cloned()
-            .collect(),
+        agentbox_sandbox::cgroup::Hierarchy::V1(dirs) => dirs.all(),
         agentbox_sandbox::cgroup::Hierarchy::V2 { parent, .. } => vec![parent.clone()],
     };
     for p in parents {
