@@ -123,6 +123,23 @@ pub struct RawResponse {
     pub body: Bytes,
 }
 
+/// Headers in [`RawResponse::headers`]' form: lowercase names to values, repeats joined by
+/// `", "` (fakellm's request log uses the same form, so tests compare the two directly).
+#[must_use]
+pub fn header_map(headers: &hyper::HeaderMap) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for (name, value) in headers {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        out.entry(name.as_str().to_owned())
+            .and_modify(|v| {
+                v.push_str(", ");
+                v.push_str(&value);
+            })
+            .or_insert(value);
+    }
+    out
+}
+
 impl RawResponse {
     /// The body as `T`, for a 2xx answer; the error envelope as [`ClientError::Api`] otherwise.
     ///
@@ -241,16 +258,7 @@ impl UnixClient {
                 .await
                 .map_err(|e| fail("sending", &error_chain(&e)))?;
             let status = response.status().as_u16();
-            let mut map: BTreeMap<String, String> = BTreeMap::new();
-            for (name, value) in response.headers() {
-                let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-                map.entry(name.as_str().to_owned())
-                    .and_modify(|v| {
-                        v.push_str(", ");
-                        v.push_str(&value);
-                    })
-                    .or_insert(value);
-            }
+            let map = header_map(response.headers());
             let body = response
                 .into_body()
                 .collect()
@@ -325,7 +333,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// The launcher's routes (`run/launcher.sock`).
+/// The `body` of a call that sends none.
+const NO_BODY: Option<&()> = None;
+
+/// The launcher's routes (`run/launcher.sock`). Every route fails with the launcher's refusal
+/// ([`ClientError::Api`]) or a transport failure; those that wait also with the wait timeout.
 #[derive(Debug, Clone)]
 pub struct LauncherClient {
     http: UnixClient,
@@ -358,79 +370,58 @@ impl LauncherClient {
         &self.http
     }
 
+    /// A route that waits by design, bounded by the wait timeout instead of the client's.
+    async fn waiting<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        self.http
+            .call_within(self.wait_timeout, method, path, body)
+            .await
+    }
+
     /// `POST /agents`.
-    ///
-    /// # Errors
-    /// The launcher's refusal, or a transport failure.
     pub async fn start_agent(&self, req: &AgentRequest) -> Result<AgentStatus, ClientError> {
         self.http.call("POST", "/agents", Some(req)).await
     }
 
     /// `GET /agents/{tid}`.
-    ///
-    /// # Errors
-    /// The launcher's refusal, or a transport failure.
     pub async fn agent(&self, tid: &Tid) -> Result<AgentStatus, ClientError> {
         self.http
-            .call::<(), _>("GET", &format!("/agents/{tid}"), None)
+            .call("GET", &format!("/agents/{tid}"), NO_BODY)
             .await
     }
 
-    /// `GET /agents/{tid}?wait=1`: the status once the run has ended.
-    ///
-    /// # Errors
-    /// The launcher's refusal, a transport failure, or the wait timeout.
+    /// `GET /agents/{tid}?wait=1` (waits): the status once the run has ended.
     pub async fn wait_agent(&self, tid: &Tid) -> Result<AgentStatus, ClientError> {
-        self.http
-            .call_within::<(), _>(
-                self.wait_timeout,
-                "GET",
-                &format!("/agents/{tid}?wait=1"),
-                None,
-            )
+        self.waiting("GET", &format!("/agents/{tid}?wait=1"), NO_BODY)
             .await
     }
 
-    /// `DELETE /agents/{tid}`: stops the run if it is active and forgets it.
-    ///
-    /// # Errors
-    /// The launcher's refusal, or a transport failure.
+    /// `DELETE /agents/{tid}` (waits): stops the run if it is active and forgets it.
     pub async fn delete_agent(&self, tid: &Tid) -> Result<AgentStatus, ClientError> {
-        self.http
-            .call_within::<(), _>(self.wait_timeout, "DELETE", &format!("/agents/{tid}"), None)
+        self.waiting("DELETE", &format!("/agents/{tid}"), NO_BODY)
             .await
     }
 
-    /// `POST /checks` (runs to completion within the request).
-    ///
-    /// # Errors
-    /// The launcher's refusal, a transport failure, or the wait timeout.
+    /// `POST /checks` (waits: runs to completion within the request).
     pub async fn run_check(&self, req: &CheckRequest) -> Result<CheckResult, ClientError> {
-        self.http
-            .call_within(self.wait_timeout, "POST", "/checks", Some(req))
-            .await
+        self.waiting("POST", "/checks", Some(req)).await
     }
 
     /// `POST /repo/snapshot`.
-    ///
-    /// # Errors
-    /// The launcher's refusal, or a transport failure.
     pub async fn snapshot(&self, req: &SnapshotRequest) -> Result<SnapshotResult, ClientError> {
         self.http.call("POST", "/repo/snapshot", Some(req)).await
     }
 
     /// `POST /repo/deliver`.
-    ///
-    /// # Errors
-    /// The launcher's refusal, or a transport failure.
     pub async fn deliver(&self, req: &DeliverRequest) -> Result<DeliverResult, ClientError> {
         self.http.call("POST", "/repo/deliver", Some(req)).await
     }
 
     /// `POST /repo/delete-branch`.
-    ///
-    /// # Errors
-    /// The launcher's refusal, or a transport failure.
     pub async fn delete_branch(
         &self,
         req: &DeleteBranchRequest,
@@ -440,41 +431,25 @@ impl LauncherClient {
             .await
     }
 
-    /// `POST /backends/{model}/start`, answered once the backend is healthy.
-    ///
-    /// # Errors
-    /// The launcher's refusal, a transport failure, or the wait timeout.
+    /// `POST /backends/{model}/start` (waits), answered once the backend is healthy.
     pub async fn start_backend(&self, model: &ModelId) -> Result<BackendStartResult, ClientError> {
-        self.http
-            .call_within::<(), _>(
-                self.wait_timeout,
-                "POST",
-                &format!("/backends/{model}/start"),
-                None,
-            )
+        self.waiting("POST", &format!("/backends/{model}/start"), NO_BODY)
             .await
     }
 
-    /// `POST /backends/vllm/stop`.
-    ///
-    /// # Errors
-    /// The launcher's refusal, or a transport failure.
+    /// `POST /backends/vllm/stop` (waits).
     pub async fn stop_backends(&self) -> Result<BackendStopResult, ClientError> {
-        self.http
-            .call_within::<(), _>(self.wait_timeout, "POST", "/backends/vllm/stop", None)
-            .await
+        self.waiting("POST", "/backends/vllm/stop", NO_BODY).await
     }
 
     /// `GET /status`.
-    ///
-    /// # Errors
-    /// A transport failure.
     pub async fn status(&self) -> Result<LauncherStatus, ClientError> {
-        self.http.call::<(), _>("GET", "/status", None).await
+        self.http.call("GET", "/status", NO_BODY).await
     }
 }
 
-/// The gateway's control routes (`run/gateway.sock`).
+/// The gateway's control routes (`run/gateway.sock`). Every route fails with the gateway's
+/// refusal ([`ClientError::Api`]), a transport failure or the client's timeout.
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: UnixClient,
@@ -497,38 +472,26 @@ impl GatewayClient {
     }
 
     /// `POST /tasks`.
-    ///
-    /// # Errors
-    /// The gateway's refusal, or a transport failure.
     pub async fn open_task(&self, req: &OpenTask) -> Result<TaskView, ClientError> {
         self.http.call("POST", "/tasks", Some(req)).await
     }
 
     /// `GET /tasks/{tid}`.
-    ///
-    /// # Errors
-    /// The gateway's refusal, or a transport failure.
     pub async fn task(&self, tid: &Tid) -> Result<TaskView, ClientError> {
         self.http
-            .call::<(), _>("GET", &format!("/tasks/{tid}"), None)
+            .call("GET", &format!("/tasks/{tid}"), NO_BODY)
             .await
     }
 
     /// `DELETE /tasks/{tid}`.
-    ///
-    /// # Errors
-    /// The gateway's refusal, or a transport failure.
     pub async fn close_task(&self, tid: &Tid) -> Result<TaskView, ClientError> {
         self.http
-            .call::<(), _>("DELETE", &format!("/tasks/{tid}"), None)
+            .call("DELETE", &format!("/tasks/{tid}"), NO_BODY)
             .await
     }
 
     /// `GET /status`.
-    ///
-    /// # Errors
-    /// A transport failure.
     pub async fn status(&self) -> Result<GatewayStatus, ClientError> {
-        self.http.call::<(), _>("GET", "/status", None).await
+        self.http.call("GET", "/status", NO_BODY).await
     }
 }

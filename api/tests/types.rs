@@ -36,6 +36,13 @@ fn refuses_unknown<T: DeserializeOwned + Debug>(with: &Value) {
     serde_json::from_value::<T>(with.clone()).unwrap();
 }
 
+/// A strict type's contract (requests, the error envelope): [`round_trip`] and
+/// [`refuses_unknown`] on the same JSON.
+fn strict_round_trip<T: Serialize + DeserializeOwned + PartialEq + Debug>(value: &T, wire: &Value) {
+    round_trip(value, wire);
+    refuses_unknown::<T>(wire);
+}
+
 const RUN_STATES: [(RunState, &str); 9] = [
     (RunState::Starting, "starting"),
     (RunState::Running, "running"),
@@ -89,8 +96,7 @@ fn launcher_requests() {
     };
     let full = json!({"tid": "t1", "model": "m1", "cmd": ["claude", "-p"],
         "env": {"MAX_THINKING_TOKENS": "1"}, "venv": "/v/x", "timeout_s": 60, "token": "tok"});
-    round_trip(&agent, &full);
-    refuses_unknown::<AgentRequest>(&full);
+    strict_round_trip(&agent, &full);
     // The seed's minimal form: env, venv and token default.
     let minimal: AgentRequest = serde_json::from_value(
         json!({"tid": "t1", "model": "m1", "cmd": ["claude"], "timeout_s": 1}),
@@ -107,35 +113,34 @@ fn launcher_requests() {
         timeout_s: 5,
     };
     let v = json!({"tid": "t1", "command": "true", "timeout_s": 5});
-    round_trip(&check, &v);
-    refuses_unknown::<CheckRequest>(&v);
+    strict_round_trip(&check, &v);
     for bad in [json!(1.5), json!(-1), json!("1")] {
         let v = json!({"tid": "a", "command": "true", "timeout_s": bad});
         assert!(serde_json::from_value::<CheckRequest>(v).is_err());
     }
-    let snap = SnapshotRequest {
-        tid: "t1".into(),
-        path: "/r".into(),
-        git_ref: Some("main".into()),
-    };
-    let v = json!({"tid": "t1", "path": "/r", "ref": "main"});
-    round_trip(&snap, &v);
-    refuses_unknown::<SnapshotRequest>(&v);
-    let deliver = DeliverRequest {
-        tid: "t1".into(),
-        path: "/r".into(),
-        branch: "agent/t1".into(),
-    };
-    let v = json!({"tid": "t1", "path": "/r", "branch": "agent/t1"});
-    round_trip(&deliver, &v);
-    refuses_unknown::<DeliverRequest>(&v);
-    let del = DeleteBranchRequest {
-        path: "/r".into(),
-        branch: "agent/t1".into(),
-    };
-    let v = json!({"path": "/r", "branch": "agent/t1"});
-    round_trip(&del, &v);
-    refuses_unknown::<DeleteBranchRequest>(&v);
+    strict_round_trip(
+        &SnapshotRequest {
+            tid: "t1".into(),
+            path: "/r".into(),
+            git_ref: Some("main".into()),
+        },
+        &json!({"tid": "t1", "path": "/r", "ref": "main"}),
+    );
+    strict_round_trip(
+        &DeliverRequest {
+            tid: "t1".into(),
+            path: "/r".into(),
+            branch: "agent/t1".into(),
+        },
+        &json!({"tid": "t1", "path": "/r", "branch": "agent/t1"}),
+    );
+    strict_round_trip(
+        &DeleteBranchRequest {
+            path: "/r".into(),
+            branch: "agent/t1".into(),
+        },
+        &json!({"path": "/r", "branch": "agent/t1"}),
+    );
 }
 
 fn backend() -> (BackendStatus, Value) {
@@ -271,8 +276,7 @@ fn gateway_types() {
         },
     };
     let v = json!({"tid": "t1", "model": "local", "token": "tok", "budget": {"tokens": 1000}});
-    round_trip(&open, &v);
-    refuses_unknown::<OpenTask>(&v);
+    strict_round_trip(&open, &v);
     refuses_unknown::<Budget>(&json!({"usd": 1.5}));
     let no_budget: OpenTask =
         serde_json::from_value(json!({"tid": "t", "model": "m", "token": "x"})).unwrap();
@@ -330,6 +334,5 @@ fn gateway_types() {
 fn error_envelope() {
     let e = ErrorEnvelope::new("invalid_tid", "bad tid");
     let v = json!({"error": {"code": "invalid_tid", "message": "bad tid"}});
-    round_trip(&e, &v);
-    refuses_unknown::<ErrorEnvelope>(&v);
+    strict_round_trip(&e, &v);
 }

@@ -957,34 +957,23 @@ mod tests {
         let repo = discover_blocking(&roots, &format!("{r}/proj/sub/dir"), 0).unwrap();
         assert_eq!(repo.top, root.join("proj"));
         assert_eq!(repo.git_dir, root.join("proj/.git"));
-        assert_eq!(
-            code(discover_blocking(&roots, &format!("{r}/proj"), 1).unwrap_err()),
-            "unsafe_path"
-        );
-        assert_eq!(
-            code(discover_blocking(&roots, &format!("{r}/wt"), 0).unwrap_err()),
-            "unsafe_path"
-        );
-        assert_eq!(
-            code(discover_blocking(&roots, &format!("{r}/link/sub"), 0).unwrap_err()),
-            "unsafe_path"
-        );
-        assert_eq!(
-            code(discover_blocking(&roots, &format!("{r}/missing"), 0).unwrap_err()),
-            "not_found"
-        );
-        assert_eq!(
-            code(discover_blocking(&roots, r, 0).unwrap_err()),
-            "invalid_path"
-        );
-        assert_eq!(
-            code(discover_blocking(&roots, "/etc", 0).unwrap_err()),
-            "invalid_path"
-        );
-        assert_eq!(
-            code(discover_blocking(&roots, &format!("{r}/proj/"), 0).unwrap_err()),
-            "invalid_path"
-        );
+        // (the path asked for, the uid that must own the repository, the refusal's code)
+        for (path, uid, expected) in [
+            // Owned by root, not by uid 1.
+            (format!("{r}/proj"), 1, "unsafe_path"),
+            // A .git file pointing at /etc.
+            (format!("{r}/wt"), 0, "unsafe_path"),
+            // Through a symlink.
+            (format!("{r}/link/sub"), 0, "unsafe_path"),
+            (format!("{r}/missing"), 0, "not_found"),
+            // The root itself, outside the roots, a trailing slash.
+            (r.to_owned(), 0, "invalid_path"),
+            ("/etc".to_owned(), 0, "invalid_path"),
+            (format!("{r}/proj/"), 0, "invalid_path"),
+        ] {
+            let err = discover_blocking(&roots, &path, uid).unwrap_err();
+            assert_eq!(code(err), expected, "{path} as uid {uid}");
+        }
         // Walking up stops below the root: a .git in the root itself is not found.
         std::fs::create_dir_all(root.join(".git")).unwrap();
         std::fs::create_dir_all(root.join("plain")).unwrap();

@@ -20,15 +20,19 @@ use std::time::Duration;
 use agentbox_http::PeerCred;
 use axum::Json;
 use axum::Router;
-use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::extract::{FromRequest, Path, Query, Request, State};
+use axum::http::{StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use crate::api::{
+    AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
+    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, SnapshotRequest,
+    SnapshotResult,
+};
 use crate::error::LauncherError;
 use crate::launcher::Launcher;
 
@@ -71,22 +75,55 @@ async fn authorize(State(l): Shared, req: Request, next: Next) -> Response {
     }
 }
 
-async fn json_body<T: DeserializeOwned>(
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<T, LauncherError> {
-    let bytes = agentbox_http::read_body(headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
-    serde_json::from_slice(&bytes).map_err(|e| LauncherError::BadRequest(e.to_string()))
+/// A request body that must be JSON of `T`, read within [`BODY_LIMIT`] and [`BODY_TIMEOUT`].
+struct JsonBody<T>(T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = LauncherError;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, LauncherError> {
+        let (parts, body) = req.into_parts();
+        let bytes =
+            agentbox_http::read_body(&parts.headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
+        serde_json::from_slice(&bytes)
+            .map(JsonBody)
+            .map_err(|e| LauncherError::BadRequest(e.to_string()))
+    }
 }
+
+/// The body of the backend routes: nothing, or an empty JSON object.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoFields {}
+
+/// A body that must be empty or `{}`. Extracting it reads (and so drains) it: a request
+/// answered before its body was read would have its connection closed under the client's
+/// write.
+struct NoBody;
+
+impl<S: Send + Sync> FromRequest<S> for NoBody {
+    type Rejection = LauncherError;
+
+    async fn from_request(req: Request, _: &S) -> Result<Self, LauncherError> {
+        let (parts, body) = req.into_parts();
+        let bytes =
+            agentbox_http::read_body(&parts.headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
+        if !bytes.iter().all(u8::is_ascii_whitespace) {
+            serde_json::from_slice::<NoFields>(&bytes)
+                .map_err(|e| LauncherError::BadRequest(e.to_string()))?;
+        }
+        Ok(NoBody)
+    }
+}
+
+/// A JSON answer with status 200, or the error's own.
+type Answer<T> = Result<Json<T>, LauncherError>;
 
 async fn post_agent(
     State(l): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, LauncherError> {
-    let req = json_body(&headers, body).await?;
-    let status = l.start_agent(req).await?;
-    Ok((StatusCode::CREATED, Json(status)).into_response())
+    JsonBody(req): JsonBody<AgentRequest>,
+) -> Result<(StatusCode, Json<AgentStatus>), LauncherError> {
+    Ok((StatusCode::CREATED, Json(l.start_agent(req).await?)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -98,7 +135,7 @@ async fn get_agent(
     State(l): Shared,
     Path(tid): Path<String>,
     Query(q): Query<WaitQuery>,
-) -> Result<Response, LauncherError> {
+) -> Answer<AgentStatus> {
     let wait = match q.wait.as_deref() {
         None | Some("0" | "false") => false,
         Some("1" | "true") => true,
@@ -108,66 +145,39 @@ async fn get_agent(
             )));
         }
     };
-    Ok(Json(l.agent_status(&tid, wait).await?).into_response())
+    l.agent_status(&tid, wait).await.map(Json)
 }
 
-async fn delete_agent(
-    State(l): Shared,
-    Path(tid): Path<String>,
-) -> Result<Response, LauncherError> {
-    Ok(Json(l.delete_agent(&tid).await?).into_response())
+async fn delete_agent(State(l): Shared, Path(tid): Path<String>) -> Answer<AgentStatus> {
+    l.delete_agent(&tid).await.map(Json)
 }
 
 async fn post_check(
     State(l): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, LauncherError> {
-    let req = json_body(&headers, body).await?;
-    Ok(Json(l.run_check(req).await?).into_response())
+    JsonBody(req): JsonBody<CheckRequest>,
+) -> Answer<CheckResult> {
+    l.run_check(req).await.map(Json)
 }
 
 async fn snapshot(
     State(l): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, LauncherError> {
-    let req = json_body(&headers, body).await?;
-    Ok(Json(l.snapshot(req).await?).into_response())
+    JsonBody(req): JsonBody<SnapshotRequest>,
+) -> Answer<SnapshotResult> {
+    l.snapshot(req).await.map(Json)
 }
 
 async fn deliver(
     State(l): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, LauncherError> {
-    let req = json_body(&headers, body).await?;
-    Ok(Json(l.deliver(req).await?).into_response())
+    JsonBody(req): JsonBody<DeliverRequest>,
+) -> Answer<DeliverResult> {
+    l.deliver(req).await.map(Json)
 }
 
 async fn delete_branch(
     State(l): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, LauncherError> {
-    let req = json_body(&headers, body).await?;
-    Ok(Json(l.delete_branch(req).await?).into_response())
-}
-
-/// The body of the backend routes: nothing, or an empty JSON object.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoFields {}
-
-/// Reads (and so drains) a body that must be empty or `{}`: a request answered before its body
-/// was read would have its connection closed under the client's write.
-async fn no_body(headers: &HeaderMap, body: Body) -> Result<(), LauncherError> {
-    let bytes = agentbox_http::read_body(headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
-    if !bytes.iter().all(u8::is_ascii_whitespace) {
-        serde_json::from_slice::<NoFields>(&bytes)
-            .map_err(|e| LauncherError::BadRequest(e.to_string()))?;
-    }
-    Ok(())
+    JsonBody(req): JsonBody<DeleteBranchRequest>,
+) -> Answer<DeleteBranchResult> {
+    l.delete_branch(req).await.map(Json)
 }
 
 /// Waits until the backend is healthy (minutes for a large model). A client that goes away
@@ -175,20 +185,13 @@ async fn no_body(headers: &HeaderMap, body: Body) -> Result<(), LauncherError> {
 async fn backend_start(
     State(l): Shared,
     Path(model): Path<String>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, LauncherError> {
-    no_body(&headers, body).await?;
-    Ok(Json(l.start_backend(&model).await?).into_response())
+    NoBody: NoBody,
+) -> Answer<BackendStartResult> {
+    l.start_backend(&model).await.map(Json)
 }
 
-async fn backend_stop(
-    State(l): Shared,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, LauncherError> {
-    no_body(&headers, body).await?;
-    Ok(Json(l.stop_backends().await?).into_response())
+async fn backend_stop(State(l): Shared, NoBody: NoBody) -> Answer<BackendStopResult> {
+    l.stop_backends().await.map(Json)
 }
 
 async fn status(State(l): Shared) -> Response {

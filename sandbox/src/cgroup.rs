@@ -120,18 +120,41 @@ impl Signaller for RealSignaller {
 /// Where the per-task directories live.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hierarchy {
-    V1 {
-        memory: PathBuf,
-        pids: PathBuf,
-        cpu: PathBuf,
-        /// The freezer makes killing race-free against forking; optional.
-        freezer: Option<PathBuf>,
-    },
+    V1(V1Dirs),
     V2 {
         /// The mount point (for enabling controllers) and our parent directory below it.
         mount: PathBuf,
         parent: PathBuf,
     },
+}
+
+/// One directory per v1 controller, at one level: our parents, or one task's cgroup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct V1Dirs {
+    pub memory: PathBuf,
+    pub pids: PathBuf,
+    pub cpu: PathBuf,
+    /// The freezer makes killing race-free against forking; optional.
+    pub freezer: Option<PathBuf>,
+}
+
+impl V1Dirs {
+    /// Every directory, the freezer's if there is one.
+    pub fn all(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.memory.clone(), self.pids.clone(), self.cpu.clone()];
+        v.extend(self.freezer.clone());
+        v
+    }
+
+    /// The child `name` in each.
+    fn join(&self, name: &str) -> V1Dirs {
+        V1Dirs {
+            memory: self.memory.join(name),
+            pids: self.pids.join(name),
+            cpu: self.cpu.join(name),
+            freezer: self.freezer.as_ref().map(|f| f.join(name)),
+        }
+    }
 }
 
 /// The limits written into a task's cgroup.
@@ -207,12 +230,12 @@ impl Cgroups {
                     ))
                 };
                 Ok(Cgroups {
-                    hierarchy: Hierarchy::V1 {
+                    hierarchy: Hierarchy::V1(V1Dirs {
                         memory: controller("memory").ok_or_else(|| missing("memory"))?,
                         pids: controller("pids").ok_or_else(|| missing("pids"))?,
                         cpu: controller("cpu").ok_or_else(|| missing("cpu"))?,
                         freezer: controller("freezer"),
-                    },
+                    }),
                     signaller,
                 })
             }
@@ -233,7 +256,7 @@ impl Cgroups {
 
     pub fn version(&self) -> CgroupVersion {
         match self.hierarchy {
-            Hierarchy::V1 { .. } => CgroupVersion::V1,
+            Hierarchy::V1(_) => CgroupVersion::V1,
             Hierarchy::V2 { .. } => CgroupVersion::V2,
         }
     }
@@ -244,16 +267,7 @@ impl Cgroups {
 
     fn parents(&self) -> Vec<PathBuf> {
         match &self.hierarchy {
-            Hierarchy::V1 {
-                memory,
-                pids,
-                cpu,
-                freezer,
-            } => {
-                let mut v = vec![memory.clone(), pids.clone(), cpu.clone()];
-                v.extend(freezer.clone());
-                v
-            }
+            Hierarchy::V1(dirs) => dirs.all(),
             Hierarchy::V2 { parent, .. } => vec![parent.clone()],
         }
     }
@@ -275,9 +289,9 @@ impl Cgroups {
     /// The controllers usable by tasks, for `GET /status`.
     pub fn controllers(&self) -> Vec<String> {
         match &self.hierarchy {
-            Hierarchy::V1 { freezer, .. } => {
+            Hierarchy::V1(dirs) => {
                 let mut v = vec!["memory".to_owned(), "pids".to_owned(), "cpu".to_owned()];
-                if freezer.is_some() {
+                if dirs.freezer.is_some() {
                     v.push("freezer".to_owned());
                 }
                 v
@@ -290,17 +304,7 @@ impl Cgroups {
 
     fn task_dirs(&self, name: &str) -> TaskDirs {
         match &self.hierarchy {
-            Hierarchy::V1 {
-                memory,
-                pids,
-                cpu,
-                freezer,
-            } => TaskDirs::V1 {
-                memory: memory.join(name),
-                pids: pids.join(name),
-                cpu: cpu.join(name),
-                freezer: freezer.as_ref().map(|f| f.join(name)),
-            },
+            Hierarchy::V1(dirs) => TaskDirs::V1(dirs.join(name)),
             Hierarchy::V2 { parent, .. } => TaskDirs::V2 {
                 dir: parent.join(name),
             },
@@ -374,30 +378,14 @@ impl Cgroups {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum TaskDirs {
-    V1 {
-        memory: PathBuf,
-        pids: PathBuf,
-        cpu: PathBuf,
-        freezer: Option<PathBuf>,
-    },
-    V2 {
-        dir: PathBuf,
-    },
+    V1(V1Dirs),
+    V2 { dir: PathBuf },
 }
 
 impl TaskDirs {
     fn all(&self) -> Vec<PathBuf> {
         match self {
-            TaskDirs::V1 {
-                memory,
-                pids,
-                cpu,
-                freezer,
-            } => {
-                let mut v = vec![memory.clone(), pids.clone(), cpu.clone()];
-                v.extend(freezer.clone());
-                v
-            }
+            TaskDirs::V1(dirs) => dirs.all(),
             TaskDirs::V2 { dir } => vec![dir.clone()],
         }
     }
@@ -405,7 +393,7 @@ impl TaskDirs {
     /// The directory whose `cgroup.procs` lists every member.
     fn members(&self) -> &Path {
         match self {
-            TaskDirs::V1 { memory, .. } => memory,
+            TaskDirs::V1(dirs) => &dirs.memory,
             TaskDirs::V2 { dir } => dir,
         }
     }
@@ -426,9 +414,9 @@ impl TaskCgroup {
     fn write_limits(&self, l: CgroupLimits) -> Result<(), CgroupError> {
         let quota = u64::from(l.cpus) * CPU_PERIOD_US;
         match &self.dirs {
-            TaskDirs::V1 {
+            TaskDirs::V1(V1Dirs {
                 memory, pids, cpu, ..
-            } => {
+            }) => {
                 write_file(
                     &memory.join("memory.limit_in_bytes"),
                     &l.memory_bytes.to_string(),
@@ -471,7 +459,7 @@ impl TaskCgroup {
     /// membership for domain cgroups, so there it is `cgroup.procs`.
     pub fn join_files(&self) -> Vec<PathBuf> {
         let file = match self.dirs {
-            TaskDirs::V1 { .. } => "tasks",
+            TaskDirs::V1(_) => "tasks",
             TaskDirs::V2 { .. } => "cgroup.procs",
         };
         self.dirs.all().into_iter().map(|d| d.join(file)).collect()
@@ -494,7 +482,7 @@ impl TaskCgroup {
     /// How many times the OOM killer killed a process of this cgroup.
     pub fn oom_kills(&self) -> u64 {
         let (path, key) = match &self.dirs {
-            TaskDirs::V1 { memory, .. } => (memory.join("memory.oom_control"), "oom_kill"),
+            TaskDirs::V1(dirs) => (dirs.memory.join("memory.oom_control"), "oom_kill"),
             TaskDirs::V2 { dir } => (dir.join("memory.events"), "oom_kill"),
         };
         read_file(&path)
@@ -528,7 +516,7 @@ impl TaskCgroup {
             }
             kill_rounds += 1;
             let freezer = match &self.dirs {
-                TaskDirs::V1 { freezer, .. } => freezer.as_ref().filter(|f| f.is_dir()),
+                TaskDirs::V1(dirs) => dirs.freezer.as_ref().filter(|f| f.is_dir()),
                 TaskDirs::V2 { .. } => None,
             };
             if let Some(f) = freezer {
@@ -603,13 +591,19 @@ mod tests {
         }
     }
 
+    /// `path` holds exactly `expected`.
+    fn assert_file(path: &Path, expected: &str) {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert_eq!(text, expected, "{}", path.display());
+    }
+
     fn v1(tmp: &Path) -> Hierarchy {
-        Hierarchy::V1 {
+        Hierarchy::V1(V1Dirs {
             memory: tmp.join("memory/agentbox"),
             pids: tmp.join("pids/agentbox"),
             cpu: tmp.join("cpu/agentbox"),
             freezer: Some(tmp.join("freezer/agentbox")),
-        }
+        })
     }
 
     #[test]
@@ -638,17 +632,11 @@ mod tests {
         // writes that only happen when a file exists.
         let task = cg.create("t1", LIMITS).await.unwrap();
         let mem = tmp.path().join("memory/agentbox/t1");
-        assert_eq!(
-            std::fs::read_to_string(mem.join("memory.limit_in_bytes")).unwrap(),
-            "67108864"
-        );
-        assert_eq!(
-            std::fs::read_to_string(tmp.path().join("pids/agentbox/t1/pids.max")).unwrap(),
-            "32"
-        );
-        assert_eq!(
-            std::fs::read_to_string(tmp.path().join("cpu/agentbox/t1/cpu.cfs_quota_us")).unwrap(),
-            "200000"
+        assert_file(&mem.join("memory.limit_in_bytes"), "67108864");
+        assert_file(&tmp.path().join("pids/agentbox/t1/pids.max"), "32");
+        assert_file(
+            &tmp.path().join("cpu/agentbox/t1/cpu.cfs_quota_us"),
+            "200000",
         );
         assert_eq!(
             task.join_files(),
@@ -661,9 +649,9 @@ mod tests {
         fake.files.lock().unwrap().push(mem.join("cgroup.procs"));
         task.kill_all().await.unwrap();
         assert_eq!(*fake.killed.lock().unwrap(), vec![11, 12]);
-        assert_eq!(
-            std::fs::read_to_string(tmp.path().join("freezer/agentbox/t1/freezer.state")).unwrap(),
-            "THAWED"
+        assert_file(
+            &tmp.path().join("freezer/agentbox/t1/freezer.state"),
+            "THAWED",
         );
         std::fs::write(
             mem.join("memory.oom_control"),
@@ -698,20 +686,14 @@ mod tests {
         };
         let cg = Cgroups::with_hierarchy(h, Arc::new(FakeKill::default()));
         cg.prepare().unwrap();
-        assert_eq!(
-            std::fs::read_to_string(tmp.path().join("cgroup.subtree_control")).unwrap(),
-            "+memory +pids +cpu"
+        assert_file(
+            &tmp.path().join("cgroup.subtree_control"),
+            "+memory +pids +cpu",
         );
         let task = cg.create("t2", LIMITS).await.unwrap();
         let dir = tmp.path().join("agentbox/t2");
-        assert_eq!(
-            std::fs::read_to_string(dir.join("cpu.max")).unwrap(),
-            "200000 100000"
-        );
-        assert_eq!(
-            std::fs::read_to_string(dir.join("memory.max")).unwrap(),
-            "67108864"
-        );
+        assert_file(&dir.join("cpu.max"), "200000 100000");
+        assert_file(&dir.join("memory.max"), "67108864");
         std::fs::write(
             dir.join("memory.events"),
             "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n",

@@ -58,6 +58,13 @@ pub enum SpawnError {
 pub struct ChildSetup {
     /// Held open until the spawn returns; the child writes into its copies.
     join: Vec<OwnedFd>,
+    plan: Plan,
+}
+
+/// Who the child becomes and what it keeps: plain numbers and vectors, built before the fork
+/// and only read after it.
+#[derive(Debug)]
+struct Plan {
     uid: Uid,
     gid: Gid,
     groups: Vec<Gid>,
@@ -72,18 +79,20 @@ impl ChildSetup {
     pub fn new(uid: u32, gid: u32) -> ChildSetup {
         ChildSetup {
             join: Vec::new(),
-            uid: Uid::from_raw(uid),
-            gid: Gid::from_raw(gid),
-            groups: Vec::new(),
-            new_session: false,
-            limits: Vec::new(),
-            keep: Vec::new(),
+            plan: Plan {
+                uid: Uid::from_raw(uid),
+                gid: Gid::from_raw(gid),
+                groups: Vec::new(),
+                new_session: false,
+                limits: Vec::new(),
+                keep: Vec::new(),
+            },
         }
     }
 
     /// Supplementary groups.
     pub fn groups(mut self, groups: &[u32]) -> ChildSetup {
-        self.groups = groups.iter().copied().map(Gid::from_raw).collect();
+        self.plan.groups = groups.iter().copied().map(Gid::from_raw).collect();
         self
     }
 
@@ -104,13 +113,13 @@ impl ChildSetup {
     /// The child leads a session and process group of its own (so [`terminate_group`] reaches
     /// everything it forks that does not leave the group).
     pub fn new_session(mut self) -> ChildSetup {
-        self.new_session = true;
+        self.plan.new_session = true;
         self
     }
 
     /// Soft and hard limit `value` for `resource`.
     pub fn rlimit(mut self, resource: Resource, value: u64) -> ChildSetup {
-        self.limits.push((
+        self.plan.limits.push((
             resource,
             Rlimit {
                 current: Some(value),
@@ -123,7 +132,7 @@ impl ChildSetup {
     /// Descriptors the program inherits (they must stay open until [`ChildSetup::spawn`]
     /// returns).
     pub fn keep(mut self, fds: &[RawFd]) -> ChildSetup {
-        self.keep.extend_from_slice(fds);
+        self.plan.keep.extend_from_slice(fds);
         self
     }
 
@@ -137,12 +146,7 @@ impl ChildSetup {
         let program = cmd.as_std().get_program().to_string_lossy().into_owned();
         let hook = Hook {
             join: self.join.iter().map(AsRawFd::as_raw_fd).collect(),
-            uid: self.uid,
-            gid: self.gid,
-            groups: self.groups,
-            new_session: self.new_session,
-            limits: self.limits,
-            keep: self.keep,
+            plan: self.plan,
             parent: rustix::process::getpid(),
         };
         // SAFETY: the hook runs in the forked child before exec. `Hook::run` makes raw
@@ -159,15 +163,10 @@ impl ChildSetup {
     }
 }
 
-/// What the forked child sees: plain numbers and vectors built before the fork.
+/// What the forked child sees: the plan, the join files' numbers and the parent to check.
 struct Hook {
     join: Vec<RawFd>,
-    uid: Uid,
-    gid: Gid,
-    groups: Vec<Gid>,
-    new_session: bool,
-    limits: Vec<(Resource, Rlimit)>,
-    keep: Vec<RawFd>,
+    plan: Plan,
     parent: Pid,
 }
 
@@ -179,23 +178,24 @@ impl Hook {
     /// Runs in the child between fork and exec. Async-signal-safe: raw syscalls only, no
     /// allocation (an `io::Error` from an errno is a plain integer).
     fn run(&self) -> io::Result<()> {
+        let plan = &self.plan;
         for &fd in &self.join {
             // SAFETY: opened before the fork and still open in this child.
             let fd = unsafe { BorrowedFd::borrow_raw(fd) };
             rustix::io::write(fd, b"0").map_err(errno)?;
         }
-        if self.new_session {
+        if plan.new_session {
             rustix::process::setsid().map_err(errno)?;
         }
-        rustix::thread::set_thread_groups(&self.groups).map_err(errno)?;
-        rustix::thread::set_thread_res_gid(self.gid, self.gid, self.gid).map_err(errno)?;
-        rustix::thread::set_thread_res_uid(self.uid, self.uid, self.uid).map_err(errno)?;
+        rustix::thread::set_thread_groups(&plan.groups).map_err(errno)?;
+        rustix::thread::set_thread_res_gid(plan.gid, plan.gid, plan.gid).map_err(errno)?;
+        rustix::thread::set_thread_res_uid(plan.uid, plan.uid, plan.uid).map_err(errno)?;
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(errno)?;
         if rustix::process::getppid() != Some(self.parent) {
             // The parent died between fork and here; nobody would supervise this child.
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
-        for &(resource, limit) in &self.limits {
+        for &(resource, limit) in &plan.limits {
             rustix::process::setrlimit(resource, limit).map_err(errno)?;
         }
         // SAFETY: close_range only changes descriptor flags of this process.
@@ -210,7 +210,7 @@ impl Hook {
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
-        for &fd in &self.keep {
+        for &fd in &plan.keep {
             // SAFETY: opened before the fork and still open in this child.
             let fd = unsafe { BorrowedFd::borrow_raw(fd) };
             rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).map_err(errno)?;

@@ -116,6 +116,17 @@ async fn post(bridge: &BridgeProcess, body: &Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// `model`'s answer, streamed: a 200 whose last event is `error`. The whole body and that
+/// event's data.
+async fn stream_ending_in_error(bridge: &BridgeProcess, model: &str) -> (String, String) {
+    let resp = post(bridge, &request(model, true)).await;
+    assert_eq!(resp.status(), 200, "{model}");
+    let body = resp.text().await.unwrap();
+    let last = parse_sse(&body).pop().unwrap();
+    assert_eq!(last.event.as_deref(), Some("error"), "{model}: {body}");
+    (body, last.data)
+}
+
 fn assert_anthropic_error(v: &Value, error_type: &str) {
     assert_eq!(v["type"], "error", "{v}");
     assert_eq!(v["error"]["type"], error_type, "{v}");
@@ -226,30 +237,55 @@ async fn provider_errors_map_to_anthropic_shape() {
     ]}));
     let bridge = start(&fake);
 
-    // Anthropic provider: Anthropic-shaped errors keep their status and type.
-    let r = post(&bridge, &request("claude", false)).await;
-    assert_eq!(r.status(), 429);
-    assert_eq!(r.headers()["retry-after"], "7");
-    assert_anthropic_error(&r.json().await.unwrap(), "rate_limit_error");
-    let r = post(&bridge, &request("claude", false)).await;
-    assert_eq!(r.status(), 500);
-    assert_anthropic_error(&r.json().await.unwrap(), "api_error");
-    let r = post(&bridge, &request("claude", true)).await;
-    assert_eq!(r.status(), 529);
-    assert_anthropic_error(&r.json().await.unwrap(), "overloaded_error");
-    // Not Anthropic-shaped 5xx: 502.
-    let r = post(&bridge, &request("claude", false)).await;
-    assert_eq!(r.status(), 502);
-    assert_anthropic_error(&r.json().await.unwrap(), "api_error");
-
-    // OpenAI provider: 429 stays 429 with retry-after, 5xx becomes 502.
-    let r = post(&bridge, &request("gpt", false)).await;
-    assert_eq!(r.status(), 429);
-    assert_eq!(r.headers()["retry-after"], "3");
-    assert_anthropic_error(&r.json().await.unwrap(), "rate_limit_error");
-    let r = post(&bridge, &request("gpt", true)).await;
-    assert_eq!(r.status(), 502);
-    assert_anthropic_error(&r.json().await.unwrap(), "api_error");
+    // In the script's order: (case, model, stream, status, retry-after, error type).
+    for (case, model, stream, status, retry_after, error_type) in [
+        // Anthropic provider: Anthropic-shaped errors keep their status and type.
+        (
+            "anthropic 429",
+            "claude",
+            false,
+            429,
+            Some("7"),
+            "rate_limit_error",
+        ),
+        ("anthropic 500", "claude", false, 500, None, "api_error"),
+        (
+            "anthropic 529",
+            "claude",
+            true,
+            529,
+            None,
+            "overloaded_error",
+        ),
+        // Not Anthropic-shaped 5xx: 502.
+        (
+            "anthropic html 503",
+            "claude",
+            false,
+            502,
+            None,
+            "api_error",
+        ),
+        // OpenAI provider: 429 stays 429 with retry-after, 5xx becomes 502.
+        (
+            "openai 429",
+            "gpt",
+            false,
+            429,
+            Some("3"),
+            "rate_limit_error",
+        ),
+        ("openai 500", "gpt", true, 502, None, "api_error"),
+    ] {
+        let r = post(&bridge, &request(model, stream)).await;
+        assert_eq!(r.status(), status, "{case}");
+        if let Some(after) = retry_after {
+            assert_eq!(r.headers()["retry-after"], after, "{case}");
+        }
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["error"]["type"], error_type, "{case}: {body}");
+        assert_anthropic_error(&body, error_type);
+    }
 }
 
 #[tokio::test]
@@ -259,51 +295,80 @@ async fn auth_is_required_everywhere_but_health() {
     let c = client();
     let base = bridge.base_url();
 
-    let r = c
-        .post(format!("{base}/v1/messages"))
-        .json(&request("gpt", false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    assert_anthropic_error(&r.json().await.unwrap(), "authentication_error");
-    let r = c
-        .post(format!("{base}/v1/messages"))
-        .bearer_auth("wrong-token")
-        .json(&request("gpt", false))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let r = c
-        .get(format!("{base}/check/gpt"))
-        .header("x-api-key", "nope")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let r = c.get(format!("{base}/nowhere")).send().await.unwrap();
-    assert_eq!(
-        r.status(),
-        401,
-        "unknown paths are not revealed before auth"
-    );
-    // x-api-key works as well as Bearer.
-    let r = c
-        .get(format!("{base}/nowhere"))
-        .header("x-api-key", TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
-    assert_anthropic_error(&r.json().await.unwrap(), "not_found_error");
-    let r = c
-        .get(format!("{base}/v1/messages"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 405);
+    let bearer = format!("Bearer {TOKEN}");
+    // (case, method, path, credential header, JSON body, status, error type)
+    for (case, method, path, auth, body, status, error_type) in [
+        (
+            "no token",
+            "POST",
+            "/v1/messages",
+            None,
+            true,
+            401,
+            Some("authentication_error"),
+        ),
+        (
+            "wrong bearer token",
+            "POST",
+            "/v1/messages",
+            Some(("authorization", "Bearer wrong-token")),
+            true,
+            401,
+            None,
+        ),
+        (
+            "wrong x-api-key",
+            "GET",
+            "/check/gpt",
+            Some(("x-api-key", "nope")),
+            false,
+            401,
+            None,
+        ),
+        (
+            "unknown paths are not revealed before auth",
+            "GET",
+            "/nowhere",
+            None,
+            false,
+            401,
+            None,
+        ),
+        // x-api-key works as well as Bearer.
+        (
+            "x-api-key authenticates",
+            "GET",
+            "/nowhere",
+            Some(("x-api-key", TOKEN)),
+            false,
+            404,
+            Some("not_found_error"),
+        ),
+        (
+            "GET on a POST route",
+            "GET",
+            "/v1/messages",
+            Some(("authorization", bearer.as_str())),
+            false,
+            405,
+            None,
+        ),
+    ] {
+        let mut req = c.request(method.parse().unwrap(), format!("{base}{path}"));
+        if let Some((name, value)) = auth {
+            req = req.header(name, value);
+        }
+        if body {
+            req = req.json(&request("gpt", false));
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), status, "{case}");
+        if let Some(error_type) = error_type {
+            let body: Value = r.json().await.unwrap();
+            assert_eq!(body["error"]["type"], error_type, "{case}: {body}");
+            assert_anthropic_error(&body, error_type);
+        }
+    }
 
     let r = c.get(format!("{base}/health")).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -539,13 +604,8 @@ async fn mid_stream_failure_ends_with_an_error_event() {
         fakellm(&json!({"fallback": {"text": "a b c d e f g h", "disconnect_after_events": 4}}));
     let bridge = start(&fake);
     for model in ["claude", "gpt"] {
-        let resp = post(&bridge, &request(model, true)).await;
-        assert_eq!(resp.status(), 200, "{model}");
-        let body = resp.text().await.unwrap();
-        let frames = parse_sse(&body);
-        let last = frames.last().unwrap();
-        assert_eq!(last.event.as_deref(), Some("error"), "{model}: {body}");
-        let v: Value = serde_json::from_str(&last.data).unwrap();
+        let (body, data) = stream_ending_in_error(&bridge, model).await;
+        let v: Value = serde_json::from_str(&data).unwrap();
         assert_eq!(v["error"]["type"], "api_error", "{model}: {v}");
         assert!(!body.contains("message_stop"), "{model}: {body}");
         assert!(
@@ -673,13 +733,8 @@ async fn no_5xx_body_names_an_upstream_url() {
         assert_generic(&text);
     }
     for model in ["claude", "gpt"] {
-        let r = post(&bridge, &request(model, true)).await;
-        assert_eq!(r.status(), 200, "{model}");
-        let body = r.text().await.unwrap();
-        let frames = parse_sse(&body);
-        let last = frames.last().unwrap();
-        assert_eq!(last.event.as_deref(), Some("error"), "{model}: {body}");
-        assert_generic(&last.data);
+        let (_, data) = stream_ending_in_error(&bridge, model).await;
+        assert_generic(&data);
     }
     let r = post(&bridge, &request("unreachable", false)).await;
     assert_eq!(r.status(), 502);

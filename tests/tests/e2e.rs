@@ -10,12 +10,12 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::Command;
 
 use agentbox_api::LauncherClient;
 use agentbox_api::gateway::{Budget, OpenTask};
 use agentbox_api::launcher::{AgentRequest, DeliverRequest, RunState, SnapshotRequest};
 use agentbox_policy::id::Tid;
+use agentbox_tests::harness::launcher::{chown_tree, git_with};
 use agentbox_tests::harness::{
     FakeLlm, GatewayProcess, LauncherProcess, claude_print_cmd, readable_client, stream_json_result,
 };
@@ -27,34 +27,15 @@ const TOKEN: &str = "e2e-task-token-0123456789";
 
 fn git(dir: &Path, args: &[&str]) -> String {
     // The repository belongs to the service user; the test reads it as root.
-    let out = Command::new("git")
-        .current_dir(dir)
-        .args(["-c", "safe.directory=*"])
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@example.com")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@example.com")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap().trim().to_owned()
-}
-
-fn chown_tree(p: &Path, uid: u32) {
-    let status = Command::new("chown")
-        .arg("-R")
-        .arg(format!("{uid}:{uid}"))
-        .arg(p)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    git_with(
+        dir,
+        &[
+            "safe.directory=*",
+            "user.name=t",
+            "user.email=t@example.com",
+        ],
+        args,
+    )
 }
 
 #[tokio::test]

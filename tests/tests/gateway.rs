@@ -63,6 +63,17 @@ fn start(fake: &FakeLlm) -> GatewayProcess {
     .unwrap()
 }
 
+/// A gateway whose upstream is a closed port (`127.0.0.1:9`), with the task `down` open.
+async fn upstream_down(fake: &FakeLlm) -> GatewayProcess {
+    let gw = GatewayProcess::start(
+        &config(fake, None).replace(&fake.base_url(), "http://127.0.0.1:9"),
+        &[],
+    )
+    .unwrap();
+    open(&gw, "down", "local", json!({})).await;
+    gw
+}
+
 async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) -> (u16, Value) {
     let r = gw
         .control(
@@ -519,12 +530,7 @@ async fn upstream_failures_are_reported_and_billed_for_what_was_generated() {
     );
 
     // Nothing listening upstream: 502 before the first byte.
-    let gw2 = GatewayProcess::start(
-        &config(&fake, None).replace(&fake.base_url(), "http://127.0.0.1:9"),
-        &[],
-    )
-    .unwrap();
-    open(&gw2, "down", "local", json!({})).await;
+    let gw2 = upstream_down(&fake).await;
     let r = send(&gw2.task_socket("down"), &request(true, 10), Some(TOKEN)).await;
     assert_eq!(r.status, 502);
     assert_eq!(error_type(&r.body), "api_error");
@@ -908,12 +914,7 @@ async fn no_5xx_body_names_an_upstream_url() {
     assert!(!named, "{text}");
 
     // Nothing listening upstream.
-    let gw2 = GatewayProcess::start(
-        &config(&fake, None).replace(&fake.base_url(), "http://127.0.0.1:9"),
-        &[],
-    )
-    .unwrap();
-    open(&gw2, "down", "local", json!({})).await;
+    let gw2 = upstream_down(&fake).await;
     let r = send(&gw2.task_socket("down"), &request(false, 10), Some(TOKEN)).await;
     assert_eq!(r.status, 502);
     let text = String::from_utf8_lossy(&r.body);

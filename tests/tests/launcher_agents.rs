@@ -32,8 +32,7 @@ fn marker() -> String {
 #[test]
 fn agent_runs_in_its_sandbox_and_reports() {
     let l = Launcher::start(Options::default());
-    let ws = l.workspace("a1");
-    let _gw = l.gateway_socket("a1");
+    let (ws, _gw) = l.prepare_task("a1");
     let r = start(
         &l,
         "a1",
@@ -84,8 +83,7 @@ fn agent_runs_in_its_sandbox_and_reports() {
 #[test]
 fn duplicate_start_conflicts_and_delete_kills_everything() {
     let l = Launcher::start(Options::default());
-    let ws = l.workspace("d1");
-    let _gw = l.gateway_socket("d1");
+    let (ws, _gw) = l.prepare_task("d1");
     let m = marker();
     let r = start(
         &l,
@@ -136,8 +134,7 @@ fn duplicate_start_conflicts_and_delete_kills_everything() {
 #[test]
 fn timeout_is_reported() {
     let l = Launcher::start(Options::default());
-    l.workspace("t1");
-    let _gw = l.gateway_socket("t1");
+    let (_, _gw) = l.prepare_task("t1");
     let r = start(&l, "t1", "sleep 1000", 1);
     assert_eq!(r.status, 201, "{}", r.raw);
     let v = wait(&l, "t1");
@@ -149,8 +146,7 @@ fn timeout_is_reported() {
 #[test]
 fn wait_is_released_when_the_client_disconnects() {
     let l = Launcher::start(Options::default());
-    l.workspace("w1");
-    let _gw = l.gateway_socket("w1");
+    let (_, _gw) = l.prepare_task("w1");
     assert_eq!(start(&l, "w1", "sleep 1000", 600).status, 201);
     let waiters = |l: &Launcher| l.get("/status").body["waiters"].as_u64().unwrap();
     {
@@ -171,8 +167,7 @@ fn wait_is_released_when_the_client_disconnects() {
 #[test]
 fn finished_runs_survive_a_restart() {
     let mut l = Launcher::start(Options::default());
-    l.workspace("r1");
-    let _gw = l.gateway_socket("r1");
+    let (_, _gw) = l.prepare_task("r1");
     assert_eq!(start(&l, "r1", "echo kept; exit 5", 60).status, 201);
     let before = wait(&l, "r1");
     assert_eq!(before["exit_code"], 5);
@@ -186,8 +181,7 @@ fn finished_runs_survive_a_restart() {
 #[test]
 fn shutdown_stops_running_agents() {
     let mut l = Launcher::start(Options::default());
-    let ws = l.workspace("s1");
-    let _gw = l.gateway_socket("s1");
+    let (ws, _gw) = l.prepare_task("s1");
     let m = marker();
     assert_eq!(start(&l, "s1", &format!("sleep {m}"), 600).status, 201);
     eventually("the agent runs", || {
@@ -204,8 +198,7 @@ fn shutdown_stops_running_agents() {
 #[test]
 fn a_crashed_launcher_leaves_nothing_running_after_restart() {
     let mut l = Launcher::start(Options::default());
-    let ws = l.workspace("c1");
-    let _gw = l.gateway_socket("c1");
+    let (ws, _gw) = l.prepare_task("c1");
     let m = marker();
     let script = format!("setsid nohup sleep {m}1 >/dev/null 2>&1 & sleep {m}2");
     assert_eq!(start(&l, "c1", &script, 600).status, 201);
@@ -274,8 +267,7 @@ fn orphaned_cgroups_are_killed_at_startup() {
 #[test]
 fn a_start_survives_its_client_going_away() {
     let l = Launcher::start(Options::default());
-    let ws = l.workspace("g1");
-    let _gw = l.gateway_socket("g1");
+    let (ws, _gw) = l.prepare_task("g1");
     // Enough entries that handing the workspace over takes a while, so the client is gone
     // while the launch is still under way.
     for d in 0..50 {

@@ -78,8 +78,7 @@ fn only_root_and_the_service_uid_are_served() {
 #[test]
 fn validation_errors_have_codes() {
     let l = Launcher::start(Options::default());
-    l.workspace("ok");
-    let _gw = l.gateway_socket("ok");
+    let (_, _gw) = l.prepare_task("ok");
     let cases: Vec<(Value, u16, &str)> = vec![
         (
             json!({"tid": "", "model": "m1", "cmd": ["claude"], "timeout_s": 1}),
@@ -214,19 +213,53 @@ fn validation_errors_have_codes() {
         assert_eq!(r.code(), "invalid_venv", "{bad}: {}", r.raw);
     }
     // Bad JSON, oversized bodies, unknown routes and methods all answer in the same shape.
-    let r = l.request("POST", "/agents", Some(&json!("not an object")));
-    assert_eq!(r.code(), "bad_request");
     let big = json!({"tid": "ok", "command": "x".repeat(2 << 20), "timeout_s": 1});
-    let r = l.post("/checks", &big);
-    assert_eq!((r.status, r.code()), (413, "body_too_large"));
-    let r = l.get("/nope");
-    assert_eq!((r.status, r.code()), (404, "no_route"));
-    let r = l.request("PUT", "/agents", None);
-    assert_eq!((r.status, r.code()), (405, "method_not_allowed"));
-    let r = l.get("/agents/unknown");
-    assert_eq!((r.status, r.code()), (404, "unknown_task"));
-    let r = l.post("/backends/m1/start", &json!({}));
-    assert_eq!((r.status, r.code()), (400, "not_vllm"), "{}", r.raw);
+    for (case, method, path, body, status, code) in [
+        (
+            "bad JSON",
+            "POST",
+            "/agents",
+            Some(json!("not an object")),
+            400,
+            "bad_request",
+        ),
+        (
+            "oversized body",
+            "POST",
+            "/checks",
+            Some(big),
+            413,
+            "body_too_large",
+        ),
+        ("unknown route", "GET", "/nope", None, 404, "no_route"),
+        (
+            "unknown method",
+            "PUT",
+            "/agents",
+            None,
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "unknown task",
+            "GET",
+            "/agents/unknown",
+            None,
+            404,
+            "unknown_task",
+        ),
+        (
+            "not a vLLM model",
+            "POST",
+            "/backends/m1/start",
+            Some(json!({})),
+            400,
+            "not_vllm",
+        ),
+    ] {
+        let r = l.request(method, path, body.as_ref());
+        assert_eq!((r.status, r.code()), (status, code), "{case}: {}", r.raw);
+    }
     // Nothing above started anything.
     assert!(l.cgroup_dirs().is_empty());
 }
@@ -262,8 +295,7 @@ fn symlinked_or_foreign_workspaces_are_refused_untouched() {
             .contains("owned by uid 0")
     );
     // A hard link to a host file inside the workspace: refused before anything changes hands.
-    let ws = l.workspace("t4");
-    let _gw4 = l.gateway_socket("t4");
+    let (ws, _gw4) = l.prepare_task("t4");
     let host_file = l.base.join("host-file");
     std::fs::write(&host_file, "x").unwrap();
     std::fs::write(ws.join("a"), "x").unwrap();

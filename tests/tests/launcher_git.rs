@@ -14,53 +14,34 @@ use agentbox_tests::harness::launcher::{
 };
 use serde_json::json;
 
-/// git as root for test setup and inspection.
+/// git as root for test setup and inspection; the test's own git (the operator) must not trip
+/// the hostile filters either.
 fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args([
-            "-c",
+    common::git_with(
+        dir,
+        &[
             "safe.directory=*",
-            "-c",
             "user.name=t",
-            "-c",
             "user.email=t@t",
-            "-c",
             "core.hooksPath=/dev/null",
-        ])
-        .args([
-            "-c",
             "core.fsmonitor=false",
-            "-c",
             "init.defaultBranch=main",
-        ])
-        // The test's own git (the operator) must not trip the hostile filters either.
-        .args([
-            "-c",
             "filter.evil.smudge=cat",
-            "-c",
             "filter.evil.clean=cat",
-        ])
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        ],
+        args,
+    )
 }
 
-/// A directory every identity may write into: a hook that ran would leave a file here.
-fn sentinel_dir(l: &Launcher) -> PathBuf {
-    let d = l.base.join("sentinels");
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
-    d
+/// A launcher, a sentinel directory every identity may write into (a hook that ran would
+/// leave a file there) and a [`hostile_repo`] whose code would write into it.
+fn hostile_launcher() -> (Launcher, PathBuf, PathBuf) {
+    let l = Launcher::start(Options::default());
+    let sentinel = l.base.join("sentinels");
+    std::fs::create_dir_all(&sentinel).unwrap();
+    std::fs::set_permissions(&sentinel, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let repo = hostile_repo(&l, &sentinel);
+    (l, sentinel, repo)
 }
 
 fn hook(dir: &Path, name: &str, sentinel: &Path) {
@@ -148,6 +129,12 @@ fn inodes(dir: &Path) -> BTreeSet<(u64, u64)> {
     out
 }
 
+/// No hook, filter or fsmonitor left its mark in `dir`.
+fn assert_nothing_ran(dir: &Path) {
+    let left = sentinels(dir);
+    assert!(left.is_empty(), "code ran: {left:?}");
+}
+
 fn sentinels(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir)
         .unwrap()
@@ -158,9 +145,7 @@ fn sentinels(dir: &Path) -> Vec<String> {
 
 #[test]
 fn snapshot_collect_deliver_delete_without_running_anything() {
-    let l = Launcher::start(Options::default());
-    let sentinel = sentinel_dir(&l);
-    let repo = hostile_repo(&l, &sentinel);
+    let (l, sentinel, repo) = hostile_launcher();
     let head = git(&repo, &["rev-parse", "HEAD"]);
 
     let r = l.post(
@@ -183,11 +168,7 @@ fn snapshot_collect_deliver_delete_without_running_anything() {
     assert!(repo_objects.is_disjoint(&inodes(&ws.join(".git/objects"))));
     assert!(!shadow.join("objects/info/alternates").exists());
     assert!(!ws.join(".git/objects/info/alternates").exists());
-    assert!(
-        sentinels(&sentinel).is_empty(),
-        "{:?}",
-        sentinels(&sentinel)
-    );
+    assert_nothing_ran(&sentinel);
     let again = l.post("/repo/snapshot", &json!({"tid": "g1", "path": repo}));
     assert_eq!(
         (again.status, again.code()),
@@ -319,18 +300,12 @@ fn snapshot_collect_deliver_delete_without_running_anything() {
     );
     assert_eq!((r.status, r.code()), (404, "not_found"), "{}", r.raw);
 
-    assert!(
-        sentinels(&sentinel).is_empty(),
-        "code ran: {:?}",
-        sentinels(&sentinel)
-    );
+    assert_nothing_ran(&sentinel);
 }
 
 #[test]
 fn snapshot_refusals() {
-    let l = Launcher::start(Options::default());
-    let sentinel = sentinel_dir(&l);
-    let repo = hostile_repo(&l, &sentinel);
+    let (l, sentinel, repo) = hostile_launcher();
     let post = |body: serde_json::Value| l.post("/repo/snapshot", &body);
     for bad in [
         "--upload-pack=touch /tmp/x",
@@ -387,20 +362,14 @@ fn snapshot_refusals() {
     let r = post(json!({"tid": "s1", "path": repo, "ref": "HEAD~1"}));
     assert_eq!(r.status, 200, "{}", r.raw);
     assert_eq!(r.body["sha"], first);
-    assert!(
-        sentinels(&sentinel).is_empty(),
-        "code ran: {:?}",
-        sentinels(&sentinel)
-    );
+    assert_nothing_ran(&sentinel);
 }
 
 /// A linked worktree is followed through its `.git` file only when its git dir and common dir
 /// are inside the roots and the service user's; the snapshot is the worktree's HEAD.
 #[test]
 fn linked_worktrees_are_followed_only_inside_the_roots() {
-    let l = Launcher::start(Options::default());
-    let sentinel = sentinel_dir(&l);
-    let repo = hostile_repo(&l, &sentinel);
+    let (l, sentinel, repo) = hostile_launcher();
     let wt = l.repos.join("proj-wt");
     git(
         &repo,
@@ -433,11 +402,7 @@ fn linked_worktrees_are_followed_only_inside_the_roots() {
         std::fs::read_to_string(ws.join("FEATURE")).unwrap(),
         "only on the worktree's branch\n"
     );
-    assert!(
-        sentinels(&sentinel).is_empty(),
-        "{:?}",
-        sentinels(&sentinel)
-    );
+    assert_nothing_ran(&sentinel);
 
     // A .git file pointing outside the roots, or relative, or at a non-worktree: refused.
     let outside = tempfile::tempdir().unwrap();
@@ -473,11 +438,7 @@ fn linked_worktrees_are_followed_only_inside_the_roots() {
     let r = l.post("/repo/snapshot", &json!({"tid": "w3", "path": wt}));
     assert_eq!(r.code(), "unsafe_path", "{}", r.raw);
     assert!(!l.data.join("tasks/w3/shadow.git").exists());
-    assert!(
-        sentinels(&sentinel).is_empty(),
-        "{:?}",
-        sentinels(&sentinel)
-    );
+    assert_nothing_ran(&sentinel);
 }
 
 /// Sends a snapshot request on a thread and waits at most `limit` for the answer: a launcher

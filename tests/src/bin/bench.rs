@@ -133,6 +133,17 @@ fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
     (at(0.50), at(0.99))
 }
 
+/// p50/p99 of paired differences in milliseconds (through − direct; may be negative).
+fn paired_percentiles(mut ms: Vec<f64>) -> (f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| {
+        ms.get(((ms.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    (at(0.50), at(0.99))
+}
+
 /// CPU time of a process so far, summed over its threads, from the scheduler's nanosecond
 /// counters (`/proc/<pid>/task/*/schedstat`; `stat`'s clock ticks are too coarse per request).
 fn cpu_time(pid: u32) -> Result<Duration> {
@@ -192,6 +203,7 @@ async fn compare(
     daemon_pid: u32,
     plan: Plan,
 ) -> Result<Row> {
+    eprintln!("bench: {case}");
     for _ in 0..plan.warmup {
         direct.send(client).await?;
         through.send(client).await?;
@@ -208,19 +220,12 @@ async fn compare(
             d.push(direct.send(client).await?);
         }
     }
-    let mut paired: Vec<f64> = t
-        .iter()
-        .zip(&d)
-        .map(|(t, d)| (t.as_secs_f64() - d.as_secs_f64()) * 1000.0)
-        .collect();
-    paired.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        paired
-            .get(((paired.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
-    let c1_paired = (at(0.50), at(0.99));
+    let c1_paired = paired_percentiles(
+        t.iter()
+            .zip(&d)
+            .map(|(t, d)| (t.as_secs_f64() - d.as_secs_f64()) * 1000.0)
+            .collect(),
+    );
     let cpu_ms_per_req =
         (cpu_time(daemon_pid)?.saturating_sub(cpu0)).as_secs_f64() * 1000.0 / plan.pairs as f64;
     let (cd, rps_direct) = concurrent(client, direct, plan).await?;
@@ -236,6 +241,26 @@ async fn compare(
         rps_through,
         cpu_ms_per_req,
     })
+}
+
+/// A proxy case's row name: what the daemon does, whether the answer streams, the body's size.
+fn case_name(kind: &str, stream: bool, body_len: usize) -> String {
+    let mode = if stream { "stream" } else { "non-stream" };
+    format!("{kind} {mode} ({} KB in)", body_len / 1024)
+}
+
+/// The line under a proxy table: the daemon's memory (`after` says when `VmRSS` was read),
+/// what it does per request (`work`, empty or a sentence ending in a space) and the plan.
+fn notes(daemon: &str, pid: u32, after: &str, work: &str, plan: Plan) -> String {
+    format!(
+        "{daemon} RSS: {} MiB {after}, {} MiB peak. {work}Plan: c=1 {} pairs after {} warm-up; c=64 {} round(s) of {}.",
+        rss_kib(pid, "VmRSS:") / 1024,
+        rss_kib(pid, "VmHWM:") / 1024,
+        plan.pairs,
+        plan.warmup,
+        plan.rounds,
+        plan.round_size,
+    )
 }
 
 fn print_table(title: &str, rows: &[Row], notes: &str) {
@@ -268,14 +293,19 @@ fn print_table(title: &str, rows: &[Row], notes: &str) {
     println!("\n{notes}\n");
 }
 
-async fn bench_bridge(plan: Plan) -> Result<()> {
+/// The model both proxy benches talk to: every request gets the same short answer.
+fn start_fake() -> Result<FakeLlm> {
     let fakellm = workspace_bin("agentbox-tests", "fakellm")?;
     // Twenty text deltas, so a stream has the shape of a short real answer.
     let reply = "All done: the file was written and the tests pass. ".repeat(4);
-    let fake = FakeLlm::start(
+    Ok(FakeLlm::start(
         &fakellm,
         &json!({"fallback": {"text": reply, "usage": {"input_tokens": 25000, "output_tokens": 60}}}),
-    )?;
+    )?)
+}
+
+async fn bench_bridge(plan: Plan) -> Result<()> {
+    let fake = start_fake()?;
     let config = format!(
         r#"
 [bridge]
@@ -339,29 +369,16 @@ key_env = "BENCH_KEY"
                 headers,
                 body: bytes::Bytes::from(serde_json::to_vec(&forwarded["body"])?),
             };
-            let case = format!(
-                "{} {} ({} KB in)",
-                if provider == "openai" {
-                    "translate → chat"
-                } else {
-                    "passthrough"
-                },
-                if stream { "stream" } else { "non-stream" },
-                bytes.len() / 1024
-            );
-            eprintln!("bench: {case}");
+            let kind = if provider == "openai" {
+                "translate → chat"
+            } else {
+                "passthrough"
+            };
+            let case = case_name(kind, stream, bytes.len());
             rows.push(compare(&case, &client, &direct, &through, bridge.pid(), plan).await?);
         }
     }
-    let notes = format!(
-        "agentbox-bridge RSS: {} MiB idle-after-run, {} MiB peak. Plan: c=1 {} pairs after {} warm-up; c=64 {} round(s) of {}.",
-        rss_kib(bridge.pid(), "VmRSS:") / 1024,
-        rss_kib(bridge.pid(), "VmHWM:") / 1024,
-        plan.pairs,
-        plan.warmup,
-        plan.rounds,
-        plan.round_size,
-    );
+    let notes = notes("agentbox-bridge", bridge.pid(), "idle-after-run", "", plan);
     print_table("llm-bridge vs fakellm direct", &rows, &notes);
     Ok(())
 }
@@ -375,12 +392,7 @@ fn clients() -> Result<Clients> {
 }
 
 async fn bench_gateway(plan: Plan) -> Result<()> {
-    let fakellm = workspace_bin("agentbox-tests", "fakellm")?;
-    let reply = "All done: the file was written and the tests pass. ".repeat(4);
-    let fake = FakeLlm::start(
-        &fakellm,
-        &json!({"fallback": {"text": reply, "usage": {"input_tokens": 25000, "output_tokens": 60}}}),
-    )?;
+    let fake = start_fake()?;
     let config = format!(
         "[gateway]\nollama_url = \"{}\"\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
         fake.base_url()
@@ -426,22 +438,15 @@ async fn bench_gateway(plan: Plan) -> Result<()> {
             ],
             body: bytes::Bytes::from(serde_json::to_vec(&forwarded["body"])?),
         };
-        let case = format!(
-            "unix socket in, loopback out, {} ({} KB in)",
-            if stream { "stream" } else { "non-stream" },
-            bytes.len() / 1024
-        );
-        eprintln!("bench: {case}");
+        let case = case_name("unix socket in, loopback out,", stream, bytes.len());
         rows.push(compare(&case, &client, &direct, &through, gw.pid(), plan).await?);
     }
-    let notes = format!(
-        "agentbox-gateway RSS: {} MiB after the run, {} MiB peak. Every request through the gateway is authenticated, sanitized, admitted against the budget, metered and settled. Plan: c=1 {} pairs after {} warm-up; c=64 {} round(s) of {}.",
-        rss_kib(gw.pid(), "VmRSS:") / 1024,
-        rss_kib(gw.pid(), "VmHWM:") / 1024,
-        plan.pairs,
-        plan.warmup,
-        plan.rounds,
-        plan.round_size,
+    let notes = notes(
+        "agentbox-gateway",
+        gw.pid(),
+        "after the run",
+        "Every request through the gateway is authenticated, sanitized, admitted against the budget, metered and settled. ",
+        plan,
     );
     print_table("gateway vs fakellm direct", &rows, &notes);
     Ok(())
@@ -683,16 +688,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
     let result = run_launcher_bench(plan, &l, &floor, &floor_dir).await;
     // Our cgroup parents (the per-sandbox ones are gone already).
     let parents: Vec<PathBuf> = match cgroups.hierarchy() {
-        agentbox_sandbox::cgroup::Hierarchy::V1 {
-            memory,
-            pids,
-            cpu,
-            freezer,
-        } => [Some(memory), Some(pids), Some(cpu), freezer.as_ref()]
-            .into_iter()
-            .flatten()
-            .cloned()
-            .collect(),
+        agentbox_sandbox::cgroup::Hierarchy::V1(dirs) => dirs.all(),
         agentbox_sandbox::cgroup::Hierarchy::V2 { parent, .. } => vec![parent.clone()],
     };
     for p in parents {
@@ -761,14 +757,7 @@ async fn run_launcher_bench(
     }
     let cpu_ms =
         cpu_time(l.pid())?.saturating_sub(cpu0).as_secs_f64() * 1000.0 / plan.rounds as f64;
-    paired.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        paired
-            .get(((paired.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
-    let c1_paired = (at(0.50), at(0.99));
+    let c1_paired = paired_percentiles(paired);
 
     eprintln!("bench: launcher {} at once", plan.burst);
     let mut burst: Samples = Default::default();

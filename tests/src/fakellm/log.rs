@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::http::HeaderMap;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -42,21 +41,9 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// Collects headers into the log's map form.
-#[must_use]
-pub fn header_map(headers: &HeaderMap) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> = BTreeMap::new();
-    for (name, value) in headers {
-        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        out.entry(name.as_str().to_owned())
-            .and_modify(|v| {
-                v.push_str(", ");
-                v.push_str(&value);
-            })
-            .or_insert(value);
-    }
-    out
-}
+/// Headers in the log's map form: the api client's, so a logged request and a read answer
+/// compare directly.
+pub use agentbox_api::client::header_map;
 
 /// The append-only JSONL file.
 #[derive(Debug)]

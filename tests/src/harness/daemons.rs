@@ -109,22 +109,22 @@ fn is_fresh(bin: &Path) -> bool {
     true
 }
 
-/// A fresh temp dir (named `<prefix>…`) holding `agentbox.toml` with `config`; the daemon
-/// wrappers keep the dir alive as long as their process.
+/// A fresh temp dir (named `<prefix>…`) holding `agentbox.toml` with `config`.
 fn config_dir(prefix: &str, config: &str) -> Result<(tempfile::TempDir, PathBuf), HarnessError> {
-    let dir = tempfile::Builder::new()
-        .prefix(prefix)
-        .tempdir()
-        .map_err(|source| HarnessError::Io {
-            path: std::env::temp_dir(),
-            source,
-        })?;
-    let path = dir.path().join("agentbox.toml");
-    std::fs::write(&path, config).map_err(|source| HarnessError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    Ok((dir, path))
+    super::temp_file(prefix, "agentbox.toml", config)
+}
+
+deref_to_service!(BridgeProcess, GatewayProcess, LauncherProcess);
+
+/// Our daemon `bin` (package and binary share the name) with `--config config`, in an empty
+/// environment but for `RUST_LOG=info`.
+fn daemon_cmd(bin: &str, config: &Path) -> Result<Command, HarnessError> {
+    let mut cmd = Command::new(workspace_bin(bin, bin)?);
+    cmd.arg("--config")
+        .arg(config)
+        .env_clear()
+        .env("RUST_LOG", "info");
+    Ok(cmd)
 }
 
 /// A running `agentbox-bridge` on `127.0.0.1:0` with its own temp config.
@@ -143,21 +143,16 @@ impl BridgeProcess {
     /// # Errors
     /// When the binary cannot be built or the bridge does not come up.
     pub fn start(config: &str, env: &[(&str, &str)]) -> Result<Self, HarnessError> {
-        let bin = workspace_bin("agentbox-bridge", "agentbox-bridge")?;
         let (dir, path) = config_dir("bridge-", config)?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("--config")
-            .arg(&path)
-            .env_clear()
-            .env("AGENTBOX_DATA", dir.path())
-            .env("RUST_LOG", "info");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let (service, address) =
-            Service::start("agentbox-bridge", cmd, Duration::from_secs(30), |l| {
-                l.strip_prefix("listening on ").map(str::to_owned)
-            })?;
+        let mut cmd = daemon_cmd("agentbox-bridge", &path)?;
+        cmd.env("AGENTBOX_DATA", dir.path())
+            .envs(env.iter().copied());
+        let (service, address) = Service::start_listening(
+            "agentbox-bridge",
+            cmd,
+            Duration::from_secs(30),
+            "listening on ",
+        )?;
         Ok(Self {
             service,
             address,
@@ -169,23 +164,6 @@ impl BridgeProcess {
     #[must_use]
     pub fn base_url(&self) -> String {
         format!("http://{}", self.address)
-    }
-
-    /// The bridge's stderr so far (its logs).
-    #[must_use]
-    pub fn stderr(&self) -> String {
-        self.service.stderr()
-    }
-
-    /// The process id (for CPU and memory readings).
-    #[must_use]
-    pub fn pid(&self) -> u32 {
-        self.service.pid()
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        !self.service.has_exited()
     }
 }
 
@@ -254,16 +232,9 @@ impl GatewayProcess {
         env: &[(String, String)],
         identity: Option<(u32, u32)>,
     ) -> Result<Service, HarnessError> {
-        let bin = workspace_bin("agentbox-gateway", "agentbox-gateway")?;
-        let mut cmd = Command::new(bin);
-        cmd.arg("--config")
-            .arg(config)
-            .env_clear()
-            .env("AGENTBOX_DATA", data.join("data"))
-            .env("RUST_LOG", "info");
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
+        let mut cmd = daemon_cmd("agentbox-gateway", config)?;
+        cmd.env("AGENTBOX_DATA", data.join("data"))
+            .envs(env.iter().map(|(k, v)| (k, v)));
         if let Some((uid, gid)) = identity {
             use std::os::unix::process::CommandExt;
             // std clears the supplementary groups when root drops to another uid.
@@ -273,9 +244,12 @@ impl GatewayProcess {
             path: data.join("data"),
             source,
         })?;
-        let (service, _) = Service::start("agentbox-gateway", cmd, Duration::from_secs(30), |l| {
-            l.strip_prefix("listening on unix:").map(str::to_owned)
-        })?;
+        let (service, _) = Service::start_listening(
+            "agentbox-gateway",
+            cmd,
+            Duration::from_secs(30),
+            "listening on unix:",
+        )?;
         Ok(service)
     }
 
@@ -334,23 +308,6 @@ impl GatewayProcess {
         body: Option<&serde_json::Value>,
     ) -> Result<super::UnixResponse, HarnessError> {
         super::unix_json(&self.control_socket(), method, path, body).await
-    }
-
-    /// The process id (for CPU and memory readings).
-    #[must_use]
-    pub fn pid(&self) -> u32 {
-        self.service.pid()
-    }
-
-    /// The gateway's stderr so far.
-    #[must_use]
-    pub fn stderr(&self) -> String {
-        self.service.stderr()
-    }
-
-    /// Whether it still runs.
-    pub fn is_running(&mut self) -> bool {
-        !self.service.has_exited()
     }
 }
 
@@ -411,20 +368,18 @@ impl LauncherProcess {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::SeqCst)
         );
-        let mut cmd = Command::new(workspace_bin("agentbox-launcher", "agentbox-launcher")?);
-        cmd.arg("--config")
-            .arg(&path)
-            .arg("--service-uid")
+        let mut cmd = daemon_cmd("agentbox-launcher", &path)?;
+        cmd.arg("--service-uid")
             .arg(service_uid.to_string())
             .arg("--cgroup-parent")
             .arg(&cgroup_parent)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("RUST_LOG", "info");
-        let (service, _) =
-            Service::start("agentbox-launcher", cmd, Duration::from_secs(60), |l| {
-                l.strip_prefix("listening on unix:").map(str::to_owned)
-            })?;
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin");
+        let (service, _) = Service::start_listening(
+            "agentbox-launcher",
+            cmd,
+            Duration::from_secs(60),
+            "listening on unix:",
+        )?;
         Ok(Self {
             service,
             data,
@@ -500,24 +455,6 @@ impl LauncherProcess {
             drop(std::os::unix::net::UnixListener::bind(&sock).map_err(io(&sock))?);
         }
         Ok(())
-    }
-
-    /// The process id (for CPU readings).
-    #[must_use]
-    pub fn pid(&self) -> u32 {
-        self.service.pid()
-    }
-
-    /// The launcher's stderr so far.
-    #[must_use]
-    pub fn stderr(&self) -> String {
-        self.service.stderr()
-    }
-
-    /// Its pid and output so far, for failure messages.
-    #[must_use]
-    pub fn describe(&self) -> String {
-        self.service.describe()
     }
 }
 

@@ -9,6 +9,8 @@ use serde_json::Value;
 
 use super::{HarnessError, Service};
 
+deref_to_service!(FakeLlm);
+
 /// A running fakellm.
 #[derive(Debug)]
 pub struct FakeLlm {
@@ -38,19 +40,8 @@ impl FakeLlm {
     }
 
     fn start_inner(bin: &Path, script: &Value, unix: bool) -> Result<Self, HarnessError> {
-        let dir = tempfile::Builder::new()
-            .prefix("fakellm-")
-            .tempdir()
-            .map_err(|source| HarnessError::Io {
-                path: std::env::temp_dir(),
-                source,
-            })?;
-        let script_path = dir.path().join("script.json");
+        let (dir, script_path) = super::temp_file("fakellm-", "script.json", &script.to_string())?;
         let log = dir.path().join("requests.jsonl");
-        std::fs::write(&script_path, script.to_string()).map_err(|source| HarnessError::Io {
-            path: script_path.clone(),
-            source,
-        })?;
         let mut cmd = Command::new(bin);
         cmd.arg("--script").arg(&script_path).arg("--log").arg(&log);
         let socket = unix.then(|| dir.path().join("llm.sock"));
@@ -58,9 +49,8 @@ impl FakeLlm {
             Some(s) => cmd.arg("--unix").arg(s),
             None => cmd.arg("--listen").arg("127.0.0.1:0"),
         };
-        let (service, address) = Service::start("fakellm", cmd, Duration::from_secs(20), |l| {
-            l.strip_prefix("listening on ").map(str::to_owned)
-        })?;
+        let (service, address) =
+            Service::start_listening("fakellm", cmd, Duration::from_secs(20), "listening on ")?;
         Ok(Self {
             service,
             address,
@@ -143,16 +133,5 @@ impl FakeLlm {
                 })
             })
             .collect()
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        !self.service.has_exited()
-    }
-
-    /// Its stderr so far.
-    #[must_use]
-    pub fn stderr(&self) -> String {
-        self.service.stderr()
     }
 }

@@ -99,6 +99,30 @@ pub struct Launcher {
     _dir: tempfile::TempDir,
 }
 
+/// `git -c <each of config> -C dir args` as root (the operator) for test setup and inspection,
+/// with no system or global config; panics with git's stderr when it fails. Its stdout,
+/// trimmed.
+pub fn git_with(dir: &Path, config: &[&str], args: &[&str]) -> String {
+    let mut cmd = Command::new("git");
+    for c in config {
+        cmd.arg("-c").arg(c);
+    }
+    let out = cmd
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// `chown uid:uid` (following symlinks: for paths the test made itself).
 pub fn chown(path: &Path, uid: u32) {
     std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
@@ -313,6 +337,12 @@ impl Launcher {
         let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
         l
+    }
+
+    /// What an agent run needs before it starts: its [`Launcher::workspace`] and its
+    /// [`Launcher::gateway_socket`] (keep the listener alive).
+    pub fn prepare_task(&self, tid: &str) -> (PathBuf, std::os::unix::net::UnixListener) {
+        (self.workspace(tid), self.gateway_socket(tid))
     }
 
     /// Runs a check to completion and returns its result.

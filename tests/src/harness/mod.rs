@@ -2,6 +2,24 @@
 //! group when the test ends, the `fakellm` process wrapper, locating the real agent CLIs, and
 //! HTTP/SSE helpers (including plain HTTP/1.1 over a unix socket, which reqwest cannot do).
 
+/// The process wrappers are their [`Service`] plus addresses and files: `pid`, `stderr`,
+/// `describe`, `is_running`, `stop` and `kill` are the service's.
+macro_rules! deref_to_service {
+    ($($wrapper:ty),+) => {$(
+        impl std::ops::Deref for $wrapper {
+            type Target = Service;
+            fn deref(&self) -> &Service {
+                &self.service
+            }
+        }
+        impl std::ops::DerefMut for $wrapper {
+            fn deref_mut(&mut self) -> &mut Service {
+                &mut self.service
+            }
+        }
+    )+};
+}
+
 mod clients;
 mod daemons;
 mod fake;
@@ -86,4 +104,26 @@ pub enum HarnessError {
     /// An HTTP exchange over a unix socket failed.
     #[error(transparent)]
     Client(#[from] agentbox_api::ClientError),
+}
+
+/// A fresh temp dir (named `<prefix>…`) holding `name` with `contents`; the process wrappers
+/// keep the dir alive as long as their process.
+fn temp_file(
+    prefix: &str,
+    name: &str,
+    contents: &str,
+) -> Result<(tempfile::TempDir, PathBuf), HarnessError> {
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|source| HarnessError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })?;
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).map_err(|source| HarnessError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((dir, path))
 }

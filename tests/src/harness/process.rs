@@ -20,6 +20,17 @@ fn text(buf: &Mutex<Vec<u8>>) -> String {
     String::from_utf8_lossy(&lock(buf)).into_owned()
 }
 
+/// Where a drain thread or task collects one of a child's output streams.
+type OutputBuf = Arc<Mutex<Vec<u8>>>;
+
+/// `what` could not be started (or waited for).
+fn spawn_failed(what: &str) -> impl FnOnce(std::io::Error) -> HarnessError + '_ {
+    move |source| HarnessError::Spawn {
+        what: what.to_owned(),
+        source,
+    }
+}
+
 fn signal_group(pid: u32, signal: Signal) {
     if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
         // ESRCH just means the group is already gone.
@@ -32,8 +43,8 @@ fn signal_group(pid: u32, signal: Signal) {
 pub struct Service {
     what: String,
     child: Child,
-    stdout: Arc<Mutex<Vec<u8>>>,
-    stderr: Arc<Mutex<Vec<u8>>>,
+    stdout: OutputBuf,
+    stderr: OutputBuf,
     stopped: bool,
 }
 
@@ -58,12 +69,8 @@ impl Service {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let mut child = cmd.spawn().map_err(|source| HarnessError::Spawn {
-            what: what.to_owned(),
-            source,
-        })?;
-        let stdout = Arc::new(Mutex::new(Vec::new()));
-        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut child = cmd.spawn().map_err(spawn_failed(what))?;
+        let (stdout, stderr) = (OutputBuf::default(), OutputBuf::default());
         let (tx, rx) = mpsc::channel::<Option<String>>();
         if let Some(out) = child.stdout.take() {
             let buf = Arc::clone(&stdout);
@@ -115,6 +122,22 @@ impl Service {
         })
     }
 
+    /// [`Service::start`] for our own programs, which announce `<prefix><address>` on stdout
+    /// once they serve; returns the address.
+    ///
+    /// # Errors
+    /// As [`Service::start`].
+    pub fn start_listening(
+        what: &str,
+        cmd: Command,
+        timeout: Duration,
+        prefix: &'static str,
+    ) -> Result<(Self, String), HarnessError> {
+        Self::start(what, cmd, timeout, move |l| {
+            l.strip_prefix(prefix).map(str::to_owned)
+        })
+    }
+
     /// Its stdout so far.
     #[must_use]
     pub fn stdout(&self) -> String {
@@ -136,6 +159,11 @@ impl Service {
     /// Whether the process has exited.
     pub fn has_exited(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&mut self) -> bool {
+        !self.has_exited()
     }
 
     /// SIGTERM to the group, then SIGKILL if it lingers; reaps the child.
@@ -188,7 +216,7 @@ impl Drop for Service {
     }
 }
 
-fn drain_into<R: Read + Send + 'static>(mut r: R, buf: Arc<Mutex<Vec<u8>>>) {
+fn drain_into<R: Read + Send + 'static>(mut r: R, buf: OutputBuf) {
     std::thread::spawn(move || {
         let mut chunk = [0_u8; 8192];
         loop {
@@ -240,12 +268,8 @@ pub async fn run_captured(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let start = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| HarnessError::Spawn {
-        what: what.to_owned(),
-        source,
-    })?;
-    let stdout = Arc::new(Mutex::new(Vec::new()));
-    let stderr = Arc::new(Mutex::new(Vec::new()));
+    let mut child = cmd.spawn().map_err(spawn_failed(what))?;
+    let (stdout, stderr) = (OutputBuf::default(), OutputBuf::default());
     let readers = [
         child
             .stdout
@@ -278,10 +302,7 @@ pub async fn run_captured(
             stderr: err,
             elapsed: start.elapsed(),
         }),
-        Ok(Err(source)) => Err(HarnessError::Spawn {
-            what: what.to_owned(),
-            source,
-        }),
+        Ok(Err(source)) => Err(spawn_failed(what)(source)),
         Err(_) => Err(HarnessError::Timeout {
             what: what.to_owned(),
             timeout,
@@ -291,7 +312,7 @@ pub async fn run_captured(
     }
 }
 
-fn tokio_drain<R>(mut r: R, buf: Arc<Mutex<Vec<u8>>>) -> tokio::task::JoinHandle<()>
+fn tokio_drain<R>(mut r: R, buf: OutputBuf) -> tokio::task::JoinHandle<()>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
 {
