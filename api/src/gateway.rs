@@ -103,4 +103,7 @@ pub struct GatewayStatus {
     pub bridge_token: bool,
     /// The catalogue's model ids.
     pub models: Vec<String>,
+    /// The capabilities the gateway holds (none); `None` if they could not be read.
+    #[serde(default)]
+    pub capabilities: Option<crate::caps::Capabilities>,
 }

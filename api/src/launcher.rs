@@ -290,4 +290,8 @@ pub struct LauncherStatus {
     pub backends: Vec<BackendStatus>,
     pub ready: bool,
     pub host: HostStatus,
+    /// The capabilities the launcher holds (only those it uses); `None` if they could not be
+    /// read.
+    #[serde(default)]
+    pub capabilities: Option<crate::caps::Capabilities>,
 }

@@ -8,11 +8,13 @@
 //!
 //! - [`launcher`] serves `run/launcher.sock`.
 //! - [`gateway`] serves `run/gateway.sock`.
+//! - [`caps`] is how both daemons report the Linux capabilities they hold.
 //! - [`error`] holds the `{"error":{"code","message"}}` envelope both daemons answer failures with.
 //! - [`client`] speaks HTTP/1.1 over a unix socket (hyper + hyperlocal), typed per route, with raw
 //!   access for tests that send malformed input on purpose.
 #![forbid(unsafe_code)]
 
+pub mod caps;
 pub mod client;
 pub mod error;
 pub mod gateway;

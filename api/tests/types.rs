@@ -254,13 +254,22 @@ fn launcher_answers() {
                 user_namespaces: check(true, "max 10"),
                 cgroups: check(false, "none"),
             },
+            capabilities: Some(agentbox_api::caps::Capabilities {
+                effective: vec!["CAP_KILL".into()],
+                permitted: vec!["CAP_KILL".into()],
+                inheritable: vec![],
+                ambient: vec![],
+                bounding: vec!["CAP_KILL".into()],
+            }),
         },
         &json!({"agents": [{"tid": "a", "state": "running"}], "checks": [], "finished": 3,
             "waiters": 1, "backends": [bv], "ready": false,
             "host": {"ready": false, "reasons": ["cgroups: none"],
                 "bwrap": {"ok": true, "detail": "bubblewrap 0.11.0"},
                 "user_namespaces": {"ok": true, "detail": "max 10"},
-                "cgroups": {"ok": false, "detail": "none"}}}),
+                "cgroups": {"ok": false, "detail": "none"}},
+            "capabilities": {"effective": ["CAP_KILL"], "permitted": ["CAP_KILL"],
+                "inheritable": [], "ambient": [], "bounding": ["CAP_KILL"]}}),
     );
 }
 
@@ -324,9 +333,11 @@ fn gateway_types() {
             tasks: vec![view],
             bridge_token: false,
             models: vec!["local".into()],
+            capabilities: Some(agentbox_api::caps::Capabilities::default()),
         },
         &json!({"ok": true, "open_tasks": 1, "tasks": [vv], "bridge_token": false,
-            "models": ["local"]}),
+            "models": ["local"], "capabilities": {"effective": [], "permitted": [],
+                "inheritable": [], "ambient": [], "bounding": []}}),
     );
 }
 

@@ -349,6 +349,7 @@ impl Gateway {
             tasks: list,
             bridge_token: self.opts.bridge_token.is_some(),
             models: self.opts.models.keys().map(ToString::to_string).collect(),
+            capabilities: agentbox_http::privs::current().ok(),
         }
     }
 

@@ -2,6 +2,8 @@
 //! that the caller bound (so tests use port 0 and temp sockets), with a header read timeout,
 //! tracked connection tasks and graceful shutdown; the unix peer's credentials attached to
 //! every request; and reading a request body under a size limit and a deadline.
+//! [`start_daemon`] is every unprivileged daemon's start, and [`privs`] the capability sets
+//! (the launcher keeps a few, the gateway and bridge none).
 //!
 //! We run our own loop instead of `axum::serve` because a slowloris client must not hold a
 //! connection forever (`axum::serve` has no header timeout), because shutdown must wait for
@@ -9,6 +11,8 @@
 //! by `SO_PEERCRED`, which axum does not expose.
 
 #![forbid(unsafe_code)]
+
+pub mod privs;
 
 use std::time::Duration;
 
@@ -254,9 +258,11 @@ struct DaemonArgs {
 }
 
 /// A daemon's first steps: its command line (`--config <file>`, `--help`, `--version`),
-/// logging (see [`init_logging`]), then its config from `--config` (else `$AGENTBOX_CONFIG`,
-/// else the default path). A config that does not load is reported on stderr as
-/// `<program>: <error>` and becomes exit code 78 (`EX_CONFIG`), before anything listens.
+/// logging (see [`init_logging`]), no capabilities ([`privs::require_none`]: a service user
+/// holding any is refused with exit code 77, `EX_NOPERM`; root drops them all), then its config
+/// from `--config` (else `$AGENTBOX_CONFIG`, else the default path). A config that does not
+/// load is reported on stderr as `<program>: <error>` and becomes exit code 78 (`EX_CONFIG`),
+/// before anything listens. Call it before starting any thread: capabilities are per thread.
 pub fn start_daemon(
     program: &'static str,
     about: &'static str,
@@ -271,6 +277,16 @@ pub fn start_daemon(
         .get_matches();
     let args = DaemonArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     init_logging();
+    match privs::require_none() {
+        Ok(privs::NoCaps::Held) => {}
+        Ok(privs::NoCaps::DroppedAsRoot) => {
+            tracing::warn!("running as root: dropped every capability");
+        }
+        Err(e) => {
+            eprintln!("{program}: {e}");
+            return Err(std::process::ExitCode::from(77));
+        }
+    }
     let env = ProcessEnv;
     Config::load(&config_path(args.config.as_deref(), &env), &env).map_err(|e| {
         eprintln!("{program}: {e}");

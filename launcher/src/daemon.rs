@@ -15,6 +15,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use agentbox_http::privs::{self, Capability};
 use agentbox_policy::config::{Config, ProcessEnv, config_path};
 use agentbox_sandbox::cgroup::{Cgroups, RealSignaller};
 use agentbox_sandbox::proc;
@@ -54,6 +55,29 @@ pub struct Args {
     pub backend_start_timeout_s: u64,
 }
 
+/// The capabilities the launcher keeps of root's full set (everything else leaves even the
+/// bounding set, so no program it runs as root regains it). The packaged unit's
+/// `CapabilityBoundingSet=` lists the same; `tests/tests/privileges.rs` checks the running
+/// launcher holds exactly these, and every launcher test proves they are enough.
+/// - `CAP_CHOWN`, `CAP_FOWNER`: hand workspaces over to the agent uid and back, strip
+///   setuid bits, fix the data dir's owners and modes.
+/// - `CAP_DAC_OVERRIDE`, `CAP_DAC_READ_SEARCH`: read and write inside the service user's and
+///   the agents' directories (workspaces, shadow repositories) as root.
+/// - `CAP_SETUID`, `CAP_SETGID`: start sandboxes as the agent uid, vLLM as the service user,
+///   git as the repository owner (with their groups).
+/// - `CAP_SYS_ADMIN`: its own mount namespace and the staged bind mounts handed to bwrap.
+/// - `CAP_KILL`: signal and kill sandboxes and backends running as other uids.
+pub const KEPT_CAPABILITIES: &[Capability] = &[
+    Capability::CAP_CHOWN,
+    Capability::CAP_FOWNER,
+    Capability::CAP_DAC_OVERRIDE,
+    Capability::CAP_DAC_READ_SEARCH,
+    Capability::CAP_SETUID,
+    Capability::CAP_SETGID,
+    Capability::CAP_SYS_ADMIN,
+    Capability::CAP_KILL,
+];
+
 const EX_CONFIG: u8 = 78;
 const EX_NOPERM: u8 = 77;
 
@@ -77,6 +101,11 @@ pub fn main(args: Args) -> ExitCode {
     };
     if !rustix::process::geteuid().is_root() {
         eprintln!("agentbox-launcher: must run as root");
+        return ExitCode::from(EX_NOPERM);
+    }
+    // Before any thread starts: capability sets are per thread, inherited by later threads.
+    if let Err(e) = privs::restrict_to(KEPT_CAPABILITIES) {
+        eprintln!("agentbox-launcher: cannot drop capabilities: {e}");
         return ExitCode::from(EX_NOPERM);
     }
     // Before the runtime starts any thread: unshare applies to the calling thread only.

@@ -869,6 +869,7 @@ impl Launcher {
             backends: self.backends.statuses(&self.busy_models()),
             ready: host.ready,
             host,
+            capabilities: agentbox_http::privs::current().ok(),
         }
     }
 
