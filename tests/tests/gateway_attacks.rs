@@ -185,3 +185,62 @@ key_env = "ATTACK_ANTHROPIC_KEY"
     let view = wait_for(&gw, "redir", |v| v["in_flight"] == 0).await;
     assert_eq!(view["usage"]["total_tokens"], 0, "{view}");
 }
+
+// ---- 4: hanging up before the response head ------------------------------------------------
+
+/// Sends `body` on the task socket and hangs up after `after`, before any answer arrives.
+async fn send_and_hang_up(sock: &Path, body: &Value, after: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    let body = body.to_string();
+    s.write_all(
+        format!(
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(after).await;
+    drop(s);
+}
+
+#[tokio::test]
+async fn hanging_up_before_the_head_is_billed_what_upstream_billed() {
+    // Every answer costs 40,500 tokens upstream and takes 1.5 s to start.
+    let (input, output) = (40_000u64, 500u64);
+    let fake = fakellm(&json!({"fallback": {
+        "text": "an expensive answer",
+        "usage": {"input_tokens": input, "output_tokens": output},
+        "delay_ms": 1500
+    }}));
+    let gw = gateway(&fake, "http://127.0.0.1:9", "");
+    open(&gw, "hang", "local", json!({"tokens": 10_000})).await;
+    let sock = gw.task_socket("hang");
+    for i in 0..8 {
+        let mut body = user(json!("summarize the repository"));
+        body["stream"] = json!(i % 2 == 0);
+        send_and_hang_up(&sock, &body, Duration::from_millis(200)).await;
+    }
+    let view = wait_for(&gw, "hang", |v| v["in_flight"] == 0).await;
+    let upstream = fake
+        .requests()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "/v1/messages")
+        .count() as u64;
+    assert!(upstream >= 1, "nothing reached fakellm");
+    let spent = view["usage"]["total_tokens"].as_u64().unwrap();
+    assert!(
+        spent >= upstream * (input + output),
+        "fakellm billed {upstream} x {} tokens, the task was charged {spent}: {view}",
+        input + output
+    );
+    // The budget now stops the task before any upstream call.
+    let r = send(&sock, &user(json!("again"))).await;
+    assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(error_type(&r.body), "permission_error");
+    assert_eq!(fake.requests().unwrap().len() as u64, upstream);
+}
