@@ -3,12 +3,24 @@
 //!
 //! The task table lives in [`crate::gateway`], which implements [`Accounts`]; the proxy knows
 //! only this module, so the two never import each other.
+//!
+//! What an admission bills (the meter never counts less than the upstream bills, as far as the
+//! gateway can know it):
+//! - a complete answer: the upstream's own usage;
+//! - an answer cut after its head (client gone mid-stream, upstream broke, the background
+//!   drain's time limit): the metered usage, output at least the deltas that were read
+//!   ([`MeterReport::billable_usage`]), input at least the reservation's input estimate when
+//!   the upstream never reported its input;
+//! - the upstream refused the request (an error status) or could not be reached: nothing;
+//! - an admission dropped after it was sent upstream without any of the above (an upstream
+//!   that timed out, a task cancelled at shutdown): its whole reservation, because the
+//!   upstream may have run the request and nobody saw its usage.
 
 use std::sync::Arc;
 
 use agentbox_policy::config::Model;
 use agentbox_policy::id::Tid;
-use agentbox_wire::usage::MeteredUsage;
+use agentbox_wire::usage::{MeterReport, MeteredUsage};
 
 use crate::ledger::{Refusal, Reservation};
 
@@ -80,23 +92,45 @@ impl TaskAccount {
         Ok(Admission {
             account: self.clone(),
             reservation: Some(r),
+            sent: false,
         })
     }
 }
 
-/// An admitted request's reservation. It settles exactly once: with the metered usage via
-/// [`Admission::settle`], or, if dropped first (an early return, an upstream error), with
-/// nothing used.
+/// An admitted request's reservation. It settles exactly once, with what the module doc says
+/// the request is billed: via [`Admission::settle`] (a metered answer), [`Admission::refund`]
+/// (refused or unreachable upstream), or, if dropped first, with nothing when it never went
+/// upstream and with its whole reservation when it did ([`Admission::sent`]).
 #[derive(Debug)]
 pub struct Admission {
     account: TaskAccount,
     reservation: Option<Reservation>,
+    /// The request was handed to the upstream client.
+    sent: bool,
 }
 
 impl Admission {
-    /// Books `usage` and releases the reservation.
-    pub fn settle(mut self, usage: &MeteredUsage) {
-        self.settle_once(usage);
+    /// Marks the request as handed to the upstream: from now on, dropping the admission bills
+    /// its whole reservation.
+    pub fn sent(&mut self) {
+        self.sent = true;
+    }
+
+    /// Books a metered answer (see the module doc) and releases the reservation.
+    pub fn settle(mut self, report: &MeterReport) {
+        let mut usage = report.billable_usage();
+        if !report.complete
+            && !report.saw_usage
+            && let Some(r) = &self.reservation
+        {
+            usage.input_tokens = usage.input_tokens.max(r.input_tokens);
+        }
+        self.settle_once(&usage);
+    }
+
+    /// The upstream answered with an error status or could not be reached: nothing is billed.
+    pub fn refund(mut self) {
+        self.settle_once(&MeteredUsage::default());
     }
 
     fn settle_once(&mut self, usage: &MeteredUsage) {
@@ -108,6 +142,14 @@ impl Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.settle_once(&MeteredUsage::default());
+        let usage = match (&self.reservation, self.sent) {
+            (Some(r), true) => MeteredUsage {
+                input_tokens: r.input_tokens,
+                output_tokens: r.tokens.saturating_sub(r.input_tokens),
+                ..MeteredUsage::default()
+            },
+            (Some(_), false) | (None, _) => MeteredUsage::default(),
+        };
+        self.settle_once(&usage);
     }
 }

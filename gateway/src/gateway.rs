@@ -150,6 +150,7 @@ impl Gateway {
             path: opts.data_dir.join("sockets"),
             source,
         })?;
+        let tracker = TaskTracker::new();
         let proxy = Arc::new(ProxyConfig {
             upstream: Upstream::new(&ClientOptions::default())?,
             ollama_url: opts.ollama_url.clone(),
@@ -157,6 +158,8 @@ impl Gateway {
             bridge_token: opts.bridge_token.clone(),
             max_body_bytes: opts.max_body_bytes,
             body_timeout: opts.body_timeout,
+            background: tracker.clone(),
+            shutdown: shutdown.clone(),
         });
         let mut tasks = BTreeMap::new();
         for (tid, rec) in snapshot.tasks {
@@ -194,7 +197,7 @@ impl Gateway {
             tasks: Mutex::new(tasks),
             dirty: Notify::new(),
             shutdown,
-            tracker: TaskTracker::new(),
+            tracker,
             control: tokio::sync::Mutex::new(()),
         }))
     }

@@ -64,8 +64,11 @@ impl Spent {
 /// The worst case of one request, held while it is in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize)]
 pub struct Reservation {
+    /// Input estimate plus the output allowed.
     pub tokens: u64,
     pub usd: f64,
+    /// The input estimate alone, billed when an upstream never reports its input.
+    pub input_tokens: u64,
 }
 
 impl Reservation {
@@ -87,6 +90,7 @@ impl Reservation {
         Reservation {
             tokens: input_estimate.saturating_add(max_output),
             usd,
+            input_tokens: input_estimate,
         }
     }
 }
@@ -210,6 +214,7 @@ mod tests {
             a.admit(Reservation {
                 tokens: 1 << 40,
                 usd: 1e9,
+                ..Reservation::default()
             })
             .unwrap();
         }
@@ -228,6 +233,7 @@ mod tests {
         let r = Reservation {
             tokens: 500,
             usd: 0.0,
+            ..Reservation::default()
         };
         a.admit(r).unwrap();
         a.settle(r, &usage(80, 20), None);
@@ -255,6 +261,7 @@ mod tests {
         let r = Reservation {
             tokens: 600,
             usd: 0.0,
+            ..Reservation::default()
         };
         a.admit(r).unwrap();
         a.admit(r).unwrap(); // 0 + 600 < 1000: admitted; now 1200 reserved.
@@ -281,6 +288,7 @@ mod tests {
         let r = Reservation {
             tokens: 700,
             usd: 0.0,
+            ..Reservation::default()
         };
         let mut admitted = 0;
         let mut max_reserved = 0;

@@ -1,23 +1,35 @@
 //! A task socket: `POST /v1/messages` and `POST /v1/messages/count_tokens` (any query string),
 //! everything else 404.
 //!
+//! **Guarantee: the meter never counts less than the upstream bills, whenever the client hangs
+//! up.** The upstream call runs in a task of its own, detached from the client's connection, and
+//! owns the request's [`Admission`]. If the client hangs up before the response head (axum then
+//! drops the handler), the call still completes and its answer is read to the end in the
+//! background, bounded by the upstream client's timeouts for the head and by [`DRAIN_LIMIT`]
+//! (or gateway shutdown) for the body, and the admission settles on the upstream's own usage.
+//! If the client hangs up mid-answer, the body is dropped, which closes the upstream connection
+//! and cancels the generation; the admission settles on what was metered: the upstream's input
+//! from `message_start` (or the reservation's input estimate if none arrived) and the output
+//! read so far, at least as estimated from the deltas (`MeterReport::billable_usage`). Output
+//! the upstream generated after the last read and before it saw the close (at most what sits in
+//! socket buffers) is not seen. What every ending bills is stated once, in [`crate::account`];
+//! each admission settles exactly once.
+//!
 //! A message request is authenticated (task token, constant time), read under the body limit,
 //! sanitized by `policy::sanitize` (model rewritten to the destination's name, server-side
 //! tools, `mcp_servers`, `container` and `context_management` removed), `max_tokens` clamped
 //! to the catalogue's cap, admitted against the budget with a reservation (403 before any
 //! upstream call when spent), and forwarded through `agentbox-llm` with only
-//! `anthropic-version`. The response streams back as it arrives, metered; the reservation
-//! ([`Admission`]) is settled on the real usage when the body ends, or, if the client goes away
-//! first, when the body is dropped (which also drops the upstream request), billing what was
-//! generated up to then.
+//! `anthropic-version`. The response streams back as it arrives, metered.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentbox_http::{BodyError, read_body};
 use agentbox_llm::adapter::anthropic_version;
-use agentbox_llm::{AnthropicTarget, Auth, Upstream};
+use agentbox_llm::{Answer, AnthropicTarget, Auth, LlmError, Upstream};
 use agentbox_policy::config::{Backend, Model};
+use agentbox_policy::id::Tid;
 use agentbox_policy::sanitize;
 use agentbox_policy::secret::{Secret, presented_token};
 use axum::Router;
@@ -25,9 +37,13 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::account::{AccountError, TaskAccount};
+use crate::account::{AccountError, Admission, TaskAccount};
 use crate::error::ProxyError;
 use crate::estimate;
 use crate::ledger::Reservation;
@@ -47,7 +63,14 @@ pub struct ProxyConfig {
     pub max_body_bytes: u64,
     /// How long a client may take to send its body.
     pub body_timeout: Duration,
+    /// Runs the upstream calls (the gateway waits for it at shutdown).
+    pub background: TaskTracker,
+    /// Cancelled at shutdown: stops background drains, which then settle what they read.
+    pub shutdown: CancellationToken,
 }
+
+/// How long an answer whose client hung up before its head is read in the background.
+pub const DRAIN_LIMIT: Duration = Duration::from_secs(300);
 
 /// Where a model's requests go.
 #[derive(Debug, Clone)]
@@ -183,31 +206,113 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         max_tokens,
         model.prices.as_ref(),
     );
-    // From here every path settles exactly once: on an early return the admission's drop does
-    // it, after the upstream answered the metered body does.
+    // From here every path settles exactly once: the admission moves into the upstream call's
+    // own task, which outlives this handler if the client hangs up.
     let admission = ctx.account.admit(reservation)?;
-    let auth = if dest.bridge {
-        Auth::Bearer(
+    let bridge_token = if dest.bridge {
+        Some(
             ctx.cfg
                 .bridge_token
-                .as_ref()
+                .clone()
                 .ok_or(ProxyError::NoBridgeToken)?,
         )
     } else {
-        Auth::None
+        None
     };
-    let target = AnthropicTarget {
-        url: &dest.url,
-        auth,
-        version: anthropic_version(&headers),
+    let call = Call {
+        cfg: ctx.cfg.clone(),
+        tid: ctx.account.tid().clone(),
+        dest,
+        bridge_token,
+        version: anthropic_version(&headers).to_owned(),
+        body: value,
     };
-    let answer = ctx.cfg.upstream.anthropic(target, &value).await?;
-    let tid = ctx.account.tid().clone();
-    let answer = answer.metered(move |report| {
-        if !report.complete {
-            tracing::warn!(%tid, "response ended incomplete; billing what was generated");
+    let (tx, rx) = oneshot::channel();
+    ctx.cfg.background.spawn(async move {
+        let shutdown = call.cfg.shutdown.clone();
+        let tid = call.tid.clone();
+        let result = call.forward(admission).await;
+        if let Err(Ok(answer)) = tx.send(result) {
+            drain(answer, &tid, &shutdown).await;
         }
-        admission.settle(&report.billable_usage());
     });
-    Ok(answer.into_response())
+    match rx.await {
+        Ok(answer) => Ok(answer?.into_response()),
+        // The call's task ended without an answer (the runtime is shutting down).
+        Err(_) => Err(ProxyError::Llm(LlmError::Unreachable(
+            "the upstream call ended without an answer".into(),
+        ))),
+    }
+}
+
+/// One upstream call, owned by its own task.
+struct Call {
+    cfg: Arc<ProxyConfig>,
+    tid: Tid,
+    dest: Destination,
+    bridge_token: Option<Secret>,
+    version: String,
+    body: Value,
+}
+
+impl Call {
+    /// Sends the request; the answer's metered body settles `admission`, an error settles it
+    /// as `account` says.
+    async fn forward(self, mut admission: Admission) -> Result<Answer, ProxyError> {
+        let auth = match &self.bridge_token {
+            Some(t) => Auth::Bearer(t),
+            None => Auth::None,
+        };
+        let target = AnthropicTarget {
+            url: &self.dest.url,
+            auth,
+            version: &self.version,
+        };
+        admission.sent();
+        match self.cfg.upstream.anthropic(target, &self.body).await {
+            Ok(answer) => {
+                let tid = self.tid;
+                Ok(answer.metered(move |report| {
+                    if !report.complete {
+                        tracing::warn!(%tid, "response ended incomplete; billing what was generated");
+                    }
+                    admission.settle(&report);
+                }))
+            }
+            Err(e) => {
+                match &e {
+                    // Refused, or never reached: providers bill neither.
+                    LlmError::Upstream { .. }
+                    | LlmError::Unreachable(_)
+                    | LlmError::InvalidRequest(_) => admission.refund(),
+                    // It took the request and went silent (or answered garbage): it may have run
+                    // it, so the drop bills the whole reservation.
+                    LlmError::Timeout | LlmError::InvalidResponse(_) => drop(admission),
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Reads an answer whose client hung up before its head, so its metered body settles on the
+/// upstream's usage; past [`DRAIN_LIMIT`] or at shutdown the body is dropped and settles on
+/// what was read.
+async fn drain(answer: Answer, tid: &Tid, shutdown: &CancellationToken) {
+    tracing::info!(%tid, "client hung up before the answer; reading it to bill it");
+    let mut body = answer.body;
+    let read_all = async {
+        while let Some(chunk) = body.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        () = read_all => {}
+        () = tokio::time::sleep(DRAIN_LIMIT) => {
+            tracing::warn!(%tid, "abandoned answer still running after the drain limit; billing what was read");
+        }
+        () = shutdown.cancelled() => {}
+    }
 }

@@ -1,6 +1,10 @@
 //! The one upstream HTTP client and what every call shares: sending with the engine's error
 //! mapping, and capped reads of bodies (an upstream error body at 64 KiB, a non-streamed
 //! answer at 64 MiB), so a hostile or broken upstream cannot balloon a daemon's memory.
+//!
+//! Redirects are never followed: a redirect would re-send the request, its prompt and its
+//! credentials (`x-api-key`, the bridge token) to whatever host the upstream names. A 3xx is
+//! an upstream error like any other non-2xx (502 to the client, see `error.rs`).
 
 use std::time::Duration;
 
@@ -83,6 +87,7 @@ impl Upstream {
             .read_timeout(opts.read_timeout)
             .pool_idle_timeout(opts.pool_idle_timeout)
             .tcp_nodelay(opts.tcp_nodelay)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ClientError(agentbox_http::error_chain(&e)))?;
         Ok(Upstream { client })

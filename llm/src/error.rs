@@ -113,7 +113,15 @@ impl LlmError {
         body: &[u8],
     ) -> Self {
         let (mapped, mut reply) = client_error_for_upstream(status.as_u16(), body);
-        let mapped = StatusCode::from_u16(mapped).unwrap_or(StatusCode::BAD_GATEWAY);
+        // Only 4xx and 5xx are errors a client can act on; anything else that is not a 2xx (a
+        // redirect, which is never followed, or an informational status) is a broken upstream.
+        let mapped = match StatusCode::from_u16(mapped) {
+            Ok(s) if s.is_client_error() || s.is_server_error() => s,
+            Ok(_) | Err(_) => {
+                reply = ErrorBody::new(ErrorType::ApiError, "");
+                StatusCode::BAD_GATEWAY
+            }
+        };
         if mapped.is_server_error() {
             tracing::warn!(status = status.as_u16(), body = %String::from_utf8_lossy(&body[..body.len().min(2048)]),
                 "upstream error");
@@ -224,6 +232,19 @@ mod tests {
         let r = LlmError::from_upstream(StatusCode::BAD_REQUEST, None, body).reply();
         assert_eq!(r.status, StatusCode::BAD_REQUEST);
         assert!(r.body.error.message.starts_with("prompt is too long"));
+
+        // A redirect (never followed) is a broken upstream, whatever its body says.
+        for status in [307, 308, 301] {
+            let body = br#"{"type":"error","error":{"type":"invalid_request_error","message":"go to http://evil"}}"#;
+            let r =
+                LlmError::from_upstream(StatusCode::from_u16(status).unwrap(), None, body).reply();
+            assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+            assert_eq!(r.body.error.kind, ErrorType::ApiError);
+            assert_eq!(
+                r.body.error.message,
+                format!("upstream returned HTTP {status}")
+            );
+        }
     }
 
     #[test]

@@ -1,0 +1,246 @@
+//! Attacks on the money and on what leaves the host, through the real gateway and bridge
+//! processes against `fakellm`: hanging up before the response head (the budget must still see
+//! what upstream billed), media with URL sources (refused before any upstream call, and when
+//! allowed the overshoot stays within the ledger's bound), and upstream redirects (never
+//! followed, so no key, token or prompt reaches another listener).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use agentbox_tests::harness::{BridgeProcess, FakeLlm, GatewayProcess, UnixResponse, unix_request};
+use serde_json::{Value, json};
+
+const TOKEN: &str = "task-token-0123456789abcdef";
+const BRIDGE_TOKEN: &str = "bridge-token-for-attack-tests";
+const ANTHROPIC_KEY: &str = "sk-ant-attack-test-key";
+
+fn fakellm(script: &Value) -> FakeLlm {
+    FakeLlm::start(env!("CARGO_BIN_EXE_fakellm").as_ref(), script).unwrap()
+}
+
+/// A gateway whose `local` model goes to `fake` (as Ollama) and whose remote `claude` goes to
+/// `bridge_url`; `extra` is appended to `[models.local]`.
+fn gateway(fake: &FakeLlm, bridge_url: &str, extra: &str) -> GatewayProcess {
+    let config = format!(
+        r#"
+[gateway]
+ollama_url = "{fake}"
+bridge_url = "{bridge_url}"
+max_body_mb = 8
+
+[models.claude]
+backend = "remote"
+provider = "anthropic"
+base_url = "{fake}"
+upstream_model = "claude-upstream"
+key_env = "ATTACK_ANTHROPIC_KEY"
+
+[models.local]
+backend = "ollama"
+upstream_model = "local-upstream"
+{extra}
+"#,
+        fake = fake.base_url(),
+    );
+    GatewayProcess::start(&config, &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)]).unwrap()
+}
+
+async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) {
+    let r = gw
+        .control(
+            "POST",
+            "/tasks",
+            Some(&json!({"tid": tid, "model": model, "token": TOKEN, "budget": budget})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+}
+
+async fn task(gw: &GatewayProcess, tid: &str) -> Value {
+    let r = gw
+        .control("GET", &format!("/tasks/{tid}"), None)
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+async fn send(sock: &Path, body: &Value) -> UnixResponse {
+    let auth = format!("Bearer {TOKEN}");
+    unix_request(
+        sock,
+        "POST",
+        "/v1/messages",
+        &[
+            ("content-type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
+            ("authorization", auth.as_str()),
+        ],
+        body.to_string(),
+    )
+    .await
+    .unwrap()
+}
+
+fn error_type(body: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    v["error"]["type"].as_str().unwrap_or("").to_owned()
+}
+
+fn user(content: Value) -> Value {
+    json!({"model": "x", "max_tokens": 100, "messages": [{"role": "user", "content": content}]})
+}
+
+/// Polls `task` until `done` holds, for at most 20 seconds.
+async fn wait_for(gw: &GatewayProcess, tid: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let v = task(gw, tid).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "never reached: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+// ---- 9: redirects ------------------------------------------------------------------------
+
+/// A fakellm that answers every request with `307` to `target`.
+fn redirector(target: &FakeLlm) -> FakeLlm {
+    fakellm(&json!({"fallback": {
+        "error": {"status": 307, "body": {}},
+        "headers": {"location": format!("{}/v1/messages", target.base_url())}
+    }}))
+}
+
+#[tokio::test]
+async fn upstream_redirects_are_never_followed() {
+    // The bridge's provider call (x-api-key) is redirected to another listener.
+    let elsewhere = fakellm(&json!({"fallback": {"text": "stolen"}}));
+    let provider = redirector(&elsewhere);
+    let bridge = BridgeProcess::start(
+        &format!(
+            r#"
+[bridge]
+listen = "127.0.0.1:0"
+
+[models.claude]
+backend = "remote"
+provider = "anthropic"
+base_url = "{}"
+upstream_model = "claude-upstream"
+key_env = "ATTACK_ANTHROPIC_KEY"
+"#,
+            provider.base_url()
+        ),
+        &[
+            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
+            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
+        ],
+    )
+    .unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/messages", bridge.base_url()))
+        .bearer_auth(BRIDGE_TOKEN)
+        .json(&json!({"model": "claude", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body = r.text().await.unwrap();
+    assert_eq!(
+        provider.requests().unwrap().len(),
+        1,
+        "the provider was called"
+    );
+    assert!(
+        elsewhere.requests().unwrap().is_empty(),
+        "the redirect was followed: {:?}",
+        elsewhere.requests().unwrap()
+    );
+    assert_eq!(
+        status, 502,
+        "a redirect is a bad gateway, not an answer: {body}"
+    );
+    assert!(!body.contains(&elsewhere.base_url()), "{body}");
+
+    // The gateway's bridge call (bridge token) is redirected to another listener.
+    let fake = fakellm(&json!({"fallback": {"text": "x"}}));
+    let bridge_redirect = redirector(&elsewhere);
+    let gw = gateway(&fake, &bridge_redirect.base_url(), "");
+    open(&gw, "redir", "claude", json!({})).await;
+    let r = send(&gw.task_socket("redir"), &user(json!("hi"))).await;
+    assert_eq!(bridge_redirect.requests().unwrap().len(), 1);
+    assert!(
+        elsewhere.requests().unwrap().is_empty(),
+        "the gateway followed a redirect: {:?}",
+        elsewhere.requests().unwrap()
+    );
+    assert_eq!(r.status, 502, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(error_type(&r.body), "api_error");
+    let view = wait_for(&gw, "redir", |v| v["in_flight"] == 0).await;
+    assert_eq!(view["usage"]["total_tokens"], 0, "{view}");
+}
+
+// ---- 4: hanging up before the response head ------------------------------------------------
+
+/// Sends `body` on the task socket and hangs up after `after`, before any answer arrives.
+async fn send_and_hang_up(sock: &Path, body: &Value, after: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    let body = body.to_string();
+    s.write_all(
+        format!(
+            "POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(after).await;
+    drop(s);
+}
+
+#[tokio::test]
+async fn hanging_up_before_the_head_is_billed_what_upstream_billed() {
+    // Every answer costs 40,500 tokens upstream and takes 1.5 s to start.
+    let (input, output) = (40_000u64, 500u64);
+    let fake = fakellm(&json!({"fallback": {
+        "text": "an expensive answer",
+        "usage": {"input_tokens": input, "output_tokens": output},
+        "delay_ms": 1500
+    }}));
+    let gw = gateway(&fake, "http://127.0.0.1:9", "");
+    open(&gw, "hang", "local", json!({"tokens": 10_000})).await;
+    let sock = gw.task_socket("hang");
+    for i in 0..8 {
+        let mut body = user(json!("summarize the repository"));
+        body["stream"] = json!(i % 2 == 0);
+        send_and_hang_up(&sock, &body, Duration::from_millis(200)).await;
+    }
+    let view = wait_for(&gw, "hang", |v| v["in_flight"] == 0).await;
+    let upstream = fake
+        .requests()
+        .unwrap()
+        .iter()
+        .filter(|r| r["path"] == "/v1/messages")
+        .count() as u64;
+    assert!(upstream >= 1, "nothing reached fakellm");
+    let spent = view["usage"]["total_tokens"].as_u64().unwrap();
+    assert!(
+        spent >= upstream * (input + output),
+        "fakellm billed {upstream} x {} tokens, the task was charged {spent}: {view}",
+        input + output
+    );
+    // The budget now stops the task before any upstream call.
+    let r = send(&sock, &user(json!("again"))).await;
+    assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(error_type(&r.body), "permission_error");
+    assert_eq!(fake.requests().unwrap().len() as u64, upstream);
+}
