@@ -46,6 +46,9 @@ pub enum ProxyError {
     /// Not JSON, or JSON of the wrong shape.
     #[error("{0}")]
     InvalidRequest(String),
+    /// The model's loopback listener is not the service user's (see `http::loopback`).
+    #[error("the model's server is unavailable")]
+    UntrustedUpstream,
     /// A remote model but no bridge token configured.
     #[error("the gateway has no bridge token: remote models are unavailable")]
     NoBridgeToken,
@@ -87,6 +90,7 @@ impl ProxyError {
                 own(StatusCode::FORBIDDEN, ErrorType::PermissionError)
             }
             ProxyError::NoBridgeToken => own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError),
+            ProxyError::UntrustedUpstream => own(StatusCode::BAD_GATEWAY, ErrorType::ApiError),
             ProxyError::Llm(e) => e.reply(),
         }
     }

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use agentbox_api::gateway::{GatewayStatus, OpenTask, Remaining, Reserved, TaskUsage, TaskView};
+use agentbox_http::loopback::LoopbackGuard;
 use agentbox_http::{BodyBudget, BodyBudgets, ConnectionLimit};
 use agentbox_llm::{ClientError, ClientOptions, Upstream};
 use agentbox_policy::config::{Config, HostEnv, Model, ModelId};
@@ -57,6 +58,8 @@ pub struct GatewayOptions {
     pub max_inflight_body_bytes_per_task: u64,
     /// Request-body bytes all tasks together may hold at once.
     pub body_memory_bytes: u64,
+    /// Who must own the bridge's and the vLLM backends' loopback listeners.
+    pub loopback_owner_uid: u32,
 }
 
 impl GatewayOptions {
@@ -89,6 +92,7 @@ impl GatewayOptions {
             max_connections_per_task: config.gateway.max_connections_per_task,
             max_inflight_body_bytes_per_task: config.gateway.max_inflight_body_bytes_per_task,
             body_memory_bytes: config.gateway.body_memory_bytes,
+            loopback_owner_uid: config.gateway.loopback_owner_uid.unwrap_or(env.euid()),
         }
     }
 }
@@ -169,6 +173,7 @@ impl Gateway {
             bridge_token: opts.bridge_token.clone(),
             max_body_bytes: opts.max_body_bytes,
             body_timeout: opts.body_timeout,
+            loopback: LoopbackGuard::new(opts.loopback_owner_uid),
         });
         let mut tasks = BTreeMap::new();
         for (tid, rec) in snapshot.tasks {

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use agentbox_http::loopback::LoopbackGuard;
 use agentbox_http::{BodyBudgets, BodyCharge, BodyError, BudgetedBodyError, read_body_within};
 use agentbox_llm::adapter::anthropic_version;
 use agentbox_llm::{AnthropicTarget, Auth, Upstream};
@@ -47,6 +48,8 @@ pub struct ProxyConfig {
     pub max_body_bytes: u64,
     /// How long a client may take to send its body.
     pub body_timeout: Duration,
+    /// Who must own the loopback listener of a destination served by the service user.
+    pub loopback: LoopbackGuard,
 }
 
 /// Where a model's requests go.
@@ -58,6 +61,8 @@ pub struct Destination {
     pub model: String,
     /// Whether this is the bridge (needs the bridge token).
     pub bridge: bool,
+    /// Served by the service user (the bridge, vLLM): its loopback listener must be theirs.
+    pub owned: bool,
 }
 
 impl ProxyConfig {
@@ -68,17 +73,20 @@ impl ProxyConfig {
                 url: format!("http://127.0.0.1:{port}/v1/messages"),
                 model: model.upstream_model.clone(),
                 bridge: false,
+                owned: true,
             },
             Backend::Ollama => Destination {
                 url: format!("{}/v1/messages", self.ollama_url),
                 model: model.upstream_model.clone(),
                 bridge: false,
+                owned: false,
             },
             // The bridge resolves the agentbox id to the provider's model itself.
             Backend::Remote { .. } => Destination {
                 url: format!("{}/v1/messages", self.bridge_url),
                 model: model.id.to_string(),
                 bridge: true,
+                owned: true,
             },
         }
     }
@@ -218,6 +226,14 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         auth,
         version: anthropic_version(&headers),
     };
+    // Right before sending: a listener of another uid on the port (the bridge down, someone
+    // else bound it) gets neither the prompt nor the token.
+    if dest.owned
+        && let Err(e) = ctx.cfg.loopback.check_url(&dest.url)
+    {
+        tracing::error!(tid = %ctx.account.tid(), error = %e, "refusing to send to an untrusted upstream");
+        return Err(ProxyError::UntrustedUpstream);
+    }
     let answer = ctx.cfg.upstream.anthropic(target, &value).await?;
     let tid = ctx.account.tid().clone();
     let answer = answer.metered(move |report| {

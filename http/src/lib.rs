@@ -15,6 +15,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod loopback;
+
 use std::sync::Arc;
 use std::time::Duration;
 

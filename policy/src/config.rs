@@ -251,6 +251,8 @@ struct RawGateway {
     max_inflight_body_mb_per_task: u64,
     #[serde(default = "default_body_memory_mb")]
     body_memory_mb: u64,
+    #[serde(default)]
+    loopback_owner_uid: Option<u32>,
 }
 
 impl Default for RawGateway {
@@ -262,6 +264,7 @@ impl Default for RawGateway {
             max_connections_per_task: default_max_connections_per_task(),
             max_inflight_body_mb_per_task: default_max_inflight_body_mb_per_task(),
             body_memory_mb: default_body_memory_mb(),
+            loopback_owner_uid: None,
         }
     }
 }
@@ -438,6 +441,9 @@ pub struct GatewayConfig {
     /// Request-body bytes all tasks together may have buffered at once; the excess is
     /// answered 503.
     pub body_memory_bytes: u64,
+    /// The uid that must own the loopback listeners of the bridge and of vLLM backends before
+    /// a request (and the bridge token) is sent there; `None`: the gateway's own uid.
+    pub loopback_owner_uid: Option<u32>,
 }
 
 /// `[bridge]`, validated.
@@ -995,6 +1001,7 @@ fn validate_gateway(
         max_connections_per_task,
         max_inflight_body_bytes_per_task: per_task,
         body_memory_bytes: body_memory,
+        loopback_owner_uid: raw.loopback_owner_uid,
     })
 }
 
@@ -1095,6 +1102,7 @@ mod tests {
         assert_eq!(c.gateway.max_connections_per_task, 64);
         assert_eq!(c.gateway.max_inflight_body_bytes_per_task, 64 << 20);
         assert_eq!(c.gateway.body_memory_bytes, 512 << 20);
+        assert_eq!(c.gateway.loopback_owner_uid, None);
         assert_eq!(
             c.bridge.listen,
             "127.0.0.1:8790".parse::<SocketAddr>().unwrap()
