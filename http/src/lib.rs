@@ -386,18 +386,11 @@ fn charge(
         return Ok(());
     };
     let more = u32::try_from(more).map_err(|_| BudgetedBodyError::ServerBusy)?;
-    let client = budgets
-        .client
-        .kib
-        .clone()
-        .try_acquire_many_owned(more)
-        .map_err(|_| BudgetedBodyError::ClientBusy)?;
-    let server = budgets
-        .server
-        .kib
-        .clone()
-        .try_acquire_many_owned(more)
-        .map_err(|_| BudgetedBodyError::ServerBusy)?;
+    let take = |b: &BodyBudget, busy: BudgetedBodyError| {
+        b.kib.clone().try_acquire_many_owned(more).map_err(|_| busy)
+    };
+    let client = take(&budgets.client, BudgetedBodyError::ClientBusy)?;
+    let server = take(&budgets.server, BudgetedBodyError::ServerBusy)?;
     match held {
         Some(h) => {
             h.client.merge(client);

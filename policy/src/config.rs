@@ -967,24 +967,21 @@ fn validate_gateway(
     )?;
     let body_memory = mib("gateway.body_memory_mb", raw.body_memory_mb, invalid)?;
     // A body of the largest allowed size must fit in both budgets, or it could never be read.
-    if per_task < max_body_bytes {
-        return Err(invalid(
-            "gateway.max_inflight_body_mb_per_task",
-            format!(
-                "{} is below gateway.max_body_mb ({})",
-                raw.max_inflight_body_mb_per_task, raw.max_body_mb
-            ),
-        ));
-    }
-    if body_memory < per_task {
-        return Err(invalid(
-            "gateway.body_memory_mb",
-            format!(
-                "{} is below gateway.max_inflight_body_mb_per_task ({})",
-                raw.body_memory_mb, raw.max_inflight_body_mb_per_task
-            ),
-        ));
-    }
+    let at_least = |(key, v): (&str, u64), (floor_key, floor): (&str, u64)| {
+        if v < floor {
+            return Err(invalid(key, format!("{v} is below {floor_key} ({floor})")));
+        }
+        Ok(())
+    };
+    let per_task_mb = raw.max_inflight_body_mb_per_task;
+    at_least(
+        ("gateway.max_inflight_body_mb_per_task", per_task_mb),
+        ("gateway.max_body_mb", raw.max_body_mb),
+    )?;
+    at_least(
+        ("gateway.body_memory_mb", raw.body_memory_mb),
+        ("gateway.max_inflight_body_mb_per_task", per_task_mb),
+    )?;
     let max_connections_per_task = match raw.max_connections_per_task {
         n @ 1..=65536 => usize::try_from(n).unwrap_or(usize::MAX),
         n => {
