@@ -34,9 +34,21 @@ pub enum ProxyError {
     /// The body could not be read.
     #[error("cannot read request body: {0}")]
     BodyRead(String),
+    /// This task already has `gateway.max_connections_per_task` connections open.
+    #[error("too many connections from this task")]
+    TooManyConnections,
+    /// This task's bodies already hold `gateway.max_inflight_body_mb_per_task`.
+    #[error("too many request bytes in flight from this task; retry later")]
+    TooManyBodyBytes,
+    /// All tasks' bodies together hold `gateway.body_memory_mb`.
+    #[error("the gateway is busy; retry later")]
+    Overloaded,
     /// Not JSON, or JSON of the wrong shape.
     #[error("{0}")]
     InvalidRequest(String),
+    /// The model's loopback listener is not the service user's (see `http::loopback`).
+    #[error("the model's server is unavailable")]
+    UntrustedUpstream,
     /// A remote model but no bridge token configured.
     #[error("the gateway has no bridge token: remote models are unavailable")]
     NoBridgeToken,
@@ -65,6 +77,12 @@ impl ProxyError {
             ProxyError::BodyTimeout => {
                 own(StatusCode::REQUEST_TIMEOUT, ErrorType::InvalidRequestError)
             }
+            ProxyError::TooManyConnections | ProxyError::TooManyBodyBytes => {
+                own(StatusCode::TOO_MANY_REQUESTS, ErrorType::RateLimitError)
+            }
+            ProxyError::Overloaded => {
+                own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::OverloadedError)
+            }
             ProxyError::BodyRead(_) | ProxyError::InvalidRequest(_) => {
                 own(StatusCode::BAD_REQUEST, ErrorType::InvalidRequestError)
             }
@@ -72,6 +90,7 @@ impl ProxyError {
                 own(StatusCode::FORBIDDEN, ErrorType::PermissionError)
             }
             ProxyError::NoBridgeToken => own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::ApiError),
+            ProxyError::UntrustedUpstream => own(StatusCode::BAD_GATEWAY, ErrorType::ApiError),
             ProxyError::Llm(e) => e.reply(),
         }
     }

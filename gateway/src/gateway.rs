@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use agentbox_api::gateway::{GatewayStatus, OpenTask, Remaining, Reserved, TaskUsage, TaskView};
+use agentbox_http::loopback::LoopbackGuard;
+use agentbox_http::{BodyBudget, BodyBudgets, ConnectionLimit};
 use agentbox_llm::{ClientError, ClientOptions, Upstream};
 use agentbox_policy::config::{Config, HostEnv, Model, ModelId};
 use agentbox_policy::id::Tid;
@@ -50,6 +52,14 @@ pub struct GatewayOptions {
     pub body_timeout: Duration,
     /// Uids allowed on the control socket besides root.
     pub control_uids: Vec<u32>,
+    /// Connections one task socket serves at once.
+    pub max_connections_per_task: usize,
+    /// Request-body bytes one task may hold at once.
+    pub max_inflight_body_bytes_per_task: u64,
+    /// Request-body bytes all tasks together may hold at once.
+    pub body_memory_bytes: u64,
+    /// Who must own the bridge's and the vLLM backends' loopback listeners.
+    pub loopback_owner_uid: u32,
 }
 
 impl GatewayOptions {
@@ -79,6 +89,10 @@ impl GatewayOptions {
             max_body_bytes: config.gateway.max_body_bytes,
             body_timeout: Duration::from_secs(60),
             control_uids,
+            max_connections_per_task: config.gateway.max_connections_per_task,
+            max_inflight_body_bytes_per_task: config.gateway.max_inflight_body_bytes_per_task,
+            body_memory_bytes: config.gateway.body_memory_bytes,
+            loopback_owner_uid: config.gateway.loopback_owner_uid.unwrap_or(env.euid()),
         }
     }
 }
@@ -118,6 +132,8 @@ pub struct Gateway {
     store: Store,
     /// What the task sockets share (upstream client, destinations, limits).
     proxy: Arc<ProxyConfig>,
+    /// The memory all tasks' request bodies share (`gateway.body_memory_mb`).
+    body_memory: BodyBudget,
     tasks: Mutex<BTreeMap<Tid, Task>>,
     dirty: Notify,
     shutdown: CancellationToken,
@@ -160,6 +176,7 @@ impl Gateway {
             body_timeout: opts.body_timeout,
             background: tracker.clone(),
             shutdown: shutdown.clone(),
+            loopback: LoopbackGuard::new(opts.loopback_owner_uid),
         });
         let mut tasks = BTreeMap::new();
         for (tid, rec) in snapshot.tasks {
@@ -190,15 +207,16 @@ impl Gateway {
             );
         }
         Ok(Arc::new(Gateway {
-            opts,
             sockets,
             store,
+            body_memory: BodyBudget::new(opts.body_memory_bytes),
             proxy,
             tasks: Mutex::new(tasks),
             dirty: Notify::new(),
             shutdown,
             tracker,
             control: tokio::sync::Mutex::new(()),
+            opts,
         }))
     }
 
@@ -242,9 +260,20 @@ impl Gateway {
             t.serving = Some(token.clone());
         }
         let account = TaskAccount::new(self.clone(), tid.clone());
-        let router = crate::proxy::router(self.proxy.clone(), account);
-        self.tracker
-            .spawn(agentbox_http::serve_unix(listener, router, token));
+        // Each task gets its own share of connections and body memory, so a task that floods
+        // its socket is refused (429) while the others keep theirs.
+        let bodies = BodyBudgets {
+            client: BodyBudget::new(self.opts.max_inflight_body_bytes_per_task),
+            server: self.body_memory.clone(),
+        };
+        let router = crate::proxy::router(self.proxy.clone(), account, bodies);
+        let limit = ConnectionLimit::new(self.opts.max_connections_per_task, over_limit_router());
+        self.tracker.spawn(agentbox_http::serve_unix_limited(
+            listener,
+            router,
+            Some(limit),
+            token,
+        ));
         tracing::info!(%tid, "task socket open");
     }
 
@@ -456,6 +485,11 @@ impl Accounts for Gateway {
             cache_read = usage.cache_read_input_tokens, cache_creation = usage.cache_creation_input_tokens, "settled");
         self.dirty.notify_one();
     }
+}
+
+/// What a task's connections past `gateway.max_connections_per_task` get: 429, then closed.
+fn over_limit_router() -> axum::Router {
+    axum::Router::new().fallback(|| async { crate::error::ProxyError::TooManyConnections })
 }
 
 fn validate_token(token: &str) -> Result<(), ControlError> {

@@ -25,7 +25,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentbox_http::{BodyError, read_body};
+use agentbox_http::loopback::LoopbackGuard;
+use agentbox_http::{BodyBudgets, BodyCharge, BodyError, BudgetedBodyError, read_body_within};
 use agentbox_llm::adapter::anthropic_version;
 use agentbox_llm::{Answer, AnthropicTarget, Auth, LlmError, Upstream};
 use agentbox_policy::config::{Backend, Model};
@@ -67,6 +68,8 @@ pub struct ProxyConfig {
     pub background: TaskTracker,
     /// Cancelled at shutdown: stops background drains, which then settle what they read.
     pub shutdown: CancellationToken,
+    /// Who must own the loopback listener of a destination served by the service user.
+    pub loopback: LoopbackGuard,
 }
 
 /// How long an answer whose client hung up before its head is read in the background.
@@ -81,6 +84,8 @@ pub struct Destination {
     pub model: String,
     /// Whether this is the bridge (needs the bridge token).
     pub bridge: bool,
+    /// Served by the service user (the bridge, vLLM): its loopback listener must be theirs.
+    pub owned: bool,
 }
 
 impl ProxyConfig {
@@ -91,17 +96,20 @@ impl ProxyConfig {
                 url: format!("http://127.0.0.1:{port}/v1/messages"),
                 model: model.upstream_model.clone(),
                 bridge: false,
+                owned: true,
             },
             Backend::Ollama => Destination {
                 url: format!("{}/v1/messages", self.ollama_url),
                 model: model.upstream_model.clone(),
                 bridge: false,
+                owned: false,
             },
             // The bridge resolves the agentbox id to the provider's model itself.
             Backend::Remote { .. } => Destination {
                 url: format!("{}/v1/messages", self.bridge_url),
                 model: model.id.to_string(),
                 bridge: true,
+                owned: true,
             },
         }
     }
@@ -111,16 +119,21 @@ impl ProxyConfig {
 struct TaskCtx {
     cfg: Arc<ProxyConfig>,
     account: TaskAccount,
+    bodies: BodyBudgets,
 }
 
-/// The router of one task's socket.
-pub fn router(cfg: Arc<ProxyConfig>, account: TaskAccount) -> Router {
+/// The router of one task's socket; its request bodies are charged to `bodies`.
+pub fn router(cfg: Arc<ProxyConfig>, account: TaskAccount, bodies: BodyBudgets) -> Router {
     Router::new()
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
-        .with_state(TaskCtx { cfg, account })
+        .with_state(TaskCtx {
+            cfg,
+            account,
+            bodies,
+        })
 }
 
 async fn not_found(req: Request) -> ProxyError {
@@ -138,40 +151,52 @@ fn authenticate(ctx: &TaskCtx, headers: &HeaderMap) -> Result<(), ProxyError> {
     Ok(ctx.account.check_token(token)?)
 }
 
-async fn read_json(ctx: &TaskCtx, req: Request) -> Result<(HeaderMap, Value), ProxyError> {
+/// The body as JSON, with its charge against the body budgets: keep the charge while the value
+/// lives.
+async fn read_json(
+    ctx: &TaskCtx,
+    req: Request,
+) -> Result<(HeaderMap, Value, BodyCharge), ProxyError> {
     let (parts, body) = req.into_parts();
     authenticate(ctx, &parts.headers)?;
-    let bytes = read_body(
+    let held = read_body_within(
         &parts.headers,
         body,
         ctx.cfg.max_body_bytes,
         ctx.cfg.body_timeout,
+        &ctx.bodies,
     )
     .await
     .map_err(|e| match e {
-        BodyError::TooLarge { limit } => ProxyError::BodyTooLarge { limit },
-        BodyError::Timeout(_) => ProxyError::BodyTimeout,
-        BodyError::Read(m) => ProxyError::BodyRead(m),
+        BudgetedBodyError::Body(BodyError::TooLarge { limit }) => {
+            ProxyError::BodyTooLarge { limit }
+        }
+        BudgetedBodyError::Body(BodyError::Timeout(_)) => ProxyError::BodyTimeout,
+        BudgetedBodyError::Body(BodyError::Read(m)) => ProxyError::BodyRead(m),
+        BudgetedBodyError::ClientBusy => ProxyError::TooManyBodyBytes,
+        BudgetedBodyError::ServerBusy => ProxyError::Overloaded,
     })?;
+    let (bytes, charge) = held.split();
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}")))?;
+    drop(bytes);
     if !value.is_object() {
         return Err(ProxyError::InvalidRequest(
             "request body must be a JSON object".into(),
         ));
     }
-    Ok((parts.headers, value))
+    Ok((parts.headers, value, charge))
 }
 
 /// `POST /v1/messages/count_tokens`: answered locally, never forwarded, never billed.
 async fn count_tokens(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
-    let (_, value) = read_json(&ctx, req).await?;
+    let (_, value, _charge) = read_json(&ctx, req).await?;
     Ok(axum::Json(json!({"input_tokens": estimate::input_tokens(&value)})).into_response())
 }
 
 /// `POST /v1/messages`.
 async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
-    let (headers, mut value) = read_json(&ctx, req).await?;
+    let (headers, mut value, _charge) = read_json(&ctx, req).await?;
     let model = ctx.account.model()?;
     let dest = ctx.cfg.destination(&model);
     sanitize::sanitize(&mut value, &dest.model)
@@ -219,6 +244,14 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
     } else {
         None
     };
+    // Right before sending: a listener of another uid on the port (the bridge down, someone
+    // else bound it) gets neither the prompt nor the token.
+    if dest.owned
+        && let Err(e) = ctx.cfg.loopback.check_url(&dest.url)
+    {
+        tracing::error!(tid = %ctx.account.tid(), error = %e, "refusing to send to an untrusted upstream");
+        return Err(ProxyError::UntrustedUpstream);
+    }
     let call = Call {
         cfg: ctx.cfg.clone(),
         tid: ctx.account.tid().clone(),

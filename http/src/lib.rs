@@ -5,6 +5,11 @@
 //! [`start_daemon`] is every unprivileged daemon's start, and [`privs`] the capability sets
 //! (the launcher keeps a few, the gateway and bridge none).
 //!
+//! One client must not starve the others: a listener can cap its connections
+//! ([`ConnectionLimit`]: the excess is answered by a refusal router and closed, never queued
+//! on a descriptor), and [`read_body_within`] buffers a body only after taking its bytes from
+//! a per-client and a process-wide [`BodyBudget`], refusing at once when either is spent.
+//!
 //! We run our own loop instead of `axum::serve` because a slowloris client must not hold a
 //! connection forever (`axum::serve` has no header timeout), because shutdown must wait for
 //! in-flight requests and leak no task, and because the control sockets authenticate callers
@@ -12,8 +17,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod loopback;
 pub mod privs;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -26,12 +33,17 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 /// How long a client may take to send its request head.
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a refused (over-limit) connection may take to send its request head before it is
+/// simply closed.
+pub const REFUSAL_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long shutdown waits for in-flight connections before dropping them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -58,7 +70,12 @@ pub async fn serve_tcp(listener: TcpListener, router: Router, shutdown: Cancella
             if let Err(e) = stream.set_nodelay(true) {
                 tracing::debug!(error = %e, "set_nodelay failed");
             }
-            tracker.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+            tracker.spawn(serve_connection(
+                stream,
+                router.clone(),
+                shutdown.clone(),
+                Conn::SERVED,
+            ));
         },
     )
     .await;
@@ -68,6 +85,39 @@ pub async fn serve_tcp(listener: TcpListener, router: Router, shutdown: Cancella
 /// connecting process's [`PeerCred`] in its extensions; a connection whose credentials cannot be
 /// read is closed unserved, since the control sockets authorize on them.
 pub async fn serve_unix(listener: UnixListener, router: Router, shutdown: CancellationToken) {
+    serve_unix_limited(listener, router, None, shutdown).await;
+}
+
+/// How many connections one listener serves at once, and what the excess gets.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimit {
+    served: Arc<Semaphore>,
+    refusing: Arc<Semaphore>,
+    refusal: Router,
+}
+
+impl ConnectionLimit {
+    /// At most `max` connections are served by the listener's router. Up to `max` more at a
+    /// time are answered by `refusal` (which should say 429 or 503) and closed after one
+    /// request; past that a new connection is closed at once. So one listener never holds more
+    /// than `2 * max` descriptors, however many its client opens.
+    pub fn new(max: usize, refusal: Router) -> Self {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        ConnectionLimit {
+            served: Arc::new(Semaphore::new(max)),
+            refusing: Arc::new(Semaphore::new(max)),
+            refusal,
+        }
+    }
+}
+
+/// [`serve_unix`] with an optional [`ConnectionLimit`].
+pub async fn serve_unix_limited(
+    listener: UnixListener,
+    router: Router,
+    limit: Option<ConnectionLimit>,
+    shutdown: CancellationToken,
+) {
     accept_loop(
         || listener.accept(),
         &shutdown,
@@ -83,12 +133,29 @@ pub async fn serve_unix(listener: UnixListener, router: Router, shutdown: Cancel
                     return;
                 }
             };
-            let router = router.clone();
+            let (router, permit, refused) = match &limit {
+                None => (router.clone(), None, false),
+                Some(l) => match l.served.clone().try_acquire_owned() {
+                    Ok(p) => (router.clone(), Some(p), false),
+                    Err(_) => match l.refusing.clone().try_acquire_owned() {
+                        Ok(p) => (l.refusal.clone(), Some(p), true),
+                        Err(_) => {
+                            tracing::debug!(uid = cred.uid, "connection limit reached; closing");
+                            return;
+                        }
+                    },
+                },
+            };
             let svc = tower::service_fn(move |mut req: Request<hyper::body::Incoming>| {
                 req.extensions_mut().insert(cred);
                 router.clone().oneshot(req.map(Body::new))
             });
-            tracker.spawn(serve_connection(stream, svc, shutdown.clone()));
+            let conn = if refused { Conn::REFUSAL } else { Conn::SERVED };
+            let shutdown = shutdown.clone();
+            tracker.spawn(async move {
+                serve_connection(stream, svc, shutdown, conn).await;
+                drop(permit);
+            });
         },
     )
     .await;
@@ -134,7 +201,26 @@ async fn drain_connections(tracker: TaskTracker) {
     }
 }
 
-async fn serve_connection<IO, S>(io: IO, service: S, shutdown: CancellationToken)
+/// How one connection is served.
+#[derive(Debug, Clone, Copy)]
+struct Conn {
+    header_timeout: Duration,
+    keep_alive: bool,
+}
+
+impl Conn {
+    const SERVED: Conn = Conn {
+        header_timeout: HEADER_READ_TIMEOUT,
+        keep_alive: true,
+    };
+    /// One quick answer, then the descriptor is given back.
+    const REFUSAL: Conn = Conn {
+        header_timeout: REFUSAL_HEADER_TIMEOUT,
+        keep_alive: false,
+    };
+}
+
+async fn serve_connection<IO, S>(io: IO, service: S, shutdown: CancellationToken, how: Conn)
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     S: tower::Service<
@@ -149,7 +235,8 @@ where
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(how.header_timeout)
+        .keep_alive(how.keep_alive);
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
@@ -194,6 +281,150 @@ pub async fn read_body(
     limit: u64,
     timeout: Duration,
 ) -> Result<Bytes, BodyError> {
+    match read_counted(headers, body, limit, timeout, None).await {
+        Ok(held) => Ok(held.bytes),
+        Err(BudgetedBodyError::Body(e)) => Err(e),
+        // No budgets were given, so none can be spent.
+        Err(e @ (BudgetedBodyError::ClientBusy | BudgetedBodyError::ServerBusy)) => {
+            Err(BodyError::Read(e.to_string()))
+        }
+    }
+}
+
+/// A pool of bytes that buffered request bodies may hold at once (a semaphore of KiB).
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    kib: Arc<Semaphore>,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes` (rounded up to whole KiB).
+    pub fn new(bytes: u64) -> Self {
+        let kib = usize::try_from(bytes.div_ceil(1024)).unwrap_or(usize::MAX);
+        BodyBudget {
+            kib: Arc::new(Semaphore::new(kib.min(Semaphore::MAX_PERMITS))),
+        }
+    }
+
+    /// Bytes not held by any body now (rounded down to KiB).
+    pub fn available(&self) -> u64 {
+        self.kib.available_permits() as u64 * 1024
+    }
+}
+
+/// The two budgets a body is charged to: its client's (one task, one connection source) and the
+/// whole process's. The client's is taken first, so a client over its own share is told so
+/// without touching the shared pool.
+#[derive(Debug, Clone)]
+pub struct BodyBudgets {
+    /// This client's share.
+    pub client: BodyBudget,
+    /// Every client's bodies together.
+    pub server: BodyBudget,
+}
+
+/// Why a budgeted body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetedBodyError {
+    /// Over the size limit, too slow, or broken.
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    /// This client's bodies already hold its whole share (answer 429).
+    #[error("too many request bytes in flight from this client")]
+    ClientBusy,
+    /// All bodies together hold the process's whole budget (answer 503).
+    #[error("the server's request-body memory is in use; retry later")]
+    ServerBusy,
+}
+
+/// A body read under [`BodyBudgets`]: its bytes stay charged until this is dropped, so keep it
+/// for as long as the request's data (and what is parsed from it) lives.
+#[derive(Debug)]
+pub struct HeldBody {
+    bytes: Bytes,
+    charge: BodyCharge,
+}
+
+impl HeldBody {
+    /// The body.
+    pub fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
+
+    /// The bytes and their charge apart: parse the bytes, drop them, and keep the charge for
+    /// as long as what was parsed from them lives.
+    pub fn split(self) -> (Bytes, BodyCharge) {
+        (self.bytes, self.charge)
+    }
+}
+
+/// What a body holds of its [`BodyBudgets`]; given back on drop.
+#[derive(Debug)]
+pub struct BodyCharge {
+    _held: Option<Held>,
+}
+
+/// KiB taken from both budgets.
+#[derive(Debug)]
+struct Held {
+    client: OwnedSemaphorePermit,
+    server: OwnedSemaphorePermit,
+}
+
+impl Held {
+    fn kib(&self) -> usize {
+        self.client.num_permits()
+    }
+}
+
+/// Takes `bytes` more from both budgets, or nothing.
+fn charge(
+    budgets: &BodyBudgets,
+    held: &mut Option<Held>,
+    bytes: usize,
+) -> Result<(), BudgetedBodyError> {
+    let want = bytes.div_ceil(1024);
+    let have = held.as_ref().map_or(0, Held::kib);
+    let Some(more) = want.checked_sub(have).filter(|m| *m > 0) else {
+        return Ok(());
+    };
+    let more = u32::try_from(more).map_err(|_| BudgetedBodyError::ServerBusy)?;
+    let take = |b: &BodyBudget, busy: BudgetedBodyError| {
+        b.kib.clone().try_acquire_many_owned(more).map_err(|_| busy)
+    };
+    let client = take(&budgets.client, BudgetedBodyError::ClientBusy)?;
+    let server = take(&budgets.server, BudgetedBodyError::ServerBusy)?;
+    match held {
+        Some(h) => {
+            h.client.merge(client);
+            h.server.merge(server);
+        }
+        None => *held = Some(Held { client, server }),
+    }
+    Ok(())
+}
+
+/// [`read_body`] charged to `budgets`: the bytes are taken before they are buffered (all of a
+/// declared `content-length` up front, otherwise as the buffer grows), and a body that cannot
+/// get them is drained and refused at once, never waiting, so a client that floods the server
+/// is answered quickly and the others keep their memory.
+pub async fn read_body_within(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    timeout: Duration,
+    budgets: &BodyBudgets,
+) -> Result<HeldBody, BudgetedBodyError> {
+    read_counted(headers, body, limit, timeout, Some(budgets)).await
+}
+
+async fn read_counted(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    timeout: Duration,
+    budgets: Option<&BodyBudgets>,
+) -> Result<HeldBody, BudgetedBodyError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -201,22 +432,52 @@ pub async fn read_body(
     let deadline = tokio::time::Instant::now() + timeout;
     if declared.is_some_and(|n| n > limit) {
         discard(body, deadline).await;
-        return Err(BodyError::TooLarge { limit });
+        return Err(BodyError::TooLarge { limit }.into());
+    }
+    let mut held = None;
+    let mut buf = bytes::BytesMut::new();
+    if let Some(n) = declared.and_then(|n| usize::try_from(n).ok())
+        && let Some(b) = budgets
+    {
+        if let Err(e) = charge(b, &mut held, n) {
+            discard(body, deadline).await;
+            return Err(e);
+        }
+        // Charged already: the buffer is allocated once, at its final size.
+        buf.reserve(n);
     }
     let mut body = body.into_data_stream();
-    let mut buf = bytes::BytesMut::new();
     loop {
         let next = match tokio::time::timeout_at(deadline, body.next()).await {
-            Err(_) => return Err(BodyError::Timeout(timeout)),
+            Err(_) => return Err(BodyError::Timeout(timeout).into()),
             Ok(n) => n,
         };
         match next {
-            None => return Ok(buf.freeze()),
-            Some(Err(e)) => return Err(BodyError::Read(e.to_string())),
+            None => {
+                return Ok(HeldBody {
+                    bytes: buf.freeze(),
+                    charge: BodyCharge { _held: held },
+                });
+            }
+            Some(Err(e)) => return Err(BodyError::Read(e.to_string()).into()),
             Some(Ok(chunk)) => {
-                if (buf.len() + chunk.len()) as u64 > limit {
+                let needed = buf.len() + chunk.len();
+                if needed as u64 > limit {
                     discard_stream(body, deadline).await;
-                    return Err(BodyError::TooLarge { limit });
+                    return Err(BodyError::TooLarge { limit }.into());
+                }
+                if let Some(b) = budgets
+                    && needed > buf.capacity()
+                {
+                    // Grow by doubling, as `BytesMut` would, but charge the capacity first.
+                    let cap = needed
+                        .max(buf.capacity().saturating_mul(2))
+                        .min(usize::try_from(limit).unwrap_or(usize::MAX));
+                    if let Err(e) = charge(b, &mut held, cap) {
+                        discard_stream(body, deadline).await;
+                        return Err(e);
+                    }
+                    buf.reserve(cap - buf.len());
                 }
                 buf.extend_from_slice(&chunk);
             }

@@ -770,7 +770,7 @@ impl Backends {
                     ));
                     break false;
                 }
-                probe = probe_then_pause(port) => match probe {
+                probe = probe_then_pause(port, self.settings.identity.uid) => match probe {
                     Ok(()) => break true,
                     Err(e) => last_probe = e,
                 },
@@ -870,19 +870,23 @@ async fn terminate(child: &mut tokio::process::Child, model: &ModelId) {
 }
 
 /// One health probe, followed by a pause when it failed, so the caller can loop on it.
-async fn probe_then_pause(port: u16) -> Result<(), String> {
-    let r = probe_health(port).await;
+async fn probe_then_pause(port: u16, owner: u32) -> Result<(), String> {
+    let r = probe_health(port, owner).await;
     if r.is_err() {
         tokio::time::sleep(HEALTH_INTERVAL).await;
     }
     r
 }
 
-/// `GET http://127.0.0.1:<port>/health` → `Ok` on 200.
-async fn probe_health(port: u16) -> Result<(), String> {
+/// `GET http://127.0.0.1:<port>/health` → `Ok` on 200, asked only of a listener that belongs
+/// to `owner` (the uid the backend runs as): while the port is free any local user could bind
+/// it and answer 200 for a backend that is not up.
+async fn probe_health(port: u16, owner: u32) -> Result<(), String> {
     use http_body_util::Empty;
     use hyper_util::rt::TokioIo;
     let exchange = async {
+        agentbox_http::loopback::check_owner((Ipv4Addr::LOCALHOST, port).into(), owner)
+            .map_err(|e| e.to_string())?;
         let stream = tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
             .await
             .map_err(|e| agentbox_http::error_chain(&e))?;

@@ -251,6 +251,14 @@ struct RawGateway {
     bridge_url: String,
     #[serde(default = "default_max_body_mb")]
     max_body_mb: u64,
+    #[serde(default = "default_max_connections_per_task")]
+    max_connections_per_task: u64,
+    #[serde(default = "default_max_inflight_body_mb_per_task")]
+    max_inflight_body_mb_per_task: u64,
+    #[serde(default = "default_body_memory_mb")]
+    body_memory_mb: u64,
+    #[serde(default)]
+    loopback_owner_uid: Option<u32>,
 }
 
 impl Default for RawGateway {
@@ -259,8 +267,22 @@ impl Default for RawGateway {
             ollama_url: default_ollama_url(),
             bridge_url: default_bridge_url(),
             max_body_mb: default_max_body_mb(),
+            max_connections_per_task: default_max_connections_per_task(),
+            max_inflight_body_mb_per_task: default_max_inflight_body_mb_per_task(),
+            body_memory_mb: default_body_memory_mb(),
+            loopback_owner_uid: None,
         }
     }
+}
+
+fn default_max_connections_per_task() -> u64 {
+    64
+}
+fn default_max_inflight_body_mb_per_task() -> u64 {
+    64
+}
+fn default_body_memory_mb() -> u64 {
+    512
 }
 
 fn default_ollama_url() -> String {
@@ -421,6 +443,16 @@ pub struct GatewayConfig {
     pub bridge_url: url::Url,
     /// Largest request body accepted on a task socket, bytes.
     pub max_body_bytes: u64,
+    /// Connections one task socket serves at once; the excess is answered 429 and closed.
+    pub max_connections_per_task: usize,
+    /// Request-body bytes one task may have buffered at once; the excess is answered 429.
+    pub max_inflight_body_bytes_per_task: u64,
+    /// Request-body bytes all tasks together may have buffered at once; the excess is
+    /// answered 503.
+    pub body_memory_bytes: u64,
+    /// The uid that must own the loopback listeners of the bridge and of vLLM backends before
+    /// a request (and the bridge token) is sent there; `None`: the gateway's own uid.
+    pub loopback_owner_uid: Option<u32>,
 }
 
 /// `[bridge]`, validated.
@@ -646,13 +678,7 @@ impl Config {
         }
 
         let launcher = validate_launcher(raw.launcher, &invalid, &root)?;
-        let gateway = GatewayConfig {
-            ollama_url: http_url(&raw.gateway.ollama_url)
-                .map_err(|r| invalid("gateway.ollama_url", r))?,
-            bridge_url: http_url(&raw.gateway.bridge_url)
-                .map_err(|r| invalid("gateway.bridge_url", r))?,
-            max_body_bytes: mib("gateway.max_body_mb", raw.gateway.max_body_mb, &invalid)?,
-        };
+        let gateway = validate_gateway(&raw.gateway, &invalid)?;
         let bridge = BridgeConfig {
             listen: raw.bridge.listen.parse().map_err(|_| {
                 invalid(
@@ -958,6 +984,53 @@ fn validate_model(
     })
 }
 
+fn validate_gateway(
+    raw: &RawGateway,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<GatewayConfig, ConfigError> {
+    let max_body_bytes = mib("gateway.max_body_mb", raw.max_body_mb, invalid)?;
+    let per_task = mib(
+        "gateway.max_inflight_body_mb_per_task",
+        raw.max_inflight_body_mb_per_task,
+        invalid,
+    )?;
+    let body_memory = mib("gateway.body_memory_mb", raw.body_memory_mb, invalid)?;
+    // A body of the largest allowed size must fit in both budgets, or it could never be read.
+    let at_least = |(key, v): (&str, u64), (floor_key, floor): (&str, u64)| {
+        if v < floor {
+            return Err(invalid(key, format!("{v} is below {floor_key} ({floor})")));
+        }
+        Ok(())
+    };
+    let per_task_mb = raw.max_inflight_body_mb_per_task;
+    at_least(
+        ("gateway.max_inflight_body_mb_per_task", per_task_mb),
+        ("gateway.max_body_mb", raw.max_body_mb),
+    )?;
+    at_least(
+        ("gateway.body_memory_mb", raw.body_memory_mb),
+        ("gateway.max_inflight_body_mb_per_task", per_task_mb),
+    )?;
+    let max_connections_per_task = match raw.max_connections_per_task {
+        n @ 1..=65536 => usize::try_from(n).unwrap_or(usize::MAX),
+        n => {
+            return Err(invalid(
+                "gateway.max_connections_per_task",
+                format!("{n} is outside 1-65536"),
+            ));
+        }
+    };
+    Ok(GatewayConfig {
+        ollama_url: http_url(&raw.ollama_url).map_err(|r| invalid("gateway.ollama_url", r))?,
+        bridge_url: http_url(&raw.bridge_url).map_err(|r| invalid("gateway.bridge_url", r))?,
+        max_body_bytes,
+        max_connections_per_task,
+        max_inflight_body_bytes_per_task: per_task,
+        body_memory_bytes: body_memory,
+        loopback_owner_uid: raw.loopback_owner_uid,
+    })
+}
+
 fn mib(
     key: &str,
     v: u64,
@@ -1053,6 +1126,10 @@ mod tests {
         );
         assert_eq!(c.launcher.limits, Limits::default());
         assert_eq!(c.gateway.max_body_bytes, 32 << 20);
+        assert_eq!(c.gateway.max_connections_per_task, 64);
+        assert_eq!(c.gateway.max_inflight_body_bytes_per_task, 64 << 20);
+        assert_eq!(c.gateway.body_memory_bytes, 512 << 20);
+        assert_eq!(c.gateway.loopback_owner_uid, None);
         assert_eq!(
             c.bridge.listen,
             "127.0.0.1:8790".parse::<SocketAddr>().unwrap()
@@ -1305,6 +1382,18 @@ mod tests {
                 ("service_user = \"Root Admin\"", "service_user"),
                 ("[launcher.limits]\npids = 0", "launcher.limits.pids"),
                 ("[gateway]\nmax_body_mb = 0", "gateway.max_body_mb"),
+                (
+                    "[gateway]\nmax_inflight_body_mb_per_task = 16",
+                    "gateway.max_inflight_body_mb_per_task",
+                ),
+                (
+                    "[gateway]\nmax_inflight_body_mb_per_task = 128\nbody_memory_mb = 64",
+                    "gateway.body_memory_mb",
+                ),
+                (
+                    "[gateway]\nmax_connections_per_task = 0",
+                    "gateway.max_connections_per_task",
+                ),
                 (
                     "[gateway]\nollama_url = \"localhost:11434\"",
                     "gateway.ollama_url",
