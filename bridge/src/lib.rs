@@ -56,6 +56,8 @@ pub struct RemoteModel {
     pub upstream_model: String,
     /// Cap for `max_tokens`, when configured.
     pub max_output_tokens: Option<u64>,
+    /// Whether media with URL sources may pass (`allow_url_sources`).
+    pub allow_url_sources: bool,
     /// The variable the key comes from (a name, not a secret: shown in errors).
     pub key_env: String,
     /// The key, when the variable is set.
@@ -99,6 +101,7 @@ impl Bridge {
                     base_url: base_url.as_str().trim_end_matches('/').to_owned(),
                     upstream_model: m.upstream_model.clone(),
                     max_output_tokens: m.max_output_tokens,
+                    allow_url_sources: m.allow_url_sources,
                     key_env: key_env.clone(),
                     key: env.var(key_env).and_then(Secret::new),
                 },

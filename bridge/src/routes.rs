@@ -121,6 +121,10 @@ async fn messages(
         model: model.id.clone(),
         key_env: model.key_env.clone(),
     })?;
+    if !model.allow_url_sources {
+        sanitize::refuse_url_sources(&value)
+            .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
+    }
     sanitize::sanitize(&mut value, &model.upstream_model)
         .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
     let stream = match value.get("stream") {

@@ -5,12 +5,25 @@
 //! and JSON about 3.5, so this errs high, which is the safe side for a budget reservation and
 //! for Claude Code's compaction threshold; CJK text is 3 UTF-8 bytes a character and about a
 //! token a character, so it is close. Images count as 1,600 tokens, Anthropic's ceiling for
-//! an image at its maximum resolution, instead of their base64 size.
+//! an image at its maximum resolution, instead of their base64 size, whatever their source.
+//!
+//! Documents are where a request's size says least about its cost. A base64 document counts
+//! its decoded bytes as text (PDF bytes are mostly compressed streams that expand into more
+//! tokens than bytes), and at least [`DOCUMENT_MIN_TOKENS`]: a PDF page is billed as an image
+//! plus its text. A document with a URL source (only forwarded for models with
+//! `allow_url_sources`) counts [`URL_DOCUMENT_TOKENS`], since the gateway never sees what the
+//! provider fetches; a wrong guess here is bounded by the ledger (it costs at most what that
+//! one request bills beyond its reservation, see [`crate::ledger`]).
 
 use serde_json::Value;
 
 /// Tokens charged per image block.
 pub const IMAGE_TOKENS: u64 = 1600;
+/// Least tokens charged per document with inline data: one PDF page as an image plus a page of
+/// text.
+pub const DOCUMENT_MIN_TOKENS: u64 = 3_200;
+/// Tokens charged per document with a URL source: a 30-page PDF at Anthropic's per-page cost.
+pub const URL_DOCUMENT_TOKENS: u64 = 100_000;
 /// Framing tokens per message (role markers).
 pub const MESSAGE_OVERHEAD: u64 = 4;
 const BYTES_PER_TOKEN: u64 = 3;
@@ -48,21 +61,22 @@ impl Tally {
             Some("text") => self.content(field("text").unwrap_or(&Value::Null)),
             Some("image") => self.fixed += IMAGE_TOKENS,
             Some("document") => {
-                // Base64 is 4/3 of the bytes it encodes; text sources are their text.
-                match field("source")
-                    .and_then(|s| s.get("data"))
-                    .and_then(Value::as_str)
-                {
-                    Some(data)
-                        if field("source")
-                            .and_then(|s| s.get("type"))
-                            .and_then(Value::as_str)
-                            == Some("base64") =>
-                    {
-                        self.bytes += data.len() as u64 * 3 / 4;
+                let source = field("source");
+                let source_type = source.and_then(|s| s.get("type")).and_then(Value::as_str);
+                match (source_type, source.and_then(|s| s.get("data"))) {
+                    (Some("url"), _) => self.fixed += URL_DOCUMENT_TOKENS,
+                    // Base64 is 4/3 of the bytes it encodes.
+                    (Some("base64"), Some(Value::String(data))) => {
+                        self.fixed += DOCUMENT_MIN_TOKENS
+                            .max((data.len() as u64 * 3 / 4).div_ceil(BYTES_PER_TOKEN));
                     }
-                    Some(data) => self.text(data),
-                    None => self.json(b),
+                    // Text sources are their text; anything else counts as its JSON, plus the
+                    // floor, since the provider may read it as a file.
+                    (Some("text"), Some(Value::String(data))) => self.text(data),
+                    _ => {
+                        self.fixed += DOCUMENT_MIN_TOKENS;
+                        self.json(b);
+                    }
                 }
             }
             Some("tool_use") | Some("server_tool_use") => {
@@ -154,6 +168,22 @@ mod tests {
             image < 2000,
             "images count as a fixed size, not their base64: {image}"
         );
+    }
+
+    #[test]
+    fn documents_count_conservatively() {
+        let doc = |source: Value| {
+            input_tokens(&json!({"messages": [{"role": "user", "content": [
+                {"type": "document", "source": source}]}]}))
+        };
+        assert!(doc(json!({"type": "url", "url": "https://x/a.pdf"})) >= URL_DOCUMENT_TOKENS);
+        assert!(doc(json!({"type": "base64", "data": "QUJD"})) >= DOCUMENT_MIN_TOKENS);
+        assert!(doc(json!({"type": "file", "file_id": "f"})) >= DOCUMENT_MIN_TOKENS);
+        // A URL image inside a tool result still counts as an image.
+        let img = input_tokens(&json!({"messages": [{"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": [
+                {"type": "image", "source": {"type": "url", "url": "https://x/i.png"}}]}]}]}));
+        assert!(img >= IMAGE_TOKENS);
     }
 
     #[test]

@@ -1,12 +1,20 @@
 //! The money: per-task usage, budgets and in-flight reservations, as plain data with explicit
 //! transitions, so admission and settlement can be tested without sockets.
 //!
-//! Admission rule: a request is admitted while `spent + reserved < budget` (tokens and, when
-//! set, USD), and then reserves an upper bound of what it can cost (its input estimate, biased
-//! high, plus its `max_tokens`). It settles on the real usage the response reported. Because
-//! every admitted request was admitted with room left and settles at most its reservation,
-//! the final spend can exceed the budget by at most the reservations in flight at the last
-//! admission, which is the guarantee the gateway gives.
+//! **Guarantee: a task's spend never exceeds its budget by more than what upstream bills beyond
+//! the reservations of the requests it admitted**, in each dimension (tokens and, when set,
+//! USD): `spent <= budget + sum over admitted requests of max(0, billed - reserved)`. So when
+//! every reservation is an upper bound of its request's bill, the budget is never passed; when
+//! an estimate is wrong, the overshoot is at most that request's error, never a multiple of
+//! the budget from many requests racing past the check.
+//!
+//! Admission rule: a request reserving `r` is admitted only if `spent + reserved + r <=
+//! budget`, where `reserved` is the sum of the reservations in flight; the invariant
+//! `spent + reserved <= budget + overshoot so far` then holds after every admission, and a
+//! settlement replaces `r` by the billed usage. A request reserves an upper bound of what it
+//! can cost: its input estimate, biased high with media counted conservatively
+//! ([`crate::estimate`]), plus its whole `max_tokens`. A request whose reservation alone does
+//! not fit in what is left is refused even if it would have used less: the check cannot know.
 
 use std::collections::BTreeMap;
 
@@ -98,19 +106,28 @@ impl Reservation {
 /// Why a request was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
 pub enum Refusal {
-    /// The token budget is used up (spent plus in-flight reservations).
-    #[error("token budget exhausted: {spent} spent and {reserved} reserved of {budget}")]
+    /// The token budget has no room for the request (spent plus in-flight reservations plus
+    /// this request's own).
+    #[error(
+        "token budget exhausted: {spent} spent and {reserved} reserved of {budget}, and this \
+         request reserves {request}"
+    )]
     Tokens {
         spent: u64,
         reserved: u64,
         budget: u64,
+        request: u64,
     },
-    /// The cost budget is used up.
-    #[error("cost budget exhausted: ${spent:.6} spent and ${reserved:.6} reserved of ${budget:.6}")]
+    /// The cost budget has no room for the request.
+    #[error(
+        "cost budget exhausted: ${spent:.6} spent and ${reserved:.6} reserved of ${budget:.6}, \
+         and this request reserves ${request:.6}"
+    )]
     Usd {
         spent: f64,
         reserved: f64,
         budget: f64,
+        request: f64,
     },
 }
 
@@ -129,21 +146,29 @@ impl Account {
     pub fn admit(&mut self, r: Reservation) -> Result<(), Refusal> {
         if let Some(budget) = self.budget.tokens {
             let spent = self.spent.tokens();
-            if spent.saturating_add(self.reserved.tokens) >= budget {
+            if spent
+                .saturating_add(self.reserved.tokens)
+                .saturating_add(r.tokens)
+                > budget
+            {
                 return Err(Refusal::Tokens {
                     spent,
                     reserved: self.reserved.tokens,
                     budget,
+                    request: r.tokens,
                 });
             }
         }
         if let Some(budget) = self.budget.usd {
             let spent = self.spent.cost_usd;
-            if spent + self.reserved.usd >= budget {
+            // Not `>=`: a request must still be refused once the budget is reached even if it
+            // reserves nothing (no prices for a part of it).
+            if spent + self.reserved.usd + r.usd > budget || spent >= budget {
                 return Err(Refusal::Usd {
                     spent,
                     reserved: self.reserved.usd,
                     budget,
+                    request: r.usd,
                 });
             }
         }
@@ -231,7 +256,7 @@ mod tests {
             ..Account::default()
         };
         let r = Reservation {
-            tokens: 500,
+            tokens: 100,
             usd: 0.0,
             ..Reservation::default()
         };
@@ -243,7 +268,8 @@ mod tests {
             Err(Refusal::Tokens {
                 spent: 100,
                 reserved: 0,
-                budget: 100
+                budget: 100,
+                request: 100,
             })
         ));
         assert_eq!(a.remaining(), (Some(0), None));
@@ -259,13 +285,13 @@ mod tests {
             ..Account::default()
         };
         let r = Reservation {
-            tokens: 600,
+            tokens: 400,
             usd: 0.0,
             ..Reservation::default()
         };
         a.admit(r).unwrap();
-        a.admit(r).unwrap(); // 0 + 600 < 1000: admitted; now 1200 reserved.
-        assert!(a.admit(r).is_err());
+        a.admit(r).unwrap(); // 400 + 400 <= 1000: admitted; now 800 reserved.
+        assert!(a.admit(r).is_err()); // 800 + 400 > 1000.
         a.settle(r, &usage(10, 10), None);
         a.settle(r, &usage(10, 10), None);
         assert_eq!(a.reserved, Reservation::default());
@@ -304,6 +330,59 @@ mod tests {
     }
 
     #[test]
+    fn admits_only_what_fits_whole() {
+        let mut a = Account {
+            budget: Budget {
+                tokens: Some(1000),
+                usd: None,
+            },
+            ..Account::default()
+        };
+        let r = |tokens| Reservation {
+            tokens,
+            ..Reservation::default()
+        };
+        assert!(matches!(
+            a.admit(r(1001)),
+            Err(Refusal::Tokens {
+                request: 1001,
+                reserved: 0,
+                ..
+            })
+        ));
+        a.admit(r(600)).unwrap();
+        assert!(a.admit(r(401)).is_err());
+        a.admit(r(400)).unwrap(); // exactly the budget
+        assert_eq!(a.reserved.tokens, 1000);
+        assert!(a.admit(r(1)).is_err());
+    }
+
+    #[test]
+    fn overshoot_is_at_most_what_is_billed_beyond_reservations() {
+        // Twenty racing requests whose estimates are wrong by 10x: only what fits is admitted,
+        // so the spend passes the budget by at most the admitted requests' errors.
+        let budget = 10_000;
+        let mut a = Account {
+            budget: Budget {
+                tokens: Some(budget),
+                usd: None,
+            },
+            ..Account::default()
+        };
+        let r = Reservation {
+            tokens: 3_000,
+            ..Reservation::default()
+        };
+        let admitted = (0..20).filter(|_| a.admit(r).is_ok()).count() as u64;
+        assert_eq!(admitted, 3);
+        for _ in 0..admitted {
+            a.settle(r, &usage(29_000, 1_000), None);
+        }
+        assert!(a.spent.tokens() <= budget + admitted * (30_000 - 3_000));
+        assert!(a.admit(r).is_err());
+    }
+
+    #[test]
     fn cost_budget_uses_prices() {
         let prices = Prices {
             input_per_mtok: 3.0,
@@ -314,7 +393,7 @@ mod tests {
         let mut a = Account {
             budget: Budget {
                 tokens: None,
-                usd: Some(0.01),
+                usd: Some(0.02),
             },
             ..Account::default()
         };

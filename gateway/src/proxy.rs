@@ -16,6 +16,7 @@
 //! each admission settles exactly once.
 //!
 //! A message request is authenticated (task token, constant time), read under the body limit,
+//! refused (400) if it carries media with URL sources and the model does not allow them,
 //! sanitized by `policy::sanitize` (model rewritten to the destination's name, server-side
 //! tools, `mcp_servers`, `container` and `context_management` removed), `max_tokens` clamped
 //! to the catalogue's cap, admitted against the budget with a reservation (403 before any
@@ -199,6 +200,12 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
     let (headers, mut value, _charge) = read_json(&ctx, req).await?;
     let model = ctx.account.model()?;
     let dest = ctx.cfg.destination(&model);
+    // Before any reservation or upstream call: a URL the provider fetches could carry workspace
+    // data out, and its cost is invisible here.
+    if !model.allow_url_sources {
+        sanitize::refuse_url_sources(&value)
+            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
+    }
     sanitize::sanitize(&mut value, &dest.model)
         .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
 

