@@ -1,20 +1,25 @@
 //! The money: per-task usage, budgets and in-flight reservations, as plain data with explicit
 //! transitions, so admission and settlement can be tested without sockets.
 //!
-//! **Guarantee: a task's spend never exceeds its budget by more than what upstream bills beyond
-//! the reservations of the requests it admitted**, in each dimension (tokens and, when set,
-//! USD): `spent <= budget + sum over admitted requests of max(0, billed - reserved)`. So when
-//! every reservation is an upper bound of its request's bill, the budget is never passed; when
-//! an estimate is wrong, the overshoot is at most that request's error, never a multiple of
-//! the budget from many requests racing past the check.
+//! **Guarantee: a task's spend exceeds its budget by at most one lone request's reservation plus
+//! what upstream bills beyond the reservations of the requests it admitted**, in each dimension
+//! (tokens and, when set, USD): `spent < budget + r_lone + sum over admitted requests of
+//! max(0, billed - reserved)`, where `r_lone` is the reservation of the last request admitted
+//! with nothing else in flight. When every reservation is an upper bound of its bill the
+//! overshoot is at most one request; when an estimate is wrong, at most the errors of the
+//! requests in flight, never a multiple of the budget from many requests racing past the check.
 //!
-//! Admission rule: a request reserving `r` is admitted only if `spent + reserved + r <=
-//! budget`, where `reserved` is the sum of the reservations in flight; the invariant
-//! `spent + reserved <= budget + overshoot so far` then holds after every admission, and a
-//! settlement replaces `r` by the billed usage. A request reserves an upper bound of what it
-//! can cost: its input estimate, biased high with media counted conservatively
-//! ([`crate::estimate`]), plus its whole `max_tokens`. A request whose reservation alone does
-//! not fit in what is left is refused even if it would have used less: the check cannot know.
+//! Admission rule, for a request reserving `r` while `reserved` is in flight:
+//! - nothing in flight (`reserved == 0`): admitted while `spent < budget`, so a task can always
+//!   use what is left of its budget with one request at a time (Claude Code reserves its whole
+//!   `max_tokens`, 32k and more: a rule demanding that it fit would strand the last ~60k of
+//!   every budget and refuse small budgets outright);
+//! - otherwise: admitted only if `spent + reserved + r <= budget`: concurrent requests must fit
+//!   whole, which is what bounds a race.
+//!
+//! A request reserves an upper bound of what it can cost: its input estimate, biased high with
+//! media counted conservatively ([`crate::estimate`]), plus its whole `max_tokens`. It settles
+//! on the real usage the response reported.
 
 use std::collections::BTreeMap;
 
@@ -146,11 +151,15 @@ impl Account {
     pub fn admit(&mut self, r: Reservation) -> Result<(), Refusal> {
         if let Some(budget) = self.budget.tokens {
             let spent = self.spent.tokens();
-            if spent
-                .saturating_add(self.reserved.tokens)
-                .saturating_add(r.tokens)
-                > budget
-            {
+            let fits = if self.reserved.tokens == 0 {
+                spent < budget
+            } else {
+                spent
+                    .saturating_add(self.reserved.tokens)
+                    .saturating_add(r.tokens)
+                    <= budget
+            };
+            if !fits {
                 return Err(Refusal::Tokens {
                     spent,
                     reserved: self.reserved.tokens,
@@ -163,7 +172,12 @@ impl Account {
             let spent = self.spent.cost_usd;
             // Not `>=`: a request must still be refused once the budget is reached even if it
             // reserves nothing (no prices for a part of it).
-            if spent + self.reserved.usd + r.usd > budget || spent >= budget {
+            let fits = if self.reserved.usd == 0.0 {
+                spent < budget
+            } else {
+                spent + self.reserved.usd + r.usd <= budget
+            };
+            if !fits || spent >= budget {
                 return Err(Refusal::Usd {
                     spent,
                     reserved: self.reserved.usd,
@@ -326,6 +340,12 @@ mod tests {
             a.settle(r, &usage(600, 100), None);
         }
         assert!(a.spent.tokens() <= budget + max_reserved);
+        // With nothing in flight, lone requests use what is left, one at a time.
+        while a.spent.tokens() < budget {
+            a.admit(r).unwrap();
+            a.settle(r, &usage(600, 100), None);
+        }
+        assert!(a.spent.tokens() < budget + r.tokens);
         assert!(a.admit(r).is_err());
     }
 
@@ -342,14 +362,18 @@ mod tests {
             tokens,
             ..Reservation::default()
         };
+        // Nothing in flight: a lone request is admitted while anything is left, however much
+        // it reserves; with it in flight, no other fits.
+        a.admit(r(1001)).unwrap();
         assert!(matches!(
-            a.admit(r(1001)),
+            a.admit(r(1)),
             Err(Refusal::Tokens {
-                request: 1001,
-                reserved: 0,
+                request: 1,
+                reserved: 1001,
                 ..
             })
         ));
+        a.settle(r(1001), &usage(0, 0), None);
         a.admit(r(600)).unwrap();
         assert!(a.admit(r(401)).is_err());
         a.admit(r(400)).unwrap(); // exactly the budget
@@ -393,7 +417,7 @@ mod tests {
         let mut a = Account {
             budget: Budget {
                 tokens: None,
-                usd: Some(0.02),
+                usd: Some(0.01),
             },
             ..Account::default()
         };

@@ -14,7 +14,7 @@ use serde_json::Value;
 const ALLOWED: &[(&str, &[&str])] = &[
     ("agentbox-policy", &[]),
     ("agentbox-wire", &[]),
-    ("agentbox-http", &["agentbox-policy"]),
+    ("agentbox-http", &["agentbox-api", "agentbox-policy"]),
     ("agentbox-api", &["agentbox-policy"]),
     (
         "agentbox-llm",
