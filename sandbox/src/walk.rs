@@ -448,6 +448,41 @@ impl Walker {
     }
 }
 
+/// Opens `name` in `dir` (never following a symlink) and checks it is still the entry listed
+/// as `listed`. An entry that vanished or turned into a symlink or a non-directory since it was
+/// listed is `Changed`: the walk must not act on something other than what it judged.
+fn open_listed(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: OFlags,
+    listed: &Stat,
+    path: &str,
+) -> Result<(OwnedFd, Stat), WalkError> {
+    let changed = || WalkError::Changed {
+        path: path.to_owned(),
+    };
+    let io = |op, source| WalkError::Io {
+        path: path.to_owned(),
+        op,
+        source,
+    };
+    let fd = match fs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT) => return Err(changed()),
+        Err(e) => return Err(io("open", e)),
+    };
+    let opened = stat_fd(fd.as_fd()).map_err(|e| io("stat", e))?;
+    if !Walker::same(&opened, listed) {
+        return Err(changed());
+    }
+    Ok((fd, opened))
+}
+
 fn walk(
     top: BorrowedFd<'_>,
     to: Owner,
@@ -530,22 +565,13 @@ fn walk(
                     )?;
                     continue;
                 }
-                let fd = match fs::openat(
+                let (fd, opened) = open_listed(
                     frame.fd.as_fd(),
-                    name.as_c_str(),
-                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                ) {
-                    Ok(fd) => fd,
-                    Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT) => {
-                        return Err(WalkError::Changed { path });
-                    }
-                    Err(e) => return Err(io(&path, "open", e)),
-                };
-                let opened = stat_fd(fd.as_fd()).map_err(|e| io(&path, "stat", e))?;
-                if !Walker::same(&opened, &st) {
-                    return Err(WalkError::Changed { path });
-                }
+                    &name,
+                    OFlags::RDONLY | OFlags::DIRECTORY,
+                    &st,
+                    &path,
+                )?;
                 w.apply(fd.as_fd(), &opened, true, &path)?;
                 let names = read_names(fd.as_fd(), &path)?;
                 stack.push(Frame {
@@ -571,18 +597,8 @@ fn walk(
                     }
                     continue;
                 }
-                let fd = match fs::openat(
-                    frame.fd.as_fd(),
-                    name.as_c_str(),
-                    OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                ) {
-                    Ok(fd) => fd,
-                    Err(Errno::NOENT) => return Err(WalkError::Changed { path }),
-                    Err(e) => return Err(io(&path, "open", e)),
-                };
-                let opened = stat_fd(fd.as_fd()).map_err(|e| io(&path, "stat", e))?;
-                if !Walker::same(&opened, &st) || opened.nlink > 1 {
+                let (fd, opened) = open_listed(frame.fd.as_fd(), &name, OFlags::PATH, &st, &path)?;
+                if opened.nlink > 1 {
                     return Err(WalkError::Changed { path });
                 }
                 w.apply(fd.as_fd(), &opened, false, &path)?;
