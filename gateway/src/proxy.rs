@@ -238,6 +238,14 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         max_tokens,
         model.prices.as_ref(),
     );
+    // Before reserving anything: a listener of another uid on the port (the bridge down, someone
+    // else bound it) gets neither the prompt nor the token.
+    if dest.owned
+        && let Err(e) = ctx.cfg.loopback.check_url(&dest.url)
+    {
+        tracing::error!(tid = %ctx.account.tid(), error = %e, "refusing to send to an untrusted upstream");
+        return Err(ProxyError::UntrustedUpstream);
+    }
     // From here every path settles exactly once: the admission moves into the upstream call's
     // own task, which outlives this handler if the client hangs up.
     let admission = ctx.account.admit(reservation)?;
@@ -251,14 +259,6 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
     } else {
         None
     };
-    // Right before sending: a listener of another uid on the port (the bridge down, someone
-    // else bound it) gets neither the prompt nor the token.
-    if dest.owned
-        && let Err(e) = ctx.cfg.loopback.check_url(&dest.url)
-    {
-        tracing::error!(tid = %ctx.account.tid(), error = %e, "refusing to send to an untrusted upstream");
-        return Err(ProxyError::UntrustedUpstream);
-    }
     let call = Call {
         cfg: ctx.cfg.clone(),
         tid: ctx.account.tid().clone(),
