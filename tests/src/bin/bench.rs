@@ -393,8 +393,10 @@ fn clients() -> Result<Clients> {
 
 async fn bench_gateway(plan: Plan) -> Result<()> {
     let fake = start_fake()?;
+    // One task carries the whole c=64 load here (plus the client's idle pool), more than the
+    // per-task connection limit an agent gets by default: lift it, the bench measures the proxy.
     let config = format!(
-        "[gateway]\nollama_url = \"{}\"\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
+        "[gateway]\nollama_url = \"{}\"\nmax_connections_per_task = 1024\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
         fake.base_url()
     );
     let gw = GatewayProcess::start(&config, &[])?;
