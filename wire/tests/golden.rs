@@ -179,6 +179,17 @@ fn actual(kind: &str, dir: &Path) -> Value {
             let out = chat_to_responses_response(resp, &responses_options(&opts)).unwrap();
             serde_json::to_value(out).unwrap()
         }
+        "responses_stream" => {
+            let input = read_json(&dir.join("input.json"));
+            let events = common::translate_responses_stream(
+                input.as_array().unwrap(),
+                responses_options(&opts),
+                opts.get("start_early").and_then(Value::as_bool) == Some(true),
+            );
+            // Every stream, failed or not, must satisfy the event order Codex parses.
+            common::check_responses_stream(&events);
+            serde_json::to_value(events).unwrap()
+        }
         "error" => {
             let input = read_json(&dir.join("input.json"));
             let status = u16::try_from(input["status"].as_u64().unwrap()).unwrap();
@@ -405,6 +416,38 @@ golden!(responses_response:
     usage_details_cached_and_reasoning,
 );
 
+golden!(responses_stream:
+    arguments_before_name,
+    chunks_after_completed_dropped,
+    completed_waits_for_usage_chunk,
+    content_parts_list_deltas,
+    context_overflow_error_chunk_is_context_length_exceeded,
+    continuous_usage_stats,
+    dressage_text_stream,
+    dressage_text_then_tool_call,
+    empty_deltas_open_no_item,
+    empty_response_has_an_empty_message,
+    eof_without_any_chunk_fails,
+    eof_without_finish_reason_fails,
+    error_chunk_fails,
+    length_still_completes,
+    missing_call_id_generated,
+    no_usage_is_estimated,
+    parallel_tool_calls_interleaved,
+    parallel_tool_calls_sequential,
+    reasoning_field_deltas,
+    reasoning_only_gets_an_empty_message,
+    reasoning_then_text_with_usage_chunk,
+    reasoning_then_tool_call_only,
+    refusal_delta_is_text,
+    requested_model_and_id_reported,
+    text_after_tool_call_is_a_new_message,
+    tool_call_in_one_chunk,
+    tool_call_without_index,
+    tool_call_without_name_fails,
+    unreadable_chunk_fails,
+);
+
 #[test]
 fn every_golden_dir_has_a_test() {
     let declared: BTreeSet<String> = [
@@ -415,6 +458,7 @@ fn every_golden_dir_has_a_test() {
         ("meter", meter::RULES),
         ("responses_request", responses_request::RULES),
         ("responses_response", responses_response::RULES),
+        ("responses_stream", responses_stream::RULES),
     ]
     .iter()
     .flat_map(|(k, rules)| rules.iter().map(move |r| format!("{k}/{r}")))

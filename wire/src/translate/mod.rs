@@ -47,6 +47,7 @@ mod response;
 pub mod responses;
 mod responses_request;
 mod responses_response;
+mod responses_stream;
 mod stream;
 mod tool_names;
 
@@ -55,6 +56,7 @@ pub use response::chat_to_anthropic_response;
 pub use responses::{ResponsesOptions, responses_usage_from_chat};
 pub use responses_request::{responses_into_chat, responses_to_chat};
 pub use responses_response::chat_to_responses_response;
+pub use responses_stream::ResponsesStreamTranslator;
 pub use stream::ChatStreamTranslator;
 pub use tool_names::{MAX_TOOL_NAME_LEN, ToolNames, upstream_tool_name};
 

@@ -6,6 +6,15 @@
 //! - [`chat_to_responses_response`]: a non-streamed response.
 //! - [`ResponsesStreamTranslator`]: a streamed response, chunk by chunk.
 //!
+//! [`ResponsesStreamTranslator`]: super::ResponsesStreamTranslator
+//! [`responses_to_chat`]: super::responses_to_chat
+//! [`responses_into_chat`]: super::responses_into_chat
+//! [`chat_to_responses_response`]: super::chat_to_responses_response
+//! [`ChatOptions::reasoning_passback`]: super::ChatOptions::reasoning_passback
+//! [`ChatOptions::max_tokens_field`]: super::ChatOptions::max_tokens_field
+//! [`ChatOptions::max_output_tokens`]: super::ChatOptions::max_output_tokens
+//! [`ChatOptions::reasoning_effort_from_thinking`]: super::ChatOptions::reasoning_effort_from_thinking
+//!
 //! The rules follow the Dressage proxy (`rollout_llm_proxy.py`), which is the contract the
 //! blackbox serves; where it is silent or lossy the choice is named here. Each rule is pinned by
 //! a golden test under `wire/tests/golden/responses_*`.
@@ -47,7 +56,8 @@
 //! completion_tokens` (reasoning tokens in `output_tokens_details`), `total_tokens` as reported
 //! or the sum; without upstream usage, an estimate (the caller's input estimate, output bytes/4).
 //!
-//! **Stream.** See [`ResponsesStreamTranslator`].
+//! **Stream.** See [`ResponsesStreamTranslator`]: the same items and usage as the non-streamed
+//! translation, announced and closed in the event order Codex parses.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -31,11 +31,13 @@ use crate::anthropic::{
     BlockDelta, ContentBlock, DeltaUsage, ErrorType, Extra, MessageDeltaBody, MessagesResponse,
     StreamEvent, Usage,
 };
-use crate::chat::{ChatChunk, ChatContent, ChatUsage, ContentPart, FinishReason, ToolCallDelta};
+use crate::chat::{
+    ChatChunk, ChatContent, ChatUsage, ChunkDelta, ContentPart, FinishReason, ToolCallDelta,
+};
 use crate::error::stream_error_from_openai;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Prose {
+pub(super) enum Prose {
     Thinking,
     Text,
 }
@@ -232,28 +234,9 @@ impl ChatStreamTranslator {
         }
         if let Some(choice) = choices.into_iter().find(|c| c.index == 0) {
             let matched = choice.matched_stop().map(str::to_owned);
-            let delta = choice.delta;
-            if let Some(r) = delta.reasoning_content.or(delta.reasoning) {
-                self.prose_delta(Prose::Thinking, r, &mut out);
-            }
-            match delta.content {
-                Some(ChatContent::Text(t)) => self.prose_delta(Prose::Text, t, &mut out),
-                Some(ChatContent::List(parts)) => {
-                    for p in parts {
-                        match p {
-                            ContentPart::Text { text, .. } => {
-                                self.prose_delta(Prose::Text, text, &mut out);
-                            }
-                            ContentPart::ImageUrl { .. }
-                            | ContentPart::File { .. }
-                            | ContentPart::Other(_) => {}
-                        }
-                    }
-                }
-                None => {}
-            }
-            if let Some(r) = delta.refusal {
-                self.prose_delta(Prose::Text, r, &mut out);
+            let mut delta = choice.delta;
+            for (kind, text) in prose_pieces(&mut delta) {
+                self.prose_delta(kind, text, &mut out);
             }
             for call in delta.tool_calls.unwrap_or_default() {
                 if let Err(message) = self.tool_delta(call, &mut out) {
@@ -401,16 +384,8 @@ impl ChatStreamTranslator {
     /// Which slot a tool-call piece belongs to: by `index`, or, for servers that omit it, a new
     /// slot when a new id appears and the latest slot otherwise.
     fn slot_for(&mut self, call: &ToolCallDelta) -> usize {
-        let key = match call.index {
-            Some(key) => key,
-            None => {
-                let new_id = call.id.as_deref().filter(|s| !s.is_empty());
-                match self.tools.last() {
-                    Some(last) if new_id.is_none() || new_id == last.id.as_deref() => last.key,
-                    Some(_) | None => self.tools.iter().map(|s| s.key + 1).max().unwrap_or(0),
-                }
-            }
-        };
+        let last = self.tools.last().map(|s| (s.key, s.id.as_deref()));
+        let key = tool_slot_key(call, last, self.tools.iter().map(|s| s.key));
         if let Some(pos) = self.tools.iter().position(|s| s.key == key) {
             return pos;
         }
@@ -549,6 +524,52 @@ impl ChatStreamTranslator {
         });
         self.final_usage = Some(usage);
         self.done = true;
+    }
+}
+
+/// Takes the prose of a chunk delta, in the order it is shown: reasoning (from whichever field
+/// the server uses), text parts, refusal (shown as text). Empty pieces are kept; callers skip
+/// them.
+pub(super) fn prose_pieces(delta: &mut ChunkDelta) -> Vec<(Prose, String)> {
+    let mut out = Vec::new();
+    if let Some(r) = delta.reasoning_content.take().or(delta.reasoning.take()) {
+        out.push((Prose::Thinking, r));
+    }
+    match delta.content.take() {
+        Some(ChatContent::Text(t)) => out.push((Prose::Text, t)),
+        Some(ChatContent::List(parts)) => {
+            for p in parts {
+                match p {
+                    ContentPart::Text { text, .. } => out.push((Prose::Text, text)),
+                    ContentPart::ImageUrl { .. }
+                    | ContentPart::File { .. }
+                    | ContentPart::Other(_) => {}
+                }
+            }
+        }
+        None => {}
+    }
+    if let Some(r) = delta.refusal.take() {
+        out.push((Prose::Text, r));
+    }
+    out
+}
+
+/// The upstream key of the tool call a piece belongs to: its `index`, or, for servers that omit
+/// it, a new key when a new id appears and the latest call's key otherwise. `last` is the
+/// latest call's key and id, `keys` every key seen.
+pub(super) fn tool_slot_key(
+    call: &ToolCallDelta,
+    last: Option<(u32, Option<&str>)>,
+    keys: impl Iterator<Item = u32>,
+) -> u32 {
+    if let Some(key) = call.index {
+        return key;
+    }
+    let new_id = call.id.as_deref().filter(|s| !s.is_empty());
+    match last {
+        Some((key, id)) if new_id.is_none() || new_id == id => key,
+        Some(_) | None => keys.map(|k| k + 1).max().unwrap_or(0),
     }
 }
 
