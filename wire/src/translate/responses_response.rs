@@ -2,11 +2,12 @@
 //! the module docs of [`crate::translate::responses`]).
 
 use super::TranslateError;
+use super::response::{first_choice, reasoning_and_text};
 use super::responses::{
     ResponsesOptions, created_at, estimated_responses_usage, fresh_response_id, function_call_item,
     item_id, message_item, reasoning_item, responses_usage_from_chat,
 };
-use crate::chat::{ChatContent, ChatResponse, ContentPart};
+use crate::chat::ChatResponse;
 use crate::responses::{Extra, Response, ResponseStatus};
 
 /// Translates a response, consuming it. Only the first choice is used.
@@ -21,11 +22,7 @@ pub fn chat_to_responses_response(
         usage,
         extra,
     } = resp;
-    let choice = choices
-        .into_iter()
-        .min_by_key(|c| c.index)
-        .ok_or(TranslateError::NoChoices)?;
-    let message = choice.message;
+    let mut message = first_choice(choices)?.message;
     let response_id = match &opts.response_id {
         Some(id) => id.clone(),
         None if !id.is_empty() => id,
@@ -34,26 +31,10 @@ pub fn chat_to_responses_response(
 
     let mut output = Vec::new();
     let mut output_bytes = 0;
-    let reasoning = message.reasoning_content.or(message.reasoning);
-    if let Some(text) = reasoning.filter(|r| !r.is_empty()) {
+    let (reasoning, text) = reasoning_and_text(&mut message);
+    if let Some(text) = reasoning {
         output_bytes += text.len();
         output.push(reasoning_item(item_id("rs", &response_id, 0), text));
-    }
-    let mut text = match message.content {
-        Some(ChatContent::Text(t)) => t,
-        Some(ChatContent::List(parts)) => parts
-            .into_iter()
-            .filter_map(|p| match p {
-                ContentPart::Text { text, .. } => Some(text),
-                ContentPart::ImageUrl { .. } | ContentPart::File { .. } | ContentPart::Other(_) => {
-                    None
-                }
-            })
-            .collect(),
-        None => String::new(),
-    };
-    if let Some(refusal) = message.refusal.filter(|r| !r.is_empty()) {
-        text.push_str(&refusal);
     }
     let calls = message.tool_calls.unwrap_or_default();
     if !text.is_empty() || calls.is_empty() {

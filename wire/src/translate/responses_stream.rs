@@ -35,8 +35,8 @@ use super::responses::{
     item_id, message_item, output_text_part, reasoning_item, responses_usage_from_chat,
     summary_text_part,
 };
-use super::stream::{Prose, prose_pieces, tool_slot_key};
-use crate::chat::{ChatChunk, ChatUsage, FinishReason, ToolCallDelta};
+use super::stream::{Data, EndGate, Prose, ToolSlot, prose_pieces, read_data, tool_piece};
+use crate::chat::{ChatChunk, ToolCallDelta};
 use crate::error::responses_error_from_openai;
 use crate::responses::{
     Extra, OutputItem, Response, ResponseStatus, ResponseStreamEvent, ResponsesUsage,
@@ -59,24 +59,6 @@ enum ItemKind {
     Call { call_id: String, name: String },
 }
 
-/// A tool call of the upstream, by its chunk `index`.
-#[derive(Debug)]
-struct ToolSlot {
-    key: u32,
-    id: Option<String>,
-    name: Option<String>,
-    /// Arguments received before the item could be opened.
-    pending: String,
-    /// Its position in `items` once opened.
-    item: Option<usize>,
-}
-
-impl ToolSlot {
-    fn is_empty(&self) -> bool {
-        self.id.is_none() && self.name.is_none() && self.pending.is_empty()
-    }
-}
-
 /// Translates one streamed chat completion into Responses stream events.
 ///
 /// Feed it every chunk with [`push_chunk`](Self::push_chunk) (or every SSE `data:` payload
@@ -96,10 +78,9 @@ pub struct ResponsesStreamTranslator {
     items: Vec<Item>,
     /// The reasoning or message item receiving deltas, by position in `items`.
     prose: Option<(Prose, usize)>,
-    tools: Vec<ToolSlot>,
-    finish: Option<FinishReason>,
-    usage: Option<ChatUsage>,
-    usage_after_finish: bool,
+    /// Each call's position in `items` once opened.
+    tools: Vec<ToolSlot<Option<usize>>>,
+    end: EndGate,
     output_bytes: usize,
     final_usage: Option<ResponsesUsage>,
 }
@@ -117,9 +98,7 @@ impl ResponsesStreamTranslator {
             items: Vec::new(),
             prose: None,
             tools: Vec::new(),
-            finish: None,
-            usage: None,
-            usage_after_finish: false,
+            end: EndGate::default(),
             output_bytes: 0,
             final_usage: None,
         }
@@ -151,16 +130,10 @@ impl ResponsesStreamTranslator {
     /// Translates one SSE `data:` payload: `[DONE]` ends the stream, JSON is a chunk, anything
     /// else is an upstream failure reported as `response.failed`.
     pub fn push_data(&mut self, data: &str) -> Vec<ResponseStreamEvent> {
-        let data = data.trim();
-        if data == "[DONE]" {
-            return self.finish();
-        }
-        match serde_json::from_str::<ChatChunk>(data) {
-            Ok(chunk) => self.push_chunk(chunk),
-            Err(e) => self.fail(
-                "server_error",
-                format!("upstream sent an unreadable stream chunk: {e}"),
-            ),
+        match read_data(data) {
+            Data::Done => self.finish(),
+            Data::Chunk(chunk) => self.push_chunk(*chunk),
+            Data::Unreadable(message) => self.fail("server_error", message),
         }
     }
 
@@ -189,10 +162,7 @@ impl ResponsesStreamTranslator {
             out.extend(self.fail(&code, message));
             return out;
         }
-        let had_usage = usage.is_some();
-        if usage.is_some() {
-            self.usage = usage;
-        }
+        let mut finish = None;
         if let Some(choice) = choices.into_iter().find(|c| c.index == 0) {
             let mut delta = choice.delta;
             for (kind, text) in prose_pieces(&mut delta) {
@@ -201,14 +171,9 @@ impl ResponsesStreamTranslator {
             for call in delta.tool_calls.unwrap_or_default() {
                 self.tool_delta(call, &mut out);
             }
-            if choice.finish_reason.is_some() {
-                self.finish = choice.finish_reason;
-            }
+            finish = choice.finish_reason;
         }
-        if had_usage && self.finish.is_some() {
-            self.usage_after_finish = true;
-        }
-        if self.finish.is_some() && self.usage_after_finish {
+        if self.end.record(usage, finish) {
             self.emit_tail(&mut out);
         }
         out
@@ -229,7 +194,7 @@ impl ResponsesStreamTranslator {
             ));
             return out;
         }
-        if self.finish.is_none() {
+        if self.end.finish.is_none() {
             return self.fail(
                 "server_error",
                 "upstream ended the stream before the response was complete".to_owned(),
@@ -529,45 +494,16 @@ impl ResponsesStreamTranslator {
         self.push(event, out);
     }
 
-    fn slot_for(&mut self, call: &ToolCallDelta) -> usize {
-        let last = self.tools.last().map(|s| (s.key, s.id.as_deref()));
-        let key = tool_slot_key(call, last, self.tools.iter().map(|s| s.key));
-        if let Some(pos) = self.tools.iter().position(|s| s.key == key) {
-            return pos;
-        }
-        self.tools.push(ToolSlot {
-            key,
-            id: None,
-            name: None,
-            pending: String::new(),
-            item: None,
-        });
-        self.tools.len() - 1
-    }
-
     fn tool_delta(&mut self, call: ToolCallDelta, out: &mut Vec<ResponseStreamEvent>) {
-        let slot = self.slot_for(&call);
-        let ToolCallDelta { id, function, .. } = call;
-        let (name, arguments) = match function {
-            Some(f) => (f.name, f.arguments),
-            None => (None, None),
-        };
-        let s = &mut self.tools[slot];
-        if s.id.is_none() {
-            s.id = id.filter(|v| !v.is_empty());
-        }
-        if s.name.is_none() {
-            s.name = name.filter(|v| !v.is_empty());
-        }
-        let args = arguments.unwrap_or_default();
+        let (slot, args) = tool_piece(&mut self.tools, call);
         if !args.is_empty() {
             self.output_bytes += args.len();
-            match self.tools[slot].item {
+            match self.tools[slot].state {
                 Some(pos) => self.arguments_delta(pos, args, out),
                 None => self.tools[slot].pending.push_str(&args),
             }
         }
-        if self.tools[slot].item.is_none()
+        if self.tools[slot].state.is_none()
             && let Some(name) = self.tools[slot].name.clone()
         {
             self.close_prose(out);
@@ -578,7 +514,7 @@ impl ResponsesStreamTranslator {
             };
             let pos = self.open_item(ItemKind::Call { call_id, name }, out);
             let s = &mut self.tools[slot];
-            s.item = Some(pos);
+            s.state = Some(pos);
             let pending = std::mem::take(&mut s.pending);
             if !pending.is_empty() {
                 self.arguments_delta(pos, pending, out);
@@ -604,7 +540,7 @@ impl ResponsesStreamTranslator {
         if let Some(slot) = self
             .tools
             .iter()
-            .find(|s| s.item.is_none() && !s.is_empty())
+            .find(|s| s.state.is_none() && !s.is_empty())
         {
             let message = format!(
                 "upstream sent tool call {} without a function name",
@@ -626,7 +562,7 @@ impl ResponsesStreamTranslator {
         for pos in 0..self.items.len() {
             self.close_item(pos, out);
         }
-        let usage = match &self.usage {
+        let usage = match &self.end.usage {
             Some(u) => responses_usage_from_chat(u),
             None => estimated_responses_usage(self.opts.input_tokens_estimate, self.output_bytes),
         };
