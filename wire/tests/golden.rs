@@ -41,6 +41,11 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The rule's `input.json` as a `T`.
+fn input<T: serde::de::DeserializeOwned>(dir: &Path) -> T {
+    serde_json::from_value(read_json(&dir.join("input.json"))).unwrap()
+}
+
 fn options(dir: &Path) -> Value {
     let p = dir.join("options.json");
     if p.exists() { read_json(&p) } else { json!({}) }
@@ -144,14 +149,12 @@ fn actual(kind: &str, dir: &Path) -> Value {
     let opts = options(dir);
     match kind {
         "request" => {
-            let req: MessagesRequest =
-                serde_json::from_value(read_json(&dir.join("input.json"))).unwrap();
+            let req: MessagesRequest = input(dir);
             let chat = anthropic_to_chat(&req, &chat_options(&opts)).unwrap();
             serde_json::to_value(chat).unwrap()
         }
         "response" => {
-            let resp: ChatResponse =
-                serde_json::from_value(read_json(&dir.join("input.json"))).unwrap();
+            let resp: ChatResponse = input(dir);
             let out = chat_to_anthropic_response(resp, &response_options(&opts)).unwrap();
             serde_json::to_value(out).unwrap()
         }
@@ -166,16 +169,14 @@ fn actual(kind: &str, dir: &Path) -> Value {
             serde_json::to_value(events).unwrap()
         }
         "responses_request" => {
-            let req: ResponsesRequest =
-                serde_json::from_value(read_json(&dir.join("input.json"))).unwrap();
+            let req: ResponsesRequest = input(dir);
             match responses_to_chat(&req, &chat_options(&opts)) {
                 Ok(chat) => serde_json::to_value(chat).unwrap(),
                 Err(e) => json!({"error": e.to_string()}),
             }
         }
         "responses_response" => {
-            let resp: ChatResponse =
-                serde_json::from_value(read_json(&dir.join("input.json"))).unwrap();
+            let resp: ChatResponse = input(dir);
             let out = chat_to_responses_response(resp, &responses_options(&opts)).unwrap();
             serde_json::to_value(out).unwrap()
         }

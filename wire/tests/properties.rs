@@ -581,14 +581,8 @@ proptest! {
     ) {
         let whole = chat_to_anthropic_response(whole_response(&c), &ResponseOptions::default()).unwrap();
         let mut t = ChatStreamTranslator::new(ResponseOptions::default());
-        let mut events = Vec::new();
-        for chunk in stream_chunks(&c, &cuts, finish_with_last, usage_with_finish) {
-            events.extend(t.push_chunk(chunk));
-        }
-        if done_marker {
-            events.extend(t.push_data("[DONE]"));
-        }
-        events.extend(t.finish());
+        let chunks = stream_chunks(&c, &cuts, finish_with_last, usage_with_finish);
+        let events = common::feed_chunks(&mut t, Vec::new(), chunks, done_marker);
         let streamed = common::accumulate(&events);
         prop_assert_eq!(streamed, whole);
     }
@@ -604,18 +598,10 @@ proptest! {
     ) {
         let whole = chat_to_responses_response(whole_response(&c), &responses_opts()).unwrap();
         let mut t = ResponsesStreamTranslator::new(responses_opts());
-        let mut events = Vec::new();
-        if start_early {
-            // Started before any chunk: the id is a fresh one, so compare without it.
-            events.extend(t.start());
-        }
-        for chunk in stream_chunks(&c, &cuts, finish_with_last, usage_with_finish) {
-            events.extend(t.push_chunk(chunk));
-        }
-        if done_marker {
-            events.extend(t.push_data("[DONE]"));
-        }
-        events.extend(t.finish());
+        // Started before any chunk, the id is a fresh one: compared apart below.
+        let first = if start_early { t.start() } else { Vec::new() };
+        let chunks = stream_chunks(&c, &cuts, finish_with_last, usage_with_finish);
+        let events = common::feed_chunks(&mut t, first, chunks, done_marker);
         let mut streamed = common::check_responses_stream(&events);
         prop_assert_eq!(t.final_usage(), streamed.usage.as_ref());
         if start_early {
@@ -637,14 +623,7 @@ proptest! {
     ) {
         let chunks = stream_chunks(&c, &[60, 190], false, false);
         let mut direct = ResponsesStreamTranslator::new(responses_opts());
-        let mut expected: Vec<ResponseStreamEvent> = Vec::new();
-        for chunk in chunks.clone() {
-            expected.extend(direct.push_chunk(chunk));
-        }
-        if done_marker {
-            expected.extend(direct.push_data("[DONE]"));
-        }
-        expected.extend(direct.finish());
+        let expected = common::feed_chunks(&mut direct, Vec::new(), chunks.clone(), done_marker);
 
         let bytes = chunks_as_sse(&chunks, done_marker);
         let mut decoder = sse::Decoder::new();

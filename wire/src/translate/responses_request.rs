@@ -29,27 +29,11 @@ pub fn responses_into_chat(
     req: ResponsesRequest,
     opts: &ChatOptions,
 ) -> Result<ChatRequest, TranslateError> {
-    let ResponsesRequest {
-        model,
-        input,
-        instructions,
-        tools,
-        tool_choice,
-        parallel_tool_calls,
-        stream,
-        max_output_tokens,
-        temperature,
-        top_p,
-        reasoning,
-        extra,
-        ..
-    } = req;
-
     let mut history = History::new(opts.reasoning_passback);
-    if let Some(text) = instructions.filter(|t| !t.is_empty()) {
+    if let Some(text) = req.instructions.filter(|t| !t.is_empty()) {
         history.system.push(text);
     }
-    match input {
+    match req.input {
         None => {}
         Some(TextOrList::Text(text)) => history.messages.push(user(ChatContent::Text(text))),
         Some(TextOrList::List(items)) => {
@@ -60,7 +44,8 @@ pub fn responses_into_chat(
     }
     let messages = history.finish();
 
-    let tools: Vec<ChatTool> = tools
+    let tools: Vec<ChatTool> = req
+        .tools
         .unwrap_or_default()
         .into_iter()
         .filter_map(translate_tool)
@@ -69,12 +54,12 @@ pub fn responses_into_chat(
         (None, None)
     } else {
         (
-            tool_choice.as_ref().and_then(translate_tool_choice),
-            parallel_tool_calls,
+            req.tool_choice.as_ref().and_then(translate_tool_choice),
+            req.parallel_tool_calls,
         )
     };
 
-    let limit = match (max_output_tokens, opts.max_output_tokens) {
+    let limit = match (req.max_output_tokens, opts.max_output_tokens) {
         (Some(asked), Some(cap)) => Some(asked.min(cap)),
         (asked, _) => asked,
     };
@@ -83,15 +68,15 @@ pub fn responses_into_chat(
         MaxTokensField::MaxTokens => (limit, None),
         MaxTokensField::Both => (limit, limit),
     };
-    let streaming = stream == Some(true);
+    let streaming = req.stream == Some(true);
     let reasoning_effort = if opts.reasoning_effort_from_thinking {
-        reasoning.and_then(|r| r.effort)
+        req.reasoning.and_then(|r| r.effort)
     } else {
         None
     };
 
     Ok(ChatRequest {
-        model: opts.model.clone().unwrap_or(model),
+        model: opts.model.clone().unwrap_or(req.model),
         messages,
         max_tokens,
         max_completion_tokens,
@@ -101,14 +86,14 @@ pub fn responses_into_chat(
             include_usage: Some(true),
             extra: Extra::new(),
         }),
-        temperature,
-        top_p,
+        temperature: req.temperature,
+        top_p: req.top_p,
         tools: (!tools.is_empty()).then_some(tools),
         tool_choice,
         parallel_tool_calls,
         user: None,
         reasoning_effort,
-        response_format: response_format(&extra),
+        response_format: response_format(&req.extra),
         extra: Extra::new(),
     })
 }

@@ -15,17 +15,10 @@ pub fn chat_to_responses_response(
     resp: ChatResponse,
     opts: &ResponsesOptions,
 ) -> Result<Response, TranslateError> {
-    let ChatResponse {
-        id,
-        model,
-        choices,
-        usage,
-        extra,
-    } = resp;
-    let mut message = first_choice(choices)?.message;
+    let mut message = first_choice(resp.choices)?.message;
     let response_id = match &opts.response_id {
         Some(id) => id.clone(),
-        None if !id.is_empty() => id,
+        None if !resp.id.is_empty() => resp.id,
         None => fresh_response_id(),
     };
 
@@ -61,15 +54,15 @@ pub fn chat_to_responses_response(
         ));
     }
 
-    let usage = match &usage {
+    let usage = match &resp.usage {
         Some(u) => responses_usage_from_chat(u),
         None => estimated_responses_usage(opts.input_tokens_estimate, output_bytes),
     };
     Ok(Response {
         id: response_id,
-        created_at: Some(created_at(opts, extra.get("created"))),
+        created_at: Some(created_at(opts, resp.extra.get("created"))),
         status: Some(ResponseStatus::Completed),
-        model: opts.model.clone().unwrap_or(model),
+        model: opts.model.clone().unwrap_or(resp.model),
         output,
         usage: Some(usage),
         extra: Extra::new(),

@@ -12,11 +12,58 @@ use agentbox_wire::translate::{
 };
 use serde_json::Value;
 
-/// Feeds `chunks` (chunk objects, or strings passed as raw SSE data such as `"[DONE]"`) and then
-/// ends the stream.
-pub fn translate_stream(chunks: &[Value], opts: ResponseOptions) -> Vec<StreamEvent> {
-    let mut t = ChatStreamTranslator::new(opts);
-    let mut events = Vec::new();
+/// The calls both stream translators answer, so one feeder drives either.
+pub trait Translator {
+    type Event;
+    fn push_data(&mut self, data: &str) -> Vec<Self::Event>;
+    fn push_chunk(&mut self, chunk: ChatChunk) -> Vec<Self::Event>;
+    fn finish(&mut self) -> Vec<Self::Event>;
+}
+
+macro_rules! translator {
+    ($t:ty, $event:ty) => {
+        impl Translator for $t {
+            type Event = $event;
+            fn push_data(&mut self, data: &str) -> Vec<$event> {
+                <$t>::push_data(self, data)
+            }
+            fn push_chunk(&mut self, chunk: ChatChunk) -> Vec<$event> {
+                <$t>::push_chunk(self, chunk)
+            }
+            fn finish(&mut self) -> Vec<$event> {
+                <$t>::finish(self)
+            }
+        }
+    };
+}
+
+translator!(ChatStreamTranslator, StreamEvent);
+translator!(ResponsesStreamTranslator, ResponseStreamEvent);
+
+/// Feeds typed `chunks` after `events`, then `[DONE]` when `done_marker`, then ends the stream.
+pub fn feed_chunks<T: Translator>(
+    t: &mut T,
+    mut events: Vec<T::Event>,
+    chunks: Vec<ChatChunk>,
+    done_marker: bool,
+) -> Vec<T::Event> {
+    for chunk in chunks {
+        events.extend(t.push_chunk(chunk));
+    }
+    if done_marker {
+        events.extend(t.push_data("[DONE]"));
+    }
+    events.extend(t.finish());
+    events
+}
+
+/// Feeds `chunks` (chunk objects, or strings passed as raw SSE data such as `"[DONE]"`) after
+/// `events`, then ends the stream.
+pub fn feed<T: Translator>(
+    t: &mut T,
+    mut events: Vec<T::Event>,
+    chunks: &[Value],
+) -> Vec<T::Event> {
     for c in chunks {
         if let Value::String(data) = c {
             events.extend(t.push_data(data));
@@ -27,6 +74,23 @@ pub fn translate_stream(chunks: &[Value], opts: ResponseOptions) -> Vec<StreamEv
     }
     events.extend(t.finish());
     events
+}
+
+/// Feeds `chunks` through the Anthropic translator and ends the stream.
+pub fn translate_stream(chunks: &[Value], opts: ResponseOptions) -> Vec<StreamEvent> {
+    feed(&mut ChatStreamTranslator::new(opts), Vec::new(), chunks)
+}
+
+/// Feeds `chunks` through the Responses translator, after `start()` when `start_early`, and
+/// ends the stream.
+pub fn translate_responses_stream(
+    chunks: &[Value],
+    opts: ResponsesOptions,
+    start_early: bool,
+) -> Vec<ResponseStreamEvent> {
+    let mut t = ResponsesStreamTranslator::new(opts);
+    let first = if start_early { t.start() } else { Vec::new() };
+    feed(&mut t, first, chunks)
 }
 
 /// Checks the contract and rebuilds the message; panics with the violation otherwise. Also
@@ -81,27 +145,6 @@ pub fn usage_chunk(prompt: u64, completion: u64, cached: u64) -> Value {
     })
 }
 
-/// Feeds `chunks` (as [`translate_stream`]) through the Responses translator, after `start()`
-/// when `start_early`, and ends the stream.
-pub fn translate_responses_stream(
-    chunks: &[Value],
-    opts: ResponsesOptions,
-    start_early: bool,
-) -> Vec<ResponseStreamEvent> {
-    let mut t = ResponsesStreamTranslator::new(opts);
-    let mut events = if start_early { t.start() } else { Vec::new() };
-    for c in chunks {
-        if let Value::String(data) = c {
-            events.extend(t.push_data(data));
-        } else {
-            let chunk: ChatChunk = serde_json::from_value(c.clone()).unwrap();
-            events.extend(t.push_chunk(chunk));
-        }
-    }
-    events.extend(t.finish());
-    events
-}
-
 fn seq(e: &ResponseStreamEvent) -> Option<u64> {
     let v = serde_json::to_value(e).unwrap();
     v.get("sequence_number").and_then(Value::as_u64)
@@ -113,6 +156,166 @@ fn item_id(item: &OutputItem) -> String {
         OutputItem::FunctionCall(c) => c.id.clone().unwrap(),
         OutputItem::Reasoning(r) => r.id.clone().unwrap(),
         OutputItem::Other(map) => panic!("unexpected item {map:?}"),
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    PartAdded,
+    Delta,
+    TextDone,
+    PartDone,
+}
+
+/// An item-level event as (step, item kind, item id, output index, content or summary index,
+/// its text or delta).
+fn item_step(e: &ResponseStreamEvent) -> (Step, &'static str, &str, u32, u32, &str) {
+    use ResponseStreamEvent as E;
+    match e {
+        E::ContentPartAdded {
+            item_id,
+            output_index,
+            content_index,
+            ..
+        } => (
+            Step::PartAdded,
+            "message",
+            item_id,
+            *output_index,
+            *content_index,
+            "",
+        ),
+        E::ReasoningSummaryPartAdded {
+            item_id,
+            output_index,
+            summary_index,
+            ..
+        } => (
+            Step::PartAdded,
+            "reasoning",
+            item_id,
+            *output_index,
+            *summary_index,
+            "",
+        ),
+        E::OutputTextDelta {
+            item_id,
+            output_index,
+            content_index,
+            delta,
+            ..
+        } => (
+            Step::Delta,
+            "message",
+            item_id,
+            *output_index,
+            *content_index,
+            delta,
+        ),
+        E::ReasoningSummaryTextDelta {
+            item_id,
+            output_index,
+            summary_index,
+            delta,
+            ..
+        } => (
+            Step::Delta,
+            "reasoning",
+            item_id,
+            *output_index,
+            *summary_index,
+            delta,
+        ),
+        E::FunctionCallArgumentsDelta {
+            item_id,
+            output_index,
+            delta,
+            ..
+        } => (
+            Step::Delta,
+            "function_call",
+            item_id,
+            *output_index,
+            0,
+            delta,
+        ),
+        E::OutputTextDone {
+            item_id,
+            output_index,
+            content_index,
+            text,
+            ..
+        } => (
+            Step::TextDone,
+            "message",
+            item_id,
+            *output_index,
+            *content_index,
+            text,
+        ),
+        E::ReasoningSummaryTextDone {
+            item_id,
+            output_index,
+            summary_index,
+            text,
+            ..
+        } => (
+            Step::TextDone,
+            "reasoning",
+            item_id,
+            *output_index,
+            *summary_index,
+            text,
+        ),
+        E::FunctionCallArgumentsDone {
+            item_id,
+            output_index,
+            arguments,
+            ..
+        } => (
+            Step::TextDone,
+            "function_call",
+            item_id,
+            *output_index,
+            0,
+            arguments,
+        ),
+        E::ContentPartDone {
+            item_id,
+            output_index,
+            content_index,
+            ..
+        } => (
+            Step::PartDone,
+            "message",
+            item_id,
+            *output_index,
+            *content_index,
+            "",
+        ),
+        E::ReasoningSummaryPartDone {
+            item_id,
+            output_index,
+            summary_index,
+            ..
+        } => (
+            Step::PartDone,
+            "reasoning",
+            item_id,
+            *output_index,
+            *summary_index,
+            "",
+        ),
+        E::Created { .. }
+        | E::InProgress { .. }
+        | E::Completed { .. }
+        | E::Failed { .. }
+        | E::Incomplete { .. }
+        | E::OutputItemAdded { .. }
+        | E::OutputItemDone { .. }
+        | E::ReasoningTextDelta { .. }
+        | E::Error { .. }
+        | E::Other(_) => panic!("not an item-level event: {e:?}"),
     }
 }
 
@@ -194,117 +397,33 @@ pub fn check_responses_stream(events: &[ResponseStreamEvent]) -> Response {
                     ..Open::default()
                 });
             }
-            ResponseStreamEvent::ContentPartAdded {
-                item_id,
-                output_index,
-                content_index,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "message");
-                assert_eq!(*content_index, 0);
-                if items[p].part {
-                    fail(i, "part added twice");
+            ResponseStreamEvent::ContentPartAdded { .. }
+            | ResponseStreamEvent::ReasoningSummaryPartAdded { .. }
+            | ResponseStreamEvent::OutputTextDelta { .. }
+            | ResponseStreamEvent::ReasoningSummaryTextDelta { .. }
+            | ResponseStreamEvent::FunctionCallArgumentsDelta { .. }
+            | ResponseStreamEvent::OutputTextDone { .. }
+            | ResponseStreamEvent::ReasoningSummaryTextDone { .. }
+            | ResponseStreamEvent::FunctionCallArgumentsDone { .. }
+            | ResponseStreamEvent::ContentPartDone { .. }
+            | ResponseStreamEvent::ReasoningSummaryPartDone { .. } => {
+                let (step, kind, id, output_index, sub_index, text) = item_step(e);
+                let p = open(&mut items, output_index, id, kind);
+                if sub_index != 0 {
+                    fail(i, "content_index / summary_index is not 0");
                 }
-                items[p].part = true;
-            }
-            ResponseStreamEvent::ReasoningSummaryPartAdded {
-                item_id,
-                output_index,
-                summary_index,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "reasoning");
-                assert_eq!(*summary_index, 0);
-                if items[p].part {
-                    fail(i, "part added twice");
+                match step {
+                    Step::PartAdded if items[p].part => fail(i, "part added twice"),
+                    Step::PartAdded => items[p].part = true,
+                    Step::Delta if !items[p].part || text.is_empty() => {
+                        fail(i, "delta before its part, or empty")
+                    }
+                    Step::Delta => items[p].text.push_str(text),
+                    Step::TextDone if items[p].text != text => {
+                        fail(i, "done text differs from its deltas")
+                    }
+                    Step::TextDone | Step::PartDone => {}
                 }
-                items[p].part = true;
-            }
-            ResponseStreamEvent::OutputTextDelta {
-                item_id,
-                output_index,
-                delta,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "message");
-                if !items[p].part || delta.is_empty() {
-                    fail(i, "text delta before its part, or empty");
-                }
-                items[p].text.push_str(delta);
-            }
-            ResponseStreamEvent::ReasoningSummaryTextDelta {
-                item_id,
-                output_index,
-                delta,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "reasoning");
-                if !items[p].part || delta.is_empty() {
-                    fail(i, "summary delta before its part, or empty");
-                }
-                items[p].text.push_str(delta);
-            }
-            ResponseStreamEvent::FunctionCallArgumentsDelta {
-                item_id,
-                output_index,
-                delta,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "function_call");
-                if delta.is_empty() {
-                    fail(i, "empty arguments delta");
-                }
-                items[p].text.push_str(delta);
-            }
-            ResponseStreamEvent::OutputTextDone {
-                item_id,
-                output_index,
-                text,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "message");
-                if &items[p].text != text {
-                    fail(i, "done text differs from its deltas");
-                }
-            }
-            ResponseStreamEvent::ReasoningSummaryTextDone {
-                item_id,
-                output_index,
-                text,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "reasoning");
-                if &items[p].text != text {
-                    fail(i, "done summary differs from its deltas");
-                }
-            }
-            ResponseStreamEvent::FunctionCallArgumentsDone {
-                item_id,
-                output_index,
-                arguments,
-                ..
-            } => {
-                let p = open(&mut items, *output_index, item_id, "function_call");
-                if &items[p].text != arguments {
-                    fail(i, "done arguments differ from their deltas");
-                }
-            }
-            ResponseStreamEvent::ContentPartDone {
-                item_id,
-                output_index,
-                ..
-            }
-            | ResponseStreamEvent::ReasoningSummaryPartDone {
-                item_id,
-                output_index,
-                ..
-            } => {
-                let kind = if matches!(e, ResponseStreamEvent::ContentPartDone { .. }) {
-                    "message"
-                } else {
-                    "reasoning"
-                };
-                open(&mut items, *output_index, item_id, kind);
             }
             ResponseStreamEvent::OutputItemDone {
                 output_index, item, ..
