@@ -17,8 +17,8 @@
 //!   another item starts; a function call is opened when its name is known (arguments that
 //!   arrive before are held) and its arguments stream as `function_call_arguments.delta`, but
 //!   it is only closed at the end of the response, all open items in `output_index` order:
-//!   Codex runs a call as soon as its `output_item.done` arrives, so a stream that fails later
-//!   must not have announced any call complete;
+//!   Codex may start running a call as soon as its `output_item.done` arrives, so a stream that
+//!   fails later must not have announced any call complete;
 //! - `response.completed` (the whole `response`: every item, `usage`) waits for both the
 //!   finish reason and the usage (OpenAI sends usage in a `choices: []` chunk after the finish
 //!   reason), or for the end of the stream; anything after it is dropped;
