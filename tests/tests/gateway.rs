@@ -75,14 +75,7 @@ async fn upstream_down(fake: &FakeLlm) -> GatewayProcess {
 }
 
 async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) -> (u16, Value) {
-    let r = gw
-        .control(
-            "POST",
-            "/tasks",
-            Some(&json!({"tid": tid, "model": model, "token": TOKEN, "budget": budget})),
-        )
-        .await
-        .unwrap();
+    let r = gw.open_task(tid, model, TOKEN, budget).await.unwrap();
     (
         r.status,
         serde_json::from_slice(&r.body).unwrap_or(Value::Null),

@@ -20,6 +20,30 @@ fn fakellm(script: &Value) -> FakeLlm {
     FakeLlm::start(env!("CARGO_BIN_EXE_fakellm").as_ref(), script).unwrap()
 }
 
+/// A bridge whose remote `claude` goes to `provider_url` as Anthropic, with the test key.
+fn bridge(provider_url: &str) -> BridgeProcess {
+    BridgeProcess::start(
+        &format!(
+            r#"
+[bridge]
+listen = "127.0.0.1:0"
+
+[models.claude]
+backend = "remote"
+provider = "anthropic"
+base_url = "{provider_url}"
+upstream_model = "claude-upstream"
+key_env = "ATTACK_ANTHROPIC_KEY"
+"#
+        ),
+        &[
+            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
+            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
+        ],
+    )
+    .unwrap()
+}
+
 /// A gateway whose `local` model goes to `fake` (as Ollama) and whose remote `claude` goes to
 /// `bridge_url`; `extra` is appended to `[models.local]`.
 fn gateway(fake: &FakeLlm, bridge_url: &str, extra: &str) -> GatewayProcess {
@@ -48,14 +72,7 @@ upstream_model = "local-upstream"
 }
 
 async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) {
-    let r = gw
-        .control(
-            "POST",
-            "/tasks",
-            Some(&json!({"tid": tid, "model": model, "token": TOKEN, "budget": budget})),
-        )
-        .await
-        .unwrap();
+    let r = gw.open_task(tid, model, TOKEN, budget).await.unwrap();
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
 }
 
@@ -122,27 +139,7 @@ async fn upstream_redirects_are_never_followed() {
     // The bridge's provider call (x-api-key) is redirected to another listener.
     let elsewhere = fakellm(&json!({"fallback": {"text": "stolen"}}));
     let provider = redirector(&elsewhere);
-    let bridge = BridgeProcess::start(
-        &format!(
-            r#"
-[bridge]
-listen = "127.0.0.1:0"
-
-[models.claude]
-backend = "remote"
-provider = "anthropic"
-base_url = "{}"
-upstream_model = "claude-upstream"
-key_env = "ATTACK_ANTHROPIC_KEY"
-"#,
-            provider.base_url()
-        ),
-        &[
-            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
-            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
-        ],
-    )
-    .unwrap();
+    let bridge = bridge(&provider.base_url());
     let r = reqwest::Client::new()
         .post(format!("{}/v1/messages", bridge.base_url()))
         .bearer_auth(BRIDGE_TOKEN)
@@ -284,27 +281,7 @@ async fn url_sources_are_refused_before_any_upstream_call() {
     assert_eq!(view["usage"]["total_tokens"], 0, "{view}");
 
     // The bridge refuses them too, before its provider sees anything.
-    let bridge = BridgeProcess::start(
-        &format!(
-            r#"
-[bridge]
-listen = "127.0.0.1:0"
-
-[models.claude]
-backend = "remote"
-provider = "anthropic"
-base_url = "{}"
-upstream_model = "claude-upstream"
-key_env = "ATTACK_ANTHROPIC_KEY"
-"#,
-            fake.base_url()
-        ),
-        &[
-            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
-            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
-        ],
-    )
-    .unwrap();
+    let bridge = bridge(&fake.base_url());
     let mut body = url_pdf(0);
     body["model"] = json!("claude");
     let r = reqwest::Client::new()

@@ -30,14 +30,7 @@ upstream_model = "qwen-upstream"
 }
 
 async fn open(gw: &GatewayProcess, tid: &str) {
-    let r = gw
-        .control(
-            "POST",
-            "/tasks",
-            Some(&json!({"tid": tid, "model": "local", "token": TOKEN, "budget": {}})),
-        )
-        .await
-        .unwrap();
+    let r = gw.open_task(tid, "local", TOKEN, json!({})).await.unwrap();
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
 }
 

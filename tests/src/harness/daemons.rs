@@ -309,6 +309,23 @@ impl GatewayProcess {
     ) -> Result<super::UnixResponse, HarnessError> {
         super::unix_json(&self.control_socket(), method, path, body).await
     }
+
+    /// Opens task `tid` on `model` with `token` and `budget` (a JSON budget object) over the
+    /// control socket; the caller judges the response.
+    ///
+    /// # Errors
+    /// When the exchange fails.
+    pub async fn open_task(
+        &self,
+        tid: &str,
+        model: &str,
+        token: &str,
+        budget: serde_json::Value,
+    ) -> Result<super::UnixResponse, HarnessError> {
+        let body =
+            serde_json::json!({"tid": tid, "model": model, "token": token, "budget": budget});
+        self.control("POST", "/tasks", Some(&body)).await
+    }
 }
 
 /// A running `agentbox-launcher` (the caller must be root) on a fresh data dir, with its own
