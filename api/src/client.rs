@@ -165,6 +165,11 @@ impl RawResponse {
         })
     }
 
+    /// The body as text (invalid UTF-8 replaced), for messages and logs.
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.body)
+    }
+
     /// The error envelope, if the body is one.
     pub fn error(&self) -> Option<ApiError> {
         serde_json::from_slice::<ErrorEnvelope>(&self.body)

@@ -108,7 +108,7 @@ key_env = "OPENAI_KEY"
         )
         .await
         .unwrap();
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 201, "{}", r.text());
     let auth = format!("Bearer {TOKEN}");
     let body = json!({
         "model": "claude-sonnet-4-5",
@@ -128,7 +128,7 @@ key_env = "OPENAI_KEY"
         )
         .await
         .unwrap();
-        let text = String::from_utf8_lossy(&r.body).into_owned();
+        let text = r.text().into_owned();
         assert_eq!(r.status, 502, "{text}");
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["type"], "error", "{v}");

@@ -310,6 +310,23 @@ impl GatewayProcess {
         super::unix_json(&self.control_socket(), method, path, body).await
     }
 
+    /// `GET /tasks/{tid}` on the control socket: the task's view as JSON.
+    ///
+    /// # Errors
+    /// When the exchange fails or the answer is not a 200 with a JSON body.
+    pub async fn task(&self, tid: &str) -> Result<serde_json::Value, HarnessError> {
+        let what = format!("GET /tasks/{tid}");
+        let r = self.control("GET", &format!("/tasks/{tid}"), None).await?;
+        if r.status != 200 {
+            return Err(HarnessError::Status {
+                what,
+                status: r.status,
+                body: String::from_utf8_lossy(&r.body).into_owned(),
+            });
+        }
+        serde_json::from_slice(&r.body).map_err(|source| HarnessError::Json { what, source })
+    }
+
     /// Opens task `tid` on `model` with `token` and `budget` (a JSON budget object) over the
     /// control socket; the caller judges the response.
     ///

@@ -101,6 +101,16 @@ pub enum HarnessError {
         /// The parse error.
         source: serde_json::Error,
     },
+    /// A request was answered with another status than the helper expects.
+    #[error("{what}: status {status}: {body}")]
+    Status {
+        /// The request.
+        what: String,
+        /// The status it got.
+        status: u16,
+        /// The body, as text.
+        body: String,
+    },
     /// An HTTP exchange over a unix socket failed.
     #[error(transparent)]
     Client(#[from] agentbox_api::ClientError),
