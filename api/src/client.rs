@@ -326,8 +326,10 @@ impl UnixClient {
     }
 }
 
-/// hyper's errors say "client error (Connect)" and keep the cause in `source()`.
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error with its whole source chain (`a: b: c`): HTTP client errors keep the useful part
+/// in their sources (hyper's say "client error (Connect)" and keep "connection refused" in
+/// `source()`).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {
