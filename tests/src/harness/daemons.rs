@@ -127,6 +127,20 @@ fn daemon_cmd(bin: &str, config: &Path) -> Result<Command, HarnessError> {
     Ok(cmd)
 }
 
+/// How long a daemon may take to print its ready line: a hang guard (the launcher checks the
+/// host before it listens; the bridge and the gateway are ready well within it).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts `cmd` (our daemon `bin`) and waits for its line starting with `ready`; the rest of
+/// that line is its address.
+fn start_daemon(
+    bin: &str,
+    cmd: Command,
+    ready: &'static str,
+) -> Result<(Service, String), HarnessError> {
+    Service::start_listening(bin, cmd, READY_TIMEOUT, ready)
+}
+
 /// A running `agentbox-bridge` on `127.0.0.1:0` with its own temp config.
 #[derive(Debug)]
 pub struct BridgeProcess {
@@ -147,12 +161,7 @@ impl BridgeProcess {
         let mut cmd = daemon_cmd("agentbox-bridge", &path)?;
         cmd.env("AGENTBOX_DATA", dir.path())
             .envs(env.iter().copied());
-        let (service, address) = Service::start_listening(
-            "agentbox-bridge",
-            cmd,
-            Duration::from_secs(30),
-            "listening on ",
-        )?;
+        let (service, address) = start_daemon("agentbox-bridge", cmd, "listening on ")?;
         Ok(Self {
             service,
             address,
@@ -244,12 +253,7 @@ impl GatewayProcess {
             path: data.join("data"),
             source,
         })?;
-        let (service, _) = Service::start_listening(
-            "agentbox-gateway",
-            cmd,
-            Duration::from_secs(30),
-            "listening on unix:",
-        )?;
+        let (service, _) = start_daemon("agentbox-gateway", cmd, "listening on unix:")?;
         Ok(service)
     }
 
@@ -408,12 +412,7 @@ impl LauncherProcess {
             .arg("--cgroup-parent")
             .arg(&cgroup_parent)
             .env("PATH", "/usr/local/bin:/usr/bin:/bin");
-        let (service, _) = Service::start_listening(
-            "agentbox-launcher",
-            cmd,
-            Duration::from_secs(60),
-            "listening on unix:",
-        )?;
+        let (service, _) = start_daemon("agentbox-launcher", cmd, "listening on unix:")?;
         Ok(Self {
             service,
             data,
