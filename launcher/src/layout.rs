@@ -476,11 +476,17 @@ mod tests {
         gid: 64202,
     };
 
-    #[test]
-    fn prepares_owners_and_modes() {
+    /// A data directory prepared in a fresh temp dir (kept alive by the first element).
+    fn prepared() -> (tempfile::TempDir, PathBuf, DataDir) {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let d = DataDir::prepare(&data, SERVICE).unwrap();
+        (tmp, data, d)
+    }
+
+    #[test]
+    fn prepares_owners_and_modes() {
+        let (_tmp, data, d) = prepared();
         let meta = |p: &str| std::fs::metadata(data.join(p)).unwrap();
         // Created and re-asserted 0711 (documented; 0755 let anyone list the task ids).
         assert_eq!(meta("").mode() & 0o7777, 0o711);
@@ -522,9 +528,7 @@ mod tests {
 
     #[test]
     fn workspace_rules() {
-        let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let d = DataDir::prepare(&data, SERVICE).unwrap();
+        let (_tmp, data, d) = prepared();
         let tid = Tid::parse("t1").unwrap();
         assert!(matches!(
             d.workspace(&tid).unwrap_err(),
@@ -549,9 +553,7 @@ mod tests {
 
     #[test]
     fn logs_are_root_owned_and_not_followed() {
-        let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let d = DataDir::prepare(&data, SERVICE).unwrap();
+        let (tmp, data, d) = prepared();
         let tid = Tid::parse("t1").unwrap();
         let (mut out, _err) = d.create_logs(&tid, LogKind::Check).unwrap();
         std::io::Write::write_all(&mut out, b"hello").unwrap();
