@@ -555,14 +555,12 @@ fn walk(
             w.bad(&path, "on another filesystem", None)?;
             continue;
         }
+        // This entry, for `Walker::bad` to remove when it refuses it.
+        let entry = Some((frame.fd.as_fd(), name.as_c_str(), &st));
         match st.kind {
             Kind::Dir => {
                 if depth > limits.max_depth {
-                    w.bad(
-                        &path,
-                        "nested too deeply",
-                        Some((frame.fd.as_fd(), &name, &st)),
-                    )?;
+                    w.bad(&path, "nested too deeply", entry)?;
                     continue;
                 }
                 let (fd, opened) = open_listed(
@@ -589,11 +587,7 @@ fn walk(
                         && st.gid == to.gid
                         && (st.kind == Kind::Symlink || st.mode & DANGEROUS_BITS == 0);
                     if on_bad == OnBad::Refuse || !harmless {
-                        w.bad(
-                            &path,
-                            "has more than one hard link",
-                            Some((frame.fd.as_fd(), &name, &st)),
-                        )?;
+                        w.bad(&path, "has more than one hard link", entry)?;
                     }
                     continue;
                 }
@@ -604,11 +598,7 @@ fn walk(
                 w.apply(fd.as_fd(), &opened, false, &path)?;
             }
             Kind::CharDev | Kind::BlockDev => {
-                w.bad(
-                    &path,
-                    "is a device node",
-                    Some((frame.fd.as_fd(), &name, &st)),
-                )?;
+                w.bad(&path, "is a device node", entry)?;
             }
         }
     }
