@@ -49,10 +49,7 @@ fn wait_agent(l: &Launcher, tid: &str) -> Value {
 /// agent's, and the report of what was removed stays short.
 #[test]
 fn hand_back_leaves_no_setuid_world_writable_or_agent_owned_entry() {
-    let l = Launcher::start(Options {
-        pids: 256,
-        ..Options::default()
-    });
+    let l = Launcher::start_with(|o| o.pids = 256);
     let ws = l.workspace("suid1");
     let _gw = l.gateway_socket("suid1");
     let script = r#"set -e

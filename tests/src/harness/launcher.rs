@@ -156,6 +156,13 @@ pub fn chown_tree(path: &Path, uid: u32) {
 }
 
 impl Launcher {
+    /// [`Launcher::start`] with the default options changed by `adjust`.
+    pub fn start_with(adjust: impl FnOnce(&mut Options)) -> Launcher {
+        let mut opts = Options::default();
+        adjust(&mut opts);
+        Launcher::start(opts)
+    }
+
     /// Starts a launcher with `opts` on a fresh temp dir.
     pub fn start(opts: Options) -> Launcher {
         // The service and agent uids must be able to traverse down to their directories.
