@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use agentbox_tests::harness::{BridgeProcess, FakeLlm, GatewayProcess, parse_sse, unix_request};
+use agentbox_tests::harness::{
+    BridgeProcess, FakeLlm, GatewayProcess, parse_sse, strs, unix_request,
+};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "task-token-0123456789abcdef";
@@ -207,13 +209,7 @@ async fn forwards_sanitized_requests_and_meters_to_the_token() {
                 r["body"]
             );
         }
-        let tools: Vec<&str> = r["body"]["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(tools, ["Write", "Custom"]);
+        assert_eq!(strs(&r["body"]["tools"], "name"), ["Write", "Custom"]);
         assert_eq!(r["body"]["x_unknown"], 1);
         let headers = r["headers"].as_object().unwrap();
         assert_eq!(headers["anthropic-version"], "2023-06-01");

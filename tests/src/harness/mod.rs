@@ -32,7 +32,7 @@ pub use clients::{
 };
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, workspace_bin};
 pub use fake::FakeLlm;
-pub use http::{SseFrame, UnixResponse, parse_sse, unix_json, unix_request};
+pub use http::{SseFrame, UnixResponse, parse_sse, strs, unix_json, unix_request};
 pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
 
 use std::path::PathBuf;
