@@ -734,22 +734,6 @@ mod tests {
         ));
     }
 
-    /// Every entry under `top` (not following symlinks), with its metadata.
-    fn every_entry(top: &Path) -> Vec<(std::path::PathBuf, std::fs::Metadata)> {
-        let mut out = Vec::new();
-        let mut todo = vec![top.to_path_buf()];
-        while let Some(p) = todo.pop() {
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            if m.is_dir() {
-                for e in std::fs::read_dir(&p).unwrap() {
-                    todo.push(e.unwrap().path());
-                }
-            }
-            out.push((p, m));
-        }
-        out
-    }
-
     /// What an agent can leave behind: nothing of it may survive hand-back as a setuid/setgid
     /// or world-writable entry, or as an entry the agent still owns.
     #[test]
@@ -810,6 +794,14 @@ mod tests {
         assert_eq!(report.removed, 1 + 1 + 200);
         assert_eq!(report.unlisted, report.removed - MAX_LISTED as u64);
         assert!(report.skipped_summary().ends_with("and 170 more"));
+    }
+
+    /// Every entry under `top` (`top` included, symlinks not followed), with its metadata.
+    fn every_entry(top: &Path) -> Vec<(std::path::PathBuf, std::fs::Metadata)> {
+        let entries = walkdir::WalkDir::new(top).into_iter().map(Result::unwrap);
+        entries
+            .map(|e| (e.path().to_path_buf(), e.metadata().unwrap()))
+            .collect()
     }
 
     fn chown_agent_tree(top: &Path) {
