@@ -48,33 +48,21 @@ pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf, HarnessError> 
     if is_fresh(&path) {
         return Ok(path);
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--quiet",
-            "--profile",
-            profile,
-            "-p",
-            package,
-            "--bin",
-            bin,
-        ])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| HarnessError::Spawn {
-            what: "cargo build".into(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(HarnessError::Build(format!(
-            "cargo build -p {package} --bin {bin} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
+    let mut args: Vec<std::ffi::OsString> = [
+        "build",
+        "--quiet",
+        "--profile",
+        profile,
+        "-p",
+        package,
+        "--bin",
+        bin,
+        "--target-dir",
+    ]
+    .map(Into::into)
+    .into();
+    args.push(target_dir.into());
+    cargo(&args)?;
     Ok(path)
 }
 
@@ -84,29 +72,53 @@ fn is_fresh(bin: &Path) -> bool {
         return false;
     };
     let root = workspace_root();
-    let mut stack = vec![root.join("Cargo.toml"), root.join("Cargo.lock")];
+    let mut sources = vec![root.join("Cargo.toml"), root.join("Cargo.lock")];
     if let Ok(entries) = std::fs::read_dir(&root) {
         for e in entries.flatten() {
             let p = e.path();
             if p.join("Cargo.toml").is_file() {
-                stack.push(p.join("Cargo.toml"));
-                stack.push(p.join("src"));
+                sources.push(p.join("Cargo.toml"));
+                sources.push(p.join("src"));
             }
         }
     }
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if let Ok(entries) = std::fs::read_dir(&p) {
-                stack.extend(entries.flatten().map(|e| e.path()));
-            }
-        } else if meta.modified().is_ok_and(|m| m > built) {
-            return false;
-        }
+    // Unreadable or vanished entries are skipped: only a newer file makes the binary stale.
+    let newer = |e: walkdir::DirEntry| {
+        e.metadata()
+            .is_ok_and(|m| !m.is_dir() && m.modified().is_ok_and(|t| t > built))
+    };
+    !sources
+        .iter()
+        .flat_map(walkdir::WalkDir::new)
+        .filter_map(Result::ok)
+        .any(newer)
+}
+
+/// Runs the cargo that runs the tests (`$CARGO`) in the workspace root with `args`; its
+/// stdout.
+///
+/// # Errors
+/// When cargo cannot start or fails (the error holds its stderr).
+pub fn cargo<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Result<Vec<u8>, HarnessError> {
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+    let shown = shown.join(" ");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| HarnessError::Spawn {
+            what: format!("cargo {shown}"),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(HarnessError::Cargo {
+            args: shown,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
     }
-    true
+    Ok(out.stdout)
 }
 
 /// A fresh temp dir (named `<prefix>…`) holding `agentbox.toml` with `config`.
