@@ -165,6 +165,11 @@ impl RawResponse {
         })
     }
 
+    /// The body as text (invalid UTF-8 replaced), for messages and logs.
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.body)
+    }
+
     /// The error envelope, if the body is one.
     pub fn error(&self) -> Option<ApiError> {
         serde_json::from_slice::<ErrorEnvelope>(&self.body)
@@ -321,8 +326,10 @@ impl UnixClient {
     }
 }
 
-/// hyper's errors say "client error (Connect)" and keep the cause in `source()`.
-fn error_chain(e: &dyn std::error::Error) -> String {
+/// An error with its whole source chain (`a: b: c`): HTTP client errors keep the useful part
+/// in their sources (hyper's say "client error (Connect)" and keep "connection refused" in
+/// `source()`).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut cur = e.source();
     while let Some(s) = cur {

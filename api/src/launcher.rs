@@ -128,11 +128,18 @@ impl RunState {
     }
 }
 
-impl fmt::Display for RunState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
+/// The wire names are also how the states print.
+macro_rules! display_as_str {
+    ($($state:ty),*) => {$(
+        impl fmt::Display for $state {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+    )*};
 }
+
+display_as_str!(RunState, BackendState);
 
 /// `GET /agents/{tid}` (and the body of `POST /agents` and `DELETE /agents/{tid}`).
 /// `exit_code` is the sandboxed command's status, `128 + signal` when it was killed.
@@ -214,12 +221,6 @@ impl BackendState {
             BackendState::Stopping => "stopping",
             BackendState::Failed => "failed",
         }
-    }
-}
-
-impl fmt::Display for BackendState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 

@@ -20,5 +20,7 @@ pub mod error;
 pub mod gateway;
 pub mod launcher;
 
-pub use client::{ClientError, GatewayClient, LauncherClient, RawResponse, UnixClient};
+pub use client::{
+    ClientError, GatewayClient, LauncherClient, RawResponse, UnixClient, error_chain,
+};
 pub use error::{ApiError, ErrorEnvelope};

@@ -121,11 +121,7 @@ async fn messages(
         model: model.id.clone(),
         key_env: model.key_env.clone(),
     })?;
-    if !model.allow_url_sources {
-        sanitize::refuse_url_sources(&value)
-            .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
-    }
-    sanitize::sanitize(&mut value, &model.upstream_model)
+    sanitize::sanitize_request(&mut value, &model.upstream_model, model.allow_url_sources)
         .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
     let stream = match value.get("stream") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,

@@ -238,6 +238,25 @@ pub struct Snapshot {
 mod tests {
     use super::*;
 
+    /// An account with a token budget and no cost budget.
+    fn tokens_budget(tokens: u64) -> Account {
+        Account {
+            budget: Budget {
+                tokens: Some(tokens),
+                usd: None,
+            },
+            ..Account::default()
+        }
+    }
+
+    /// A reservation of `tokens` and no cost.
+    fn tokens(tokens: u64) -> Reservation {
+        Reservation {
+            tokens,
+            ..Reservation::default()
+        }
+    }
+
     fn usage(i: u64, o: u64) -> MeteredUsage {
         MeteredUsage {
             input_tokens: i,
@@ -262,18 +281,8 @@ mod tests {
 
     #[test]
     fn refuses_once_spent_reaches_the_budget() {
-        let mut a = Account {
-            budget: Budget {
-                tokens: Some(100),
-                usd: None,
-            },
-            ..Account::default()
-        };
-        let r = Reservation {
-            tokens: 100,
-            usd: 0.0,
-            ..Reservation::default()
-        };
+        let mut a = tokens_budget(100);
+        let r = tokens(100);
         a.admit(r).unwrap();
         a.settle(r, &usage(80, 20), None);
         assert_eq!(a.spent.tokens(), 100);
@@ -291,18 +300,8 @@ mod tests {
 
     #[test]
     fn reservations_in_flight_block_new_requests() {
-        let mut a = Account {
-            budget: Budget {
-                tokens: Some(1000),
-                usd: None,
-            },
-            ..Account::default()
-        };
-        let r = Reservation {
-            tokens: 400,
-            usd: 0.0,
-            ..Reservation::default()
-        };
+        let mut a = tokens_budget(1000);
+        let r = tokens(400);
         a.admit(r).unwrap();
         a.admit(r).unwrap(); // 400 + 400 <= 1000: admitted; now 800 reserved.
         assert!(a.admit(r).is_err()); // 800 + 400 > 1000.
@@ -318,18 +317,8 @@ mod tests {
         // Many concurrent requests, each settling at most its reservation: whatever the
         // interleaving, spent <= budget + the largest reservation total seen at admission.
         let budget = 10_000;
-        let mut a = Account {
-            budget: Budget {
-                tokens: Some(budget),
-                usd: None,
-            },
-            ..Account::default()
-        };
-        let r = Reservation {
-            tokens: 700,
-            usd: 0.0,
-            ..Reservation::default()
-        };
+        let mut a = tokens_budget(budget);
+        let r = tokens(700);
         let mut admitted = 0;
         let mut max_reserved = 0;
         while a.admit(r).is_ok() {
@@ -351,34 +340,24 @@ mod tests {
 
     #[test]
     fn admits_only_what_fits_whole() {
-        let mut a = Account {
-            budget: Budget {
-                tokens: Some(1000),
-                usd: None,
-            },
-            ..Account::default()
-        };
-        let r = |tokens| Reservation {
-            tokens,
-            ..Reservation::default()
-        };
+        let mut a = tokens_budget(1000);
         // Nothing in flight: a lone request is admitted while anything is left, however much
         // it reserves; with it in flight, no other fits.
-        a.admit(r(1001)).unwrap();
+        a.admit(tokens(1001)).unwrap();
         assert!(matches!(
-            a.admit(r(1)),
+            a.admit(tokens(1)),
             Err(Refusal::Tokens {
                 request: 1,
                 reserved: 1001,
                 ..
             })
         ));
-        a.settle(r(1001), &usage(0, 0), None);
-        a.admit(r(600)).unwrap();
-        assert!(a.admit(r(401)).is_err());
-        a.admit(r(400)).unwrap(); // exactly the budget
+        a.settle(tokens(1001), &usage(0, 0), None);
+        a.admit(tokens(600)).unwrap();
+        assert!(a.admit(tokens(401)).is_err());
+        a.admit(tokens(400)).unwrap(); // exactly the budget
         assert_eq!(a.reserved.tokens, 1000);
-        assert!(a.admit(r(1)).is_err());
+        assert!(a.admit(tokens(1)).is_err());
     }
 
     #[test]
@@ -386,17 +365,8 @@ mod tests {
         // Twenty racing requests whose estimates are wrong by 10x: only what fits is admitted,
         // so the spend passes the budget by at most the admitted requests' errors.
         let budget = 10_000;
-        let mut a = Account {
-            budget: Budget {
-                tokens: Some(budget),
-                usd: None,
-            },
-            ..Account::default()
-        };
-        let r = Reservation {
-            tokens: 3_000,
-            ..Reservation::default()
-        };
+        let mut a = tokens_budget(budget);
+        let r = tokens(3_000);
         let admitted = (0..20).filter(|_| a.admit(r).is_ok()).count() as u64;
         assert_eq!(admitted, 3);
         for _ in 0..admitted {

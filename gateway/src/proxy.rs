@@ -202,11 +202,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
     let dest = ctx.cfg.destination(&model);
     // Before any reservation or upstream call: a URL the provider fetches could carry workspace
     // data out, and its cost is invisible here.
-    if !model.allow_url_sources {
-        sanitize::refuse_url_sources(&value)
-            .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
-    }
-    sanitize::sanitize(&mut value, &dest.model)
+    sanitize::sanitize_request(&mut value, &dest.model, model.allow_url_sources)
         .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
 
     let max_tokens = match value.get("max_tokens") {

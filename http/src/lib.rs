@@ -575,15 +575,6 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// An error with its whole source chain (`a: b: c`): HTTP client errors keep the useful part
-/// (connection refused, timed out) in their sources.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    msg
-}
+/// An error with its whole source chain, written once in `agentbox-api` (whose client needs it
+/// and which this crate may use) and offered here to the daemons that do not link the API.
+pub use agentbox_api::error_chain;

@@ -38,6 +38,14 @@ pub enum LayoutError {
     Bad { path: String, message: String },
 }
 
+/// `mkdirat` where an existing entry is fine: the resolve that follows checks what it is.
+fn mkdir_or_existing(dir: impl AsFd, name: &str, mode: u32) -> Result<(), Errno> {
+    match fs::mkdirat(dir, name, Mode::from_raw_mode(mode)) {
+        Ok(()) | Err(Errno::EXIST) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 fn bad(path: impl AsRef<Path>, message: impl Into<String>) -> LayoutError {
     LayoutError::Bad {
         path: path.as_ref().display().to_string(),
@@ -173,7 +181,7 @@ impl DataDir {
         }
         dir.ensure_dir("run", 0, service.gid, 0o1770)?;
         dir.ensure_dir("state", 0, 0, 0o711)?;
-        dir.ensure_subdir("state", "gateway", service.uid, service.gid, 0o700)?;
+        dir.ensure_dir("state/gateway", service.uid, service.gid, 0o700)?;
         dir.ensure_dir("tasks", service.uid, service.gid, 0o755)?;
         dir.ensure_dir("sockets", service.uid, service.gid, 0o755)?;
         dir.ensure_dir("backends", 0, service.gid, 0o750)?;
@@ -181,48 +189,27 @@ impl DataDir {
         Ok(dir)
     }
 
-    fn ensure_dir(&self, name: &str, uid: u32, gid: u32, mode: u32) -> Result<(), LayoutError> {
-        let shown = self.root.path().join(name);
-        match fs::mkdirat(&self.root, name, Mode::from_raw_mode(mode)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(bad(&shown, format!("mkdir: {e}"))),
-        }
-        let r = RelPath::parse(name).map_err(|e| bad(&shown, e.to_string()))?;
-        let resolved = self
-            .root
-            .resolve_dir(&r)
-            .map_err(|e| bad(&shown, e.to_string()))?;
-        let fd = resolved.into_fd();
-        chown_fd(&fd, uid, gid).map_err(|e| bad(&shown, format!("chown: {e}")))?;
-        chmod_fd(&fd, mode).map_err(|e| bad(&shown, format!("chmod: {e}")))?;
-        Ok(())
-    }
-
-    /// Like `ensure_dir` for `parent/name`, creating `name` through a handle of `parent` (which
-    /// must have been ensured first) so no symlink swapped in for `parent` is followed.
-    fn ensure_subdir(
-        &self,
-        parent: &str,
-        name: &str,
-        uid: u32,
-        gid: u32,
-        mode: u32,
-    ) -> Result<(), LayoutError> {
-        let shown = self.root.path().join(parent).join(name);
-        let rel = |p: &str| RelPath::parse(p).map_err(|e| bad(&shown, e.to_string()));
-        let parent_fd = self
-            .root
-            .resolve_dir(&rel(parent)?)
-            .map_err(|e| bad(&shown, e.to_string()))?;
-        match fs::mkdirat(&parent_fd, name, Mode::from_raw_mode(mode)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(bad(&shown, format!("mkdir: {e}"))),
-        }
-        let fd = self
-            .root
-            .resolve_dir(&rel(&format!("{parent}/{name}"))?)
-            .map_err(|e| bad(&shown, e.to_string()))?
-            .into_fd();
+    /// Creates `path` (one or two components) if missing and gives it `uid`, `gid` and `mode`.
+    /// The directory is created through a handle of its parent (which must have been ensured
+    /// first), so no symlink swapped in for the parent is followed.
+    fn ensure_dir(&self, path: &str, uid: u32, gid: u32, mode: u32) -> Result<(), LayoutError> {
+        let shown = self.root.path().join(path);
+        let resolve = |p: &str| {
+            RelPath::parse(p)
+                .map_err(|e| bad(&shown, e.to_string()))
+                .and_then(|r| {
+                    self.root
+                        .resolve_dir(&r)
+                        .map_err(|e| bad(&shown, e.to_string()))
+                })
+        };
+        let (parent, name) = match path.rsplit_once('/') {
+            Some((parent, name)) => (Some(resolve(parent)?), name),
+            None => (None, path),
+        };
+        let at = parent.as_ref().map_or(self.root.as_fd(), AsFd::as_fd);
+        mkdir_or_existing(at, name, mode).map_err(|e| bad(&shown, format!("mkdir: {e}")))?;
+        let fd = resolve(path)?.into_fd();
         chown_fd(&fd, uid, gid).map_err(|e| bad(&shown, format!("chown: {e}")))?;
         chmod_fd(&fd, mode).map_err(|e| bad(&shown, format!("chmod: {e}")))?;
         Ok(())
@@ -276,10 +263,7 @@ impl DataDir {
     /// inside it cannot be swapped.
     pub fn backend_dir(&self, model: &ModelId) -> Result<OwnedFd, DataError> {
         let backends = self.root.resolve_dir(&rel(&["backends"])?)?;
-        match fs::mkdirat(&backends, model.as_str(), Mode::from_raw_mode(0o750)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(io("mkdir backend dir")(e)),
-        }
+        mkdir_or_existing(&backends, model.as_str(), 0o750).map_err(io("mkdir backend dir"))?;
         let dir = self
             .root
             .resolve_dir(&rel(&["backends", model.as_str()])?)?;
@@ -298,10 +282,7 @@ impl DataDir {
     /// `backends/<model>/home/`, created service-owned 0700 if missing; its path (the backend
     /// process, as the service user, uses it by name).
     pub fn backend_home(&self, model: &ModelId, dir: &OwnedFd) -> Result<PathBuf, DataError> {
-        match fs::mkdirat(dir, "home", Mode::from_raw_mode(0o700)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(io("mkdir backend home")(e)),
-        }
+        mkdir_or_existing(dir, "home", 0o700).map_err(io("mkdir backend home"))?;
         let home = self
             .root
             .resolve_dir(&rel(&["backends", model.as_str(), "home"])?)?;
@@ -398,10 +379,7 @@ impl DataDir {
 
     fn logs_dir(&self, tid: &Tid) -> Result<Resolved, DataError> {
         let task = self.ensure_task_dir(tid)?;
-        match fs::mkdirat(&task, "logs", Mode::from_raw_mode(0o750)) {
-            Ok(()) | Err(Errno::EXIST) => {}
-            Err(e) => return Err(io("mkdir logs")(e)),
-        }
+        mkdir_or_existing(&task, "logs", 0o750).map_err(io("mkdir logs"))?;
         let logs = self
             .root
             .resolve_dir(&rel(&["tasks", tid.as_str(), "logs"])?)?;
@@ -498,11 +476,17 @@ mod tests {
         gid: 64202,
     };
 
-    #[test]
-    fn prepares_owners_and_modes() {
+    /// A data directory prepared in a fresh temp dir (kept alive by the first element).
+    fn prepared() -> (tempfile::TempDir, PathBuf, DataDir) {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("data");
         let d = DataDir::prepare(&data, SERVICE).unwrap();
+        (tmp, data, d)
+    }
+
+    #[test]
+    fn prepares_owners_and_modes() {
+        let (_tmp, data, d) = prepared();
         let meta = |p: &str| std::fs::metadata(data.join(p)).unwrap();
         // Created and re-asserted 0711 (documented; 0755 let anyone list the task ids).
         assert_eq!(meta("").mode() & 0o7777, 0o711);
@@ -544,9 +528,7 @@ mod tests {
 
     #[test]
     fn workspace_rules() {
-        let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let d = DataDir::prepare(&data, SERVICE).unwrap();
+        let (_tmp, data, d) = prepared();
         let tid = Tid::parse("t1").unwrap();
         assert!(matches!(
             d.workspace(&tid).unwrap_err(),
@@ -571,9 +553,7 @@ mod tests {
 
     #[test]
     fn logs_are_root_owned_and_not_followed() {
-        let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("data");
-        let d = DataDir::prepare(&data, SERVICE).unwrap();
+        let (tmp, data, d) = prepared();
         let tid = Tid::parse("t1").unwrap();
         let (mut out, _err) = d.create_logs(&tid, LogKind::Check).unwrap();
         std::io::Write::write_all(&mut out, b"hello").unwrap();

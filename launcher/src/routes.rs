@@ -48,7 +48,7 @@ pub fn router(launcher: Arc<Launcher>) -> Router {
     Router::new()
         .route("/agents", post(post_agent))
         .route("/agents/{tid}", get(get_agent).delete(delete_agent))
-        .route("/checks", post(post_check))
+        .route("/checks", post(run_check))
         .route("/repo/snapshot", post(snapshot))
         .route("/repo/deliver", post(deliver))
         .route("/repo/delete-branch", post(delete_branch))
@@ -75,6 +75,12 @@ async fn authorize(State(l): Shared, req: Request, next: Next) -> Response {
     }
 }
 
+/// The whole body, within [`BODY_LIMIT`] and [`BODY_TIMEOUT`].
+async fn read_body(req: Request) -> Result<bytes::Bytes, LauncherError> {
+    let (parts, body) = req.into_parts();
+    Ok(agentbox_http::read_body(&parts.headers, body, BODY_LIMIT, BODY_TIMEOUT).await?)
+}
+
 /// A request body that must be JSON of `T`, read within [`BODY_LIMIT`] and [`BODY_TIMEOUT`].
 struct JsonBody<T>(T);
 
@@ -82,10 +88,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = LauncherError;
 
     async fn from_request(req: Request, _: &S) -> Result<Self, LauncherError> {
-        let (parts, body) = req.into_parts();
-        let bytes =
-            agentbox_http::read_body(&parts.headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
-        serde_json::from_slice(&bytes)
+        serde_json::from_slice(&read_body(req).await?)
             .map(JsonBody)
             .map_err(|e| LauncherError::BadRequest(e.to_string()))
     }
@@ -105,9 +108,7 @@ impl<S: Send + Sync> FromRequest<S> for NoBody {
     type Rejection = LauncherError;
 
     async fn from_request(req: Request, _: &S) -> Result<Self, LauncherError> {
-        let (parts, body) = req.into_parts();
-        let bytes =
-            agentbox_http::read_body(&parts.headers, body, BODY_LIMIT, BODY_TIMEOUT).await?;
+        let bytes = read_body(req).await?;
         if !bytes.iter().all(u8::is_ascii_whitespace) {
             serde_json::from_slice::<NoFields>(&bytes)
                 .map_err(|e| LauncherError::BadRequest(e.to_string()))?;
@@ -152,32 +153,21 @@ async fn delete_agent(State(l): Shared, Path(tid): Path<String>) -> Answer<Agent
     l.delete_agent(&tid).await.map(Json)
 }
 
-async fn post_check(
-    State(l): Shared,
-    JsonBody(req): JsonBody<CheckRequest>,
-) -> Answer<CheckResult> {
-    l.run_check(req).await.map(Json)
+/// Routes whose JSON body is the request of the launcher method of the same name, answered
+/// with its result.
+macro_rules! json_routes {
+    ($($method:ident($request:ty) -> $answer:ty;)+) => {$(
+        async fn $method(State(l): Shared, JsonBody(req): JsonBody<$request>) -> Answer<$answer> {
+            l.$method(req).await.map(Json)
+        }
+    )+};
 }
 
-async fn snapshot(
-    State(l): Shared,
-    JsonBody(req): JsonBody<SnapshotRequest>,
-) -> Answer<SnapshotResult> {
-    l.snapshot(req).await.map(Json)
-}
-
-async fn deliver(
-    State(l): Shared,
-    JsonBody(req): JsonBody<DeliverRequest>,
-) -> Answer<DeliverResult> {
-    l.deliver(req).await.map(Json)
-}
-
-async fn delete_branch(
-    State(l): Shared,
-    JsonBody(req): JsonBody<DeleteBranchRequest>,
-) -> Answer<DeleteBranchResult> {
-    l.delete_branch(req).await.map(Json)
+json_routes! {
+    run_check(CheckRequest) -> CheckResult;
+    snapshot(SnapshotRequest) -> SnapshotResult;
+    deliver(DeliverRequest) -> DeliverResult;
+    delete_branch(DeleteBranchRequest) -> DeleteBranchResult;
 }
 
 /// Waits until the backend is healthy (minutes for a large model). A client that goes away

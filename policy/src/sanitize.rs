@@ -256,6 +256,20 @@ fn find_url_source(v: &Value, path: &mut String) -> Result<(), SanitizeError> {
     }
 }
 
+/// What the gateway and the bridge do to every request before it goes upstream: refuse media
+/// with URL sources unless `allow_url_sources` (the model's setting), then [`sanitize`] for
+/// `model`. A refused body is left untouched.
+pub fn sanitize_request(
+    body: &mut Value,
+    model: &str,
+    allow_url_sources: bool,
+) -> Result<Report, SanitizeError> {
+    if !allow_url_sources {
+        refuse_url_sources(body)?;
+    }
+    sanitize(body, model)
+}
+
 /// Parses, sanitizes and re-serializes a request body.
 pub fn sanitize_bytes(body: &[u8], model: &str) -> Result<Vec<u8>, SanitizeError> {
     sanitize_bytes_with_report(body, model).map(|(bytes, _)| bytes)

@@ -226,16 +226,20 @@ struct Frame {
     depth: usize,
 }
 
-fn read_names(dir: BorrowedFd<'_>, path: &str) -> Result<Vec<CString>, WalkError> {
-    let io = |op, source| WalkError::Io {
+/// `op` failed at `path`.
+fn io(path: &str, op: &'static str, source: Errno) -> WalkError {
+    WalkError::Io {
         path: path.to_owned(),
         op,
         source,
-    };
-    let mut reader = fs::Dir::read_from(dir).map_err(|e| io("opendir", e))?;
+    }
+}
+
+fn read_names(dir: BorrowedFd<'_>, path: &str) -> Result<Vec<CString>, WalkError> {
+    let mut reader = fs::Dir::read_from(dir).map_err(|e| io(path, "opendir", e))?;
     let mut names = Vec::new();
     while let Some(entry) = reader.read() {
-        let entry = entry.map_err(|e| io("readdir", e))?;
+        let entry = entry.map_err(|e| io(path, "readdir", e))?;
         let name = entry.file_name();
         if name.to_bytes() == b"." || name.to_bytes() == b".." {
             continue;
@@ -312,15 +316,10 @@ impl Walker {
         st: &Stat,
         path: &str,
     ) -> Result<(), WalkError> {
-        let io = |op, source| WalkError::Io {
-            path: path.to_owned(),
-            op,
-            source,
-        };
         if st.kind != Kind::Dir {
             return match fs::unlinkat(dir, name, AtFlags::empty()) {
                 Ok(()) | Err(Errno::NOENT) => Ok(()),
-                Err(e) => Err(io("unlink", e)),
+                Err(e) => Err(io(path, "unlink", e)),
             };
         }
         // A tree of any depth with two descriptors: empty one directory at a time, moving its
@@ -340,9 +339,9 @@ impl Walker {
                         path: path.to_owned(),
                     });
                 }
-                Err(e) => return Err(io("open", e)),
+                Err(e) => return Err(io(path, "open", e)),
             };
-            let opened = stat_fd(fd.as_fd()).map_err(|e| io("stat", e))?;
+            let opened = stat_fd(fd.as_fd()).map_err(|e| io(path, "stat", e))?;
             if opened.dev != dev || opened.ino != ino {
                 return Err(WalkError::Changed {
                     path: path.to_owned(),
@@ -352,17 +351,17 @@ impl Walker {
                 let est = match stat_at(fd.as_fd(), &entry) {
                     Ok(st) => st,
                     Err(Errno::NOENT) => continue,
-                    Err(e) => return Err(io("stat", e)),
+                    Err(e) => return Err(io(path, "stat", e)),
                 };
                 if est.kind != Kind::Dir {
                     match fs::unlinkat(fd.as_fd(), entry.as_c_str(), AtFlags::empty()) {
                         Ok(()) | Err(Errno::NOENT) => continue,
-                        Err(e) => return Err(io("unlink", e)),
+                        Err(e) => return Err(io(path, "unlink", e)),
                     }
                 }
                 loop {
                     let hoisted = CString::new(format!(".agentbox-removing-{}", self.hoisted))
-                        .map_err(|_| io("rename", Errno::INVAL))?;
+                        .map_err(|_| io(path, "rename", Errno::INVAL))?;
                     self.hoisted += 1;
                     match fs::renameat_with(
                         fd.as_fd(),
@@ -377,13 +376,13 @@ impl Walker {
                         }
                         Err(Errno::EXIST) => continue,
                         Err(Errno::NOENT) => break,
-                        Err(e) => return Err(io("rename", e)),
+                        Err(e) => return Err(io(path, "rename", e)),
                     }
                 }
             }
             match fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR) {
                 Ok(()) | Err(Errno::NOENT) => {}
-                Err(e) => return Err(io("rmdir", e)),
+                Err(e) => return Err(io(path, "rmdir", e)),
             }
         }
         Ok(())
@@ -401,11 +400,6 @@ impl Walker {
         if self.pass == Pass::Scan {
             return Ok(());
         }
-        let io = |op, source| WalkError::Io {
-            path: path.to_owned(),
-            op,
-            source,
-        };
         let mut changed = false;
         if st.uid != self.to.uid || st.gid != self.to.gid {
             fs::chownat(
@@ -415,24 +409,24 @@ impl Walker {
                 Some(fs::Gid::from_raw(self.to.gid)),
                 AtFlags::EMPTY_PATH,
             )
-            .map_err(|e| io("chown", e))?;
+            .map_err(|e| io(path, "chown", e))?;
             changed = true;
         }
         // The kernel clears some of these bits on chown, not all (setgid without group
         // execute stays), so look again. A symlink's mode means nothing (and chmod through
         // its magic link is not to be trusted), so it is left as it is.
         if st.kind != Kind::Symlink {
-            let now = stat_fd(fd).map_err(|e| io("stat", e))?;
+            let now = stat_fd(fd).map_err(|e| io(path, "stat", e))?;
             if now.mode & DANGEROUS_BITS != 0 {
                 let mode = Mode::from_raw_mode(now.mode & 0o7777 & !DANGEROUS_BITS);
                 if readable {
-                    fs::fchmod(fd, mode).map_err(|e| io("chmod", e))?;
+                    fs::fchmod(fd, mode).map_err(|e| io(path, "chmod", e))?;
                 } else {
                     // fchmod refuses O_PATH handles; the magic link reaches the same inode
                     // without a name lookup anyone could race.
                     let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
                     fs::chmodat(fs::CWD, proc_path.as_str(), mode, AtFlags::empty())
-                        .map_err(|e| io("chmod", e))?;
+                        .map_err(|e| io(path, "chmod", e))?;
                 }
                 changed = true;
             }
@@ -461,11 +455,6 @@ fn open_listed(
     let changed = || WalkError::Changed {
         path: path.to_owned(),
     };
-    let io = |op, source| WalkError::Io {
-        path: path.to_owned(),
-        op,
-        source,
-    };
     let fd = match fs::openat(
         dir,
         name,
@@ -474,9 +463,9 @@ fn open_listed(
     ) {
         Ok(fd) => fd,
         Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT) => return Err(changed()),
-        Err(e) => return Err(io("open", e)),
+        Err(e) => return Err(io(path, "open", e)),
     };
-    let opened = stat_fd(fd.as_fd()).map_err(|e| io("stat", e))?;
+    let opened = stat_fd(fd.as_fd()).map_err(|e| io(path, "stat", e))?;
     if !Walker::same(&opened, listed) {
         return Err(changed());
     }
@@ -490,11 +479,6 @@ fn walk(
     pass: Pass,
     on_bad: OnBad,
 ) -> Result<WalkReport, WalkError> {
-    let io = |path: &str, op, source| WalkError::Io {
-        path: path.to_owned(),
-        op,
-        source,
-    };
     let top_stat = stat_fd(top).map_err(|e| io(".", "stat", e))?;
     if top_stat.kind != Kind::Dir {
         return Err(WalkError::Refused {
@@ -555,14 +539,12 @@ fn walk(
             w.bad(&path, "on another filesystem", None)?;
             continue;
         }
+        // This entry, for `Walker::bad` to remove when it refuses it.
+        let entry = Some((frame.fd.as_fd(), name.as_c_str(), &st));
         match st.kind {
             Kind::Dir => {
                 if depth > limits.max_depth {
-                    w.bad(
-                        &path,
-                        "nested too deeply",
-                        Some((frame.fd.as_fd(), &name, &st)),
-                    )?;
+                    w.bad(&path, "nested too deeply", entry)?;
                     continue;
                 }
                 let (fd, opened) = open_listed(
@@ -589,11 +571,7 @@ fn walk(
                         && st.gid == to.gid
                         && (st.kind == Kind::Symlink || st.mode & DANGEROUS_BITS == 0);
                     if on_bad == OnBad::Refuse || !harmless {
-                        w.bad(
-                            &path,
-                            "has more than one hard link",
-                            Some((frame.fd.as_fd(), &name, &st)),
-                        )?;
+                        w.bad(&path, "has more than one hard link", entry)?;
                     }
                     continue;
                 }
@@ -604,11 +582,7 @@ fn walk(
                 w.apply(fd.as_fd(), &opened, false, &path)?;
             }
             Kind::CharDev | Kind::BlockDev => {
-                w.bad(
-                    &path,
-                    "is a device node",
-                    Some((frame.fd.as_fd(), &name, &st)),
-                )?;
+                w.bad(&path, "is a device node", entry)?;
             }
         }
     }
@@ -760,22 +734,6 @@ mod tests {
         ));
     }
 
-    /// Every entry under `top` (not following symlinks), with its metadata.
-    fn every_entry(top: &Path) -> Vec<(std::path::PathBuf, std::fs::Metadata)> {
-        let mut out = Vec::new();
-        let mut todo = vec![top.to_path_buf()];
-        while let Some(p) = todo.pop() {
-            let m = std::fs::symlink_metadata(&p).unwrap();
-            if m.is_dir() {
-                for e in std::fs::read_dir(&p).unwrap() {
-                    todo.push(e.unwrap().path());
-                }
-            }
-            out.push((p, m));
-        }
-        out
-    }
-
     /// What an agent can leave behind: nothing of it may survive hand-back as a setuid/setgid
     /// or world-writable entry, or as an entry the agent still owns.
     #[test]
@@ -836,6 +794,14 @@ mod tests {
         assert_eq!(report.removed, 1 + 1 + 200);
         assert_eq!(report.unlisted, report.removed - MAX_LISTED as u64);
         assert!(report.skipped_summary().ends_with("and 170 more"));
+    }
+
+    /// Every entry under `top` (`top` included, symlinks not followed), with its metadata.
+    fn every_entry(top: &Path) -> Vec<(std::path::PathBuf, std::fs::Metadata)> {
+        let entries = walkdir::WalkDir::new(top).into_iter().map(Result::unwrap);
+        entries
+            .map(|e| (e.path().to_path_buf(), e.metadata().unwrap()))
+            .collect()
     }
 
     fn chown_agent_tree(top: &Path) {

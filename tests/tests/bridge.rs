@@ -14,10 +14,6 @@ const TOKEN: &str = "bridge-token-0123456789";
 const OPENAI_KEY: &str = "sk-openai-test-key";
 const ANTHROPIC_KEY: &str = "sk-ant-test-key";
 
-fn fakellm(script: &Value) -> FakeLlm {
-    FakeLlm::start(env!("CARGO_BIN_EXE_fakellm").as_ref(), script).unwrap()
-}
-
 /// A config with one model per provider pointing at `fake`, plus a keyless one and one whose
 /// provider is unreachable.
 fn config(fake: &FakeLlm, extra: &str) -> String {
@@ -66,16 +62,19 @@ upstream_model = "qwen"
     )
 }
 
-fn start(fake: &FakeLlm) -> BridgeProcess {
-    BridgeProcess::start(
-        &config(fake, ""),
+/// A fakellm playing `script` and a bridge in front of it (keep both alive).
+fn start(script: &Value) -> (FakeLlm, BridgeProcess) {
+    let fake = FakeLlm::scripted(script).unwrap();
+    let bridge = BridgeProcess::start(
+        &config(&fake, ""),
         &[
             ("AGENTBOX_BRIDGE_TOKEN", TOKEN),
             ("TEST_OPENAI_KEY", OPENAI_KEY),
             ("TEST_ANTHROPIC_KEY", ANTHROPIC_KEY),
         ],
     )
-    .unwrap()
+    .unwrap();
+    (fake, bridge)
 }
 
 /// A Claude-Code-like request: system list, tools (one server-side), thinking,
@@ -169,8 +168,7 @@ fn text_script() -> Value {
 
 #[tokio::test]
 async fn anthropic_passthrough_non_stream() {
-    let fake = fakellm(&text_script());
-    let bridge = start(&fake);
+    let (fake, bridge) = start(&text_script());
     let resp = post(&bridge, &request("claude", false)).await;
     assert_eq!(resp.status(), 200);
     let v: Value = resp.json().await.unwrap();
@@ -200,8 +198,7 @@ async fn anthropic_passthrough_non_stream() {
 
 #[tokio::test]
 async fn anthropic_passthrough_stream() {
-    let fake = fakellm(&text_script());
-    let bridge = start(&fake);
+    let (fake, bridge) = start(&text_script());
     let resp = post(&bridge, &request("claude", true)).await;
     assert_eq!(resp.status(), 200);
     assert!(
@@ -227,7 +224,7 @@ async fn anthropic_passthrough_stream() {
 
 #[tokio::test]
 async fn provider_errors_map_to_anthropic_shape() {
-    let fake = fakellm(&json!({"steps": [
+    let (_fake, bridge) = start(&json!({"steps": [
         {"error": {"status": 429}, "headers": {"retry-after": "7"}},
         {"error": {"status": 500}},
         {"error": {"status": 529}},
@@ -235,7 +232,6 @@ async fn provider_errors_map_to_anthropic_shape() {
         {"error": {"status": 429}, "headers": {"retry-after": "3"}},
         {"error": {"status": 500}}
     ]}));
-    let bridge = start(&fake);
 
     // In the script's order: (case, model, stream, status, retry-after, error type).
     for (case, model, stream, status, retry_after, error_type) in [
@@ -290,8 +286,7 @@ async fn provider_errors_map_to_anthropic_shape() {
 
 #[tokio::test]
 async fn auth_is_required_everywhere_but_health() {
-    let fake = fakellm(&text_script());
-    let bridge = start(&fake);
+    let (fake, bridge) = start(&text_script());
     let c = client();
     let base = bridge.base_url();
 
@@ -398,8 +393,7 @@ async fn auth_is_required_everywhere_but_health() {
 
 #[tokio::test]
 async fn check_tells_failures_apart() {
-    let fake = fakellm(&json!({"api_key": OPENAI_KEY}));
-    let bridge = start(&fake);
+    let (fake, bridge) = start(&json!({"api_key": OPENAI_KEY}));
     let c = client();
     let check = |model: &str| {
         let c = c.clone();
@@ -431,8 +425,7 @@ async fn check_tells_failures_apart() {
 
 #[tokio::test]
 async fn bad_input_gets_clear_errors_and_the_bridge_keeps_serving() {
-    let fake = fakellm(&json!({"fallback": {"text": "still here"}}));
-    let mut bridge = start(&fake);
+    let (fake, mut bridge) = start(&json!({"fallback": {"text": "still here"}}));
     let c = client();
     let url = format!("{}/v1/messages", bridge.base_url());
     let send = |body: reqwest::Body| {
@@ -551,7 +544,7 @@ async fn bad_input_gets_clear_errors_and_the_bridge_keeps_serving() {
 
 #[test]
 fn refuses_to_start_without_its_token() {
-    let fake = fakellm(&text_script());
+    let fake = FakeLlm::scripted(&text_script()).unwrap();
     let err =
         BridgeProcess::start(&config(&fake, ""), &[("TEST_OPENAI_KEY", OPENAI_KEY)]).unwrap_err();
     assert!(err.to_string().contains("AGENTBOX_BRIDGE_TOKEN"), "{err}");
@@ -561,10 +554,9 @@ fn refuses_to_start_without_its_token() {
 #[tokio::test]
 async fn client_disconnect_cancels_the_upstream_request() {
     let long = "word ".repeat(300);
-    let fake = fakellm(
+    let (fake, bridge) = start(
         &json!({"fallback": {"text": long, "usage": {"input_tokens": 5, "output_tokens": 300}, "event_delay_ms": 20}}),
     );
-    let bridge = start(&fake);
     for (i, model) in ["gpt", "claude"].into_iter().enumerate() {
         let resp = post(&bridge, &request(model, true)).await;
         assert_eq!(resp.status(), 200);
@@ -600,9 +592,8 @@ async fn client_disconnect_cancels_the_upstream_request() {
 /// event, passthrough or translated, never a silent truncation or a fake `end_turn`.
 #[tokio::test]
 async fn mid_stream_failure_ends_with_an_error_event() {
-    let fake =
-        fakellm(&json!({"fallback": {"text": "a b c d e f g h", "disconnect_after_events": 4}}));
-    let bridge = start(&fake);
+    let (_fake, bridge) =
+        start(&json!({"fallback": {"text": "a b c d e f g h", "disconnect_after_events": 4}}));
     for model in ["claude", "gpt"] {
         let (body, data) = stream_ending_in_error(&bridge, model).await;
         let v: Value = serde_json::from_str(&data).unwrap();
@@ -620,12 +611,11 @@ async fn mid_stream_failure_ends_with_an_error_event() {
 /// an Anthropic message with the usage in Anthropic terms.
 #[tokio::test]
 async fn openai_translation_both_ways() {
-    let fake = fakellm(&json!({"steps": [
+    let (fake, bridge) = start(&json!({"steps": [
         {"text": "translated", "usage": {"input_tokens": 70, "output_tokens": 9, "cache_read_input_tokens": 30}},
         {"tool_calls": [{"name": "Write", "input": {"file_path": "a.txt", "content": "x"}}],
          "usage": {"input_tokens": 80, "output_tokens": 12}}
     ]}));
-    let bridge = start(&fake);
     let mut req = request("gpt", false);
     req["tool_choice"] =
         json!({"type": "tool", "name": "Write", "disable_parallel_tool_use": true});
@@ -711,14 +701,13 @@ async fn openai_translation_both_ways() {
 /// mid-way (passthrough and translated).
 #[tokio::test]
 async fn no_5xx_body_names_an_upstream_url() {
-    let fake = fakellm(&json!({"steps": [
+    let (fake, bridge) = start(&json!({"steps": [
         {"error": {"status": 500, "body": {"error": {"message": "backend http://127.0.0.1:8000/v1 refused"}}}},
         {"error": {"status": 500, "body": {"type": "error", "error": {"type": "api_error", "message": "proxy http://127.0.0.1:8000 failed"}}}},
         {"error": {"status": 503, "body": "<html>upstream 127.0.0.1:8000 is down</html>"}},
         {"text": "cut short by the provider", "disconnect_after_events": 3},
         {"text": "cut short by the provider", "disconnect_after_events": 3}
     ]}));
-    let bridge = start(&fake);
     let port = fake.base_url().rsplit(':').next().unwrap().to_owned();
     let assert_generic = |text: &str| {
         for addr in ["http://", "127.0.0.1", ":8000", &format!(":{port}")] {

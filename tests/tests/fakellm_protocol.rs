@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{FakeLlm, SseFrame, parse_sse, unix_request};
+use agentbox_tests::harness::{FakeLlm, SseFrame, parse_sse, strs, unix_request};
 use serde_json::{Value, json};
 
 fn bin() -> &'static Path {
@@ -92,12 +92,6 @@ fn append_str(block: &mut Value, field: &str, delta: &Value) {
 async fn error_message(r: reqwest::Response) -> String {
     let v: Value = r.json().await.unwrap();
     v["error"]["message"].as_str().unwrap().to_owned()
-}
-
-/// `key` of every object in the JSON array `array`, as strings.
-fn strs<'a>(array: &'a Value, key: &str) -> Vec<&'a str> {
-    let items = array.as_array().unwrap();
-    items.iter().map(|v| v[key].as_str().unwrap()).collect()
 }
 
 fn data_json(frame: &SseFrame) -> Value {

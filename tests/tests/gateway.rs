@@ -7,15 +7,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use agentbox_tests::harness::{BridgeProcess, FakeLlm, GatewayProcess, parse_sse, unix_request};
+use agentbox_tests::harness::{
+    BridgeProcess, FakeLlm, GatewayProcess, parse_sse, strs, unix_request,
+};
 use serde_json::{Value, json};
 
 const TOKEN: &str = "task-token-0123456789abcdef";
 const BRIDGE_TOKEN: &str = "bridge-token-for-gateway-tests";
-
-fn fakellm(script: &Value) -> FakeLlm {
-    FakeLlm::start(env!("CARGO_BIN_EXE_fakellm").as_ref(), script).unwrap()
-}
 
 fn config(fake: &FakeLlm, bridge: Option<&BridgeProcess>) -> String {
     format!(
@@ -55,12 +53,15 @@ command = ["vllm", "serve"]
     )
 }
 
-fn start(fake: &FakeLlm) -> GatewayProcess {
-    GatewayProcess::start(
-        &config(fake, None),
+/// A fakellm playing `script` and a gateway in front of it (keep both alive).
+fn start(script: &Value) -> (FakeLlm, GatewayProcess) {
+    let fake = FakeLlm::scripted(script).unwrap();
+    let gw = GatewayProcess::start(
+        &config(&fake, None),
         &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
     )
-    .unwrap()
+    .unwrap();
+    (fake, gw)
 }
 
 /// A gateway whose upstream is a closed port (`127.0.0.1:9`), with the task `down` open.
@@ -75,27 +76,16 @@ async fn upstream_down(fake: &FakeLlm) -> GatewayProcess {
 }
 
 async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) -> (u16, Value) {
-    let r = gw
-        .control(
-            "POST",
-            "/tasks",
-            Some(&json!({"tid": tid, "model": model, "token": TOKEN, "budget": budget})),
-        )
-        .await
-        .unwrap();
+    let r = gw.open_task(tid, model, TOKEN, budget).await.unwrap();
     (
         r.status,
         serde_json::from_slice(&r.body).unwrap_or(Value::Null),
     )
 }
 
-async fn task(gw: &GatewayProcess, tid: &str) -> Value {
-    let r = gw
-        .control("GET", &format!("/tasks/{tid}"), None)
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    serde_json::from_slice(&r.body).unwrap()
+/// A script answering every request with "x" and this usage.
+fn replying(input_tokens: u64, output_tokens: u64) -> Value {
+    json!({"fallback": {"text": "x", "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}})
 }
 
 fn request(stream: bool, max_tokens: u64) -> Value {
@@ -176,22 +166,21 @@ fn assert_usage(view: &Value, expected: &Value) {
 
 #[tokio::test]
 async fn forwards_sanitized_requests_and_meters_to_the_token() {
-    let fake = fakellm(&json!({"steps": [
+    let (fake, gw) = start(&json!({"steps": [
         {"text": "one", "usage": {"input_tokens": 101, "output_tokens": 11, "cache_read_input_tokens": 7, "cache_creation_input_tokens": 3}},
         {"text": "two", "usage": {"input_tokens": 202, "output_tokens": 22, "cache_read_input_tokens": 5}},
         {"tool_calls": [{"name": "Write", "input": {"path": "a"}}], "usage": {"input_tokens": 303, "output_tokens": 33}}
     ]}));
-    let gw = start(&fake);
     let (status, v) = open(&gw, "t1", "local", json!({})).await;
     assert_eq!(status, 201, "{v}");
     assert_eq!(v["state"], "open");
     let sock = gw.task_socket("t1");
 
     let r = send(&sock, &request(false, 1000), Some(TOKEN)).await;
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 200, "{}", r.text());
     let r = send(&sock, &request(true, 1000), Some(TOKEN)).await;
     assert_eq!(r.status, 200);
-    let frames = parse_sse(&String::from_utf8_lossy(&r.body));
+    let frames = parse_sse(&r.text());
     assert_eq!(
         frames.last().unwrap().event.as_deref(),
         Some("message_stop")
@@ -220,13 +209,7 @@ async fn forwards_sanitized_requests_and_meters_to_the_token() {
                 r["body"]
             );
         }
-        let tools: Vec<&str> = r["body"]["tools"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t["name"].as_str().unwrap())
-            .collect();
-        assert_eq!(tools, ["Write", "Custom"]);
+        assert_eq!(strs(&r["body"]["tools"], "name"), ["Write", "Custom"]);
         assert_eq!(r["body"]["x_unknown"], 1);
         let headers = r["headers"].as_object().unwrap();
         assert_eq!(headers["anthropic-version"], "2023-06-01");
@@ -246,7 +229,7 @@ async fn forwards_sanitized_requests_and_meters_to_the_token() {
         "clamped to the catalogue's max_output_tokens"
     );
 
-    let view = task(&gw, "t1").await;
+    let view = gw.task("t1").await.unwrap();
     assert_usage(
         &view,
         &usage_sum(&[(101, 11, 7, 3), (202, 22, 5, 0), (303, 33, 0, 0)]),
@@ -262,8 +245,7 @@ async fn forwards_sanitized_requests_and_meters_to_the_token() {
 
 #[tokio::test]
 async fn count_tokens_is_local_and_never_zero() {
-    let fake = fakellm(&json!({}));
-    let gw = start(&fake);
+    let (fake, gw) = start(&json!({}));
     open(&gw, "ct", "local", json!({})).await;
     let sock = gw.task_socket("ct");
     let r = unix_request(
@@ -282,14 +264,14 @@ async fn count_tokens_is_local_and_never_zero() {
         fake.requests().unwrap().is_empty(),
         "count_tokens never goes upstream"
     );
-    assert_eq!(task(&gw, "ct").await["usage"]["requests"], 0);
+    assert_eq!(gw.task("ct").await.unwrap()["usage"]["requests"], 0);
 }
 
 #[tokio::test]
 async fn remote_models_go_through_the_bridge_with_the_bridge_token() {
-    let fake = fakellm(&json!({"steps": [
+    let fake = FakeLlm::scripted(&json!({"steps": [
         {"text": "via bridge", "usage": {"input_tokens": 40, "output_tokens": 4, "cache_read_input_tokens": 10}}
-    ]}));
+    ]})).unwrap();
     let bridge = BridgeProcess::start(
         &format!(
             "[bridge]\nlisten = \"127.0.0.1:0\"\n[models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nupstream_model = \"gpt-upstream\"\nkey_env = \"OPENAI_KEY\"\n",
@@ -305,7 +287,7 @@ async fn remote_models_go_through_the_bridge_with_the_bridge_token() {
     .unwrap();
     open(&gw, "rb", "gpt", json!({})).await;
     let r = send(&gw.task_socket("rb"), &request(true, 500), Some(TOKEN)).await;
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 200, "{}", r.text());
     let reqs = fake.requests().unwrap();
     assert_eq!(reqs.len(), 1);
     assert_eq!(reqs[0]["path"], "/v1/chat/completions");
@@ -314,15 +296,12 @@ async fn remote_models_go_through_the_bridge_with_the_bridge_token() {
     let text = reqs[0].to_string();
     assert!(!text.contains(TOKEN) && !text.contains(BRIDGE_TOKEN));
     // OpenAI's prompt_tokens (50) includes the cached 10: Anthropic terms are 40 + 10 cached.
-    assert_usage(&task(&gw, "rb").await, &usage_sum(&[(40, 4, 10, 0)]));
+    assert_usage(&gw.task("rb").await.unwrap(), &usage_sum(&[(40, 4, 10, 0)]));
 }
 
 #[tokio::test]
 async fn exhausted_budget_is_403_before_any_upstream_call() {
-    let fake = fakellm(
-        &json!({"fallback": {"text": "x", "usage": {"input_tokens": 90, "output_tokens": 30}}}),
-    );
-    let gw = start(&fake);
+    let (fake, gw) = start(&replying(90, 30));
     open(&gw, "b1", "local", json!({"tokens": 100})).await;
     let sock = gw.task_socket("b1");
     // A request is admitted only if its whole reservation (input estimate + max_tokens) fits
@@ -335,14 +314,14 @@ async fn exhausted_budget_is_403_before_any_upstream_call() {
         let r = send(&sock, &request(true, 50), Some(TOKEN)).await;
         assert_eq!(r.status, 403);
         assert_eq!(error_type(&r.body), "permission_error");
-        assert!(String::from_utf8_lossy(&r.body).contains("budget"));
+        assert!(r.text().contains("budget"));
     }
     assert_eq!(
         fake.requests().unwrap().len(),
         1,
         "nothing went upstream after the budget ran out"
     );
-    let view = task(&gw, "b1").await;
+    let view = gw.task("b1").await.unwrap();
     assert_eq!(view["usage"]["total_tokens"], 120);
     assert_eq!(view["remaining"]["tokens"], 0);
     assert_eq!(view["usage"]["requests"], 1);
@@ -351,10 +330,7 @@ async fn exhausted_budget_is_403_before_any_upstream_call() {
 #[tokio::test]
 async fn cost_budgets_use_catalogue_prices() {
     // 1000 in at $3/M + 1000 out at $15/M = $0.018 a request.
-    let fake = fakellm(
-        &json!({"fallback": {"text": "x", "usage": {"input_tokens": 1000, "output_tokens": 1000}}}),
-    );
-    let gw = start(&fake);
+    let (_fake, gw) = start(&replying(1000, 1000));
     let (s, v) = open(&gw, "usd", "local", json!({"usd": 0.01})).await;
     assert_eq!(s, 400, "no prices, no cost budget: {v}");
     let (s, _) = open(&gw, "usd", "priced", json!({"usd": 0.03})).await;
@@ -372,7 +348,7 @@ async fn cost_budgets_use_catalogue_prices() {
         send(&sock, &request(false, 100), Some(TOKEN)).await.status,
         403
     );
-    let view = task(&gw, "usd").await;
+    let view = gw.task("usd").await.unwrap();
     assert!(
         (view["usage"]["cost_usd"].as_f64().unwrap() - 0.036).abs() < 1e-9,
         "{view}"
@@ -382,12 +358,11 @@ async fn cost_budgets_use_catalogue_prices() {
 #[tokio::test]
 async fn concurrent_streams_cannot_overshoot_more_than_their_reservations() {
     let per_reply = (50u64, 50u64);
-    let fake = fakellm(&json!({"fallback": {
+    let (fake, gw) = start(&json!({"fallback": {
         "text": "a streamed answer in several deltas",
         "usage": {"input_tokens": per_reply.0, "output_tokens": per_reply.1},
         "event_delay_ms": 5
     }}));
-    let gw = start(&fake);
     let budget = 2_000u64;
     open(&gw, "c64", "local", json!({"tokens": budget})).await;
     let sock = gw.task_socket("c64");
@@ -403,7 +378,7 @@ async fn concurrent_streams_cannot_overshoot_more_than_their_reservations() {
         match r.status {
             200 => ok += 1,
             403 => refused += 1,
-            s => panic!("unexpected {s}: {}", String::from_utf8_lossy(&r.body)),
+            s => panic!("unexpected {s}: {}", r.text()),
         }
     }
     let served = fake.requests().unwrap().len() as u64;
@@ -412,7 +387,7 @@ async fn concurrent_streams_cannot_overshoot_more_than_their_reservations() {
         "every admitted request reached fakellm, no refused one did"
     );
     assert!(refused > 0, "a tight budget refuses some of 64");
-    let view = task(&gw, "c64").await;
+    let view = gw.task("c64").await.unwrap();
     let spent = view["usage"]["total_tokens"].as_u64().unwrap();
     assert_eq!(
         spent,
@@ -431,7 +406,7 @@ async fn concurrent_streams_cannot_overshoot_more_than_their_reservations() {
         more += 1;
         assert!(more < 100, "the budget never ran out");
     }
-    let view = task(&gw, "c64").await;
+    let view = gw.task("c64").await.unwrap();
     let spent = view["usage"]["total_tokens"].as_u64().unwrap();
     assert_eq!(
         spent,
@@ -448,10 +423,7 @@ async fn concurrent_streams_cannot_overshoot_more_than_their_reservations() {
 
 #[tokio::test]
 async fn usage_survives_restarts_and_reopening() {
-    let fake = fakellm(
-        &json!({"fallback": {"text": "x", "usage": {"input_tokens": 10, "output_tokens": 5}}}),
-    );
-    let mut gw = start(&fake);
+    let (_fake, mut gw) = start(&replying(10, 5));
     open(&gw, "r1", "local", json!({"tokens": 1000})).await;
     let sock = gw.task_socket("r1");
     assert_eq!(
@@ -460,7 +432,7 @@ async fn usage_survives_restarts_and_reopening() {
     );
 
     gw.restart().unwrap();
-    let view = task(&gw, "r1").await;
+    let view = gw.task("r1").await.unwrap();
     assert_eq!(view["usage"]["total_tokens"], 15);
     assert_eq!(view["state"], "open");
     // The socket is served again in the same directory.
@@ -480,14 +452,14 @@ async fn usage_survives_restarts_and_reopening() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     gw.crash_and_restart().unwrap();
-    assert_eq!(task(&gw, "r1").await["usage"]["total_tokens"], 30);
+    assert_eq!(gw.task("r1").await.unwrap()["usage"]["total_tokens"], 30);
 
     // Close, then re-open: the spend continues.
     let r = gw.control("DELETE", "/tasks/r1", None).await.unwrap();
     assert_eq!(r.status, 200);
     assert!(!sock.exists(), "socket removed");
     assert!(!sock.parent().unwrap().exists(), "task dir removed");
-    assert_eq!(task(&gw, "r1").await["state"], "closed");
+    assert_eq!(gw.task("r1").await.unwrap()["state"], "closed");
     let (s, v) = open(&gw, "r1", "local", json!({"tokens": 1000})).await;
     assert_eq!(s, 201);
     assert_eq!(v["usage"]["total_tokens"], 30);
@@ -497,13 +469,12 @@ async fn usage_survives_restarts_and_reopening() {
 
 #[tokio::test]
 async fn upstream_failures_are_reported_and_billed_for_what_was_generated() {
-    let fake = fakellm(&json!({"steps": [
+    let (fake, gw) = start(&json!({"steps": [
         {"error": {"status": 529}},
         {"error": {"status": 500, "body": "<html>oops</html>"}},
         {"text": "partial answer that will be cut", "usage": {"input_tokens": 70, "output_tokens": 40}, "disconnect_after_events": 5},
         {"text": "x", "usage": {"input_tokens": 1, "output_tokens": 1}}
     ]}));
-    let gw = start(&fake);
     open(&gw, "uf", "local", json!({})).await;
     let sock = gw.task_socket("uf");
     let r = send(&sock, &request(true, 10), Some(TOKEN)).await;
@@ -514,13 +485,13 @@ async fn upstream_failures_are_reported_and_billed_for_what_was_generated() {
     assert_eq!(error_type(&r.body), "api_error");
     let r = send(&sock, &request(true, 10), Some(TOKEN)).await;
     assert_eq!(r.status, 200);
-    let frames = parse_sse(&String::from_utf8_lossy(&r.body));
+    let frames = parse_sse(&r.text());
     assert_eq!(
         frames.last().unwrap().event.as_deref(),
         Some("error"),
         "{frames:?}"
     );
-    let view = task(&gw, "uf").await;
+    let view = gw.task("uf").await.unwrap();
     assert_eq!(
         view["usage"]["input_tokens"], 70,
         "message_start's input is billed"
@@ -538,16 +509,15 @@ async fn upstream_failures_are_reported_and_billed_for_what_was_generated() {
     let r = send(&gw2.task_socket("down"), &request(true, 10), Some(TOKEN)).await;
     assert_eq!(r.status, 502);
     assert_eq!(error_type(&r.body), "api_error");
-    assert_eq!(task(&gw2, "down").await["in_flight"], 0);
+    assert_eq!(gw2.task("down").await.unwrap()["in_flight"], 0);
 }
 
 #[tokio::test]
 async fn client_disconnect_is_metered_for_what_was_generated() {
     let long = "word ".repeat(400);
-    let fake = fakellm(
+    let (fake, gw) = start(
         &json!({"fallback": {"text": long, "usage": {"input_tokens": 500, "output_tokens": 400}, "event_delay_ms": 20}}),
     );
-    let gw = start(&fake);
     open(&gw, "dc", "local", json!({})).await;
     let sock = gw.task_socket("dc");
     // Read the head and a few frames, then hang up.
@@ -565,7 +535,7 @@ async fn client_disconnect_is_metered_for_what_was_generated() {
     drop(s);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let view = loop {
-        let v = task(&gw, "dc").await;
+        let v = gw.task("dc").await.unwrap();
         if v["in_flight"] == 0 && v["usage"]["requests"] == 1 {
             break v;
         }
@@ -601,8 +571,7 @@ async fn client_disconnect_is_metered_for_what_was_generated() {
 
 #[tokio::test]
 async fn bad_input_gets_clear_errors_and_creates_nothing() {
-    let fake = fakellm(&json!({"fallback": {"text": "fine"}}));
-    let gw = start(&fake);
+    let (fake, gw) = start(&json!({"fallback": {"text": "fine"}}));
     open(&gw, "good", "local", json!({})).await;
     let sock = gw.task_socket("good");
 
@@ -708,12 +677,7 @@ async fn bad_input_gets_clear_errors_and_creates_nothing() {
         ),
     ] {
         let r = gw.control("POST", "/tasks", Some(&body)).await.unwrap();
-        assert_eq!(
-            r.status,
-            400,
-            "{what}: {}",
-            String::from_utf8_lossy(&r.body)
-        );
+        assert_eq!(r.status, 400, "{what}: {}", r.text());
         let v: Value = serde_json::from_slice(&r.body).unwrap();
         assert_eq!(v["error"]["code"], "invalid_request", "{what}");
     }
@@ -771,8 +735,7 @@ async fn bad_input_gets_clear_errors_and_creates_nothing() {
 
 #[tokio::test]
 async fn control_socket_refuses_other_uids() {
-    let fake = fakellm(&json!({}));
-    let gw = start(&fake);
+    let (_fake, gw) = start(&json!({}));
     let sock = gw.control_socket();
     use std::os::unix::fs::PermissionsExt;
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
@@ -812,13 +775,12 @@ async fn control_socket_refuses_other_uids() {
 /// A vLLM model goes to `127.0.0.1:<port>/v1/messages` with the upstream model name.
 #[tokio::test]
 async fn vllm_models_go_to_their_loopback_port() {
-    let fake = fakellm(
+    let (fake, gw) = start(
         &json!({"fallback": {"text": "from vllm", "usage": {"input_tokens": 3, "output_tokens": 2}}}),
     );
-    let gw = start(&fake);
     open(&gw, "v1", "vl", json!({})).await;
     let r = send(&gw.task_socket("v1"), &request(false, 10), Some(TOKEN)).await;
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 200, "{}", r.text());
     let reqs = fake.requests().unwrap();
     assert_eq!(reqs[0]["path"], "/v1/messages");
     assert_eq!(
@@ -830,7 +792,7 @@ async fn vllm_models_go_to_their_loopback_port() {
         Some("127.0.0.1")
     );
     assert_eq!(reqs[0]["body"]["model"], "vllm-upstream");
-    assert_eq!(task(&gw, "v1").await["usage"]["total_tokens"], 5);
+    assert_eq!(gw.task("v1").await.unwrap()["usage"]["total_tokens"], 5);
 }
 
 /// The gateway's peak resident memory (`VmHWM`), bytes.
@@ -852,13 +814,12 @@ fn peak_rss(pid: u32) -> u64 {
 #[tokio::test]
 async fn oversized_upstream_error_bodies_are_capped() {
     let huge = "x".repeat(24 << 20);
-    let fake = fakellm(&json!({"steps": [
+    let (_fake, gw) = start(&json!({"steps": [
         {"error": {"status": 500, "body": "warm-up"}},
         {"error": {"status": 500, "body": {"error": {"message": huge}}}},
         {"error": {"status": 400, "body": {"error": {"message": huge}}}}
     ]}));
     drop(huge);
-    let gw = start(&fake);
     open(&gw, "big", "local", json!({})).await;
     let sock = gw.task_socket("big");
     // Warm up the paths a small error takes, then measure what a huge one adds.
@@ -879,19 +840,18 @@ async fn oversized_upstream_error_bodies_are_capped() {
         "peak memory grew by {} KiB for a 24 MiB error body",
         grown >> 10
     );
-    assert_eq!(task(&gw, "big").await["in_flight"], 0);
+    assert_eq!(gw.task("big").await.unwrap()["in_flight"], 0);
 }
 
 /// Whatever breaks upstream, a 5xx the agent sees names no upstream address: not for a closed
 /// port, not for an upstream 500 whose own body names one, not for a stream cut mid-way.
 #[tokio::test]
 async fn no_5xx_body_names_an_upstream_url() {
-    let fake = fakellm(&json!({"steps": [
+    let (fake, gw) = start(&json!({"steps": [
         {"error": {"status": 500, "body": {"error": {"message": "backend http://127.0.0.1:8000/v1 refused"}}}},
         {"error": {"status": 503, "body": "<html>upstream 127.0.0.1:8000 is down</html>"}},
         {"text": "cut short by the upstream", "disconnect_after_events": 3}
     ]}));
-    let gw = start(&fake);
     open(&gw, "urls", "local", json!({})).await;
     let sock = gw.task_socket("urls");
     let port = fake.base_url().rsplit(':').next().unwrap().to_owned();
@@ -912,7 +872,7 @@ async fn no_5xx_body_names_an_upstream_url() {
     }
     let r = send(&sock, &request(true, 10), Some(TOKEN)).await;
     assert_eq!(r.status, 200);
-    let frames = parse_sse(&String::from_utf8_lossy(&r.body));
+    let frames = parse_sse(&r.text());
     assert_eq!(frames.last().unwrap().event.as_deref(), Some("error"));
     let (named, text) = leaks(frames.last().unwrap().data.as_bytes());
     assert!(!named, "{text}");
@@ -921,7 +881,7 @@ async fn no_5xx_body_names_an_upstream_url() {
     let gw2 = upstream_down(&fake).await;
     let r = send(&gw2.task_socket("down"), &request(false, 10), Some(TOKEN)).await;
     assert_eq!(r.status, 502);
-    let text = String::from_utf8_lossy(&r.body);
+    let text = r.text();
     assert!(
         !text.contains("http://") && !text.contains("127.0.0.1:9"),
         "{text}"

@@ -16,8 +16,28 @@ const TOKEN: &str = "task-token-0123456789abcdef";
 const BRIDGE_TOKEN: &str = "bridge-token-for-attack-tests";
 const ANTHROPIC_KEY: &str = "sk-ant-attack-test-key";
 
-fn fakellm(script: &Value) -> FakeLlm {
-    FakeLlm::start(env!("CARGO_BIN_EXE_fakellm").as_ref(), script).unwrap()
+/// A bridge whose remote `claude` goes to `provider_url` as Anthropic, with the test key.
+fn bridge(provider_url: &str) -> BridgeProcess {
+    BridgeProcess::start(
+        &format!(
+            r#"
+[bridge]
+listen = "127.0.0.1:0"
+
+[models.claude]
+backend = "remote"
+provider = "anthropic"
+base_url = "{provider_url}"
+upstream_model = "claude-upstream"
+key_env = "ATTACK_ANTHROPIC_KEY"
+"#
+        ),
+        &[
+            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
+            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
+        ],
+    )
+    .unwrap()
 }
 
 /// A gateway whose `local` model goes to `fake` (as Ollama) and whose remote `claude` goes to
@@ -48,24 +68,8 @@ upstream_model = "local-upstream"
 }
 
 async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) {
-    let r = gw
-        .control(
-            "POST",
-            "/tasks",
-            Some(&json!({"tid": tid, "model": model, "token": TOKEN, "budget": budget})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
-}
-
-async fn task(gw: &GatewayProcess, tid: &str) -> Value {
-    let r = gw
-        .control("GET", &format!("/tasks/{tid}"), None)
-        .await
-        .unwrap();
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    serde_json::from_slice(&r.body).unwrap()
+    let r = gw.open_task(tid, model, TOKEN, budget).await.unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
 }
 
 async fn send(sock: &Path, body: &Value) -> UnixResponse {
@@ -98,7 +102,7 @@ fn user(content: Value) -> Value {
 async fn wait_for(gw: &GatewayProcess, tid: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let v = task(gw, tid).await;
+        let v = gw.task(tid).await.unwrap();
         if done(&v) {
             return v;
         }
@@ -111,38 +115,19 @@ async fn wait_for(gw: &GatewayProcess, tid: &str, done: impl Fn(&Value) -> bool)
 
 /// A fakellm that answers every request with `307` to `target`.
 fn redirector(target: &FakeLlm) -> FakeLlm {
-    fakellm(&json!({"fallback": {
+    FakeLlm::scripted(&json!({"fallback": {
         "error": {"status": 307, "body": {}},
         "headers": {"location": format!("{}/v1/messages", target.base_url())}
     }}))
+    .unwrap()
 }
 
 #[tokio::test]
 async fn upstream_redirects_are_never_followed() {
     // The bridge's provider call (x-api-key) is redirected to another listener.
-    let elsewhere = fakellm(&json!({"fallback": {"text": "stolen"}}));
+    let elsewhere = FakeLlm::scripted(&json!({"fallback": {"text": "stolen"}})).unwrap();
     let provider = redirector(&elsewhere);
-    let bridge = BridgeProcess::start(
-        &format!(
-            r#"
-[bridge]
-listen = "127.0.0.1:0"
-
-[models.claude]
-backend = "remote"
-provider = "anthropic"
-base_url = "{}"
-upstream_model = "claude-upstream"
-key_env = "ATTACK_ANTHROPIC_KEY"
-"#,
-            provider.base_url()
-        ),
-        &[
-            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
-            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
-        ],
-    )
-    .unwrap();
+    let bridge = bridge(&provider.base_url());
     let r = reqwest::Client::new()
         .post(format!("{}/v1/messages", bridge.base_url()))
         .bearer_auth(BRIDGE_TOKEN)
@@ -169,7 +154,7 @@ key_env = "ATTACK_ANTHROPIC_KEY"
     assert!(!body.contains(&elsewhere.base_url()), "{body}");
 
     // The gateway's bridge call (bridge token) is redirected to another listener.
-    let fake = fakellm(&json!({"fallback": {"text": "x"}}));
+    let fake = FakeLlm::scripted(&json!({"fallback": {"text": "x"}})).unwrap();
     let bridge_redirect = redirector(&elsewhere);
     let gw = gateway(&fake, &bridge_redirect.base_url(), "");
     open(&gw, "redir", "claude", json!({})).await;
@@ -180,7 +165,7 @@ key_env = "ATTACK_ANTHROPIC_KEY"
         "the gateway followed a redirect: {:?}",
         elsewhere.requests().unwrap()
     );
-    assert_eq!(r.status, 502, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 502, "{}", r.text());
     assert_eq!(error_type(&r.body), "api_error");
     let view = wait_for(&gw, "redir", |v| v["in_flight"] == 0).await;
     assert_eq!(view["usage"]["total_tokens"], 0, "{view}");
@@ -211,11 +196,12 @@ async fn send_and_hang_up(sock: &Path, body: &Value, after: Duration) {
 async fn hanging_up_before_the_head_is_billed_what_upstream_billed() {
     // Every answer costs 40,500 tokens upstream and takes 1.5 s to start.
     let (input, output) = (40_000u64, 500u64);
-    let fake = fakellm(&json!({"fallback": {
+    let fake = FakeLlm::scripted(&json!({"fallback": {
         "text": "an expensive answer",
         "usage": {"input_tokens": input, "output_tokens": output},
         "delay_ms": 1500
-    }}));
+    }}))
+    .unwrap();
     let gw = gateway(&fake, "http://127.0.0.1:9", "");
     open(&gw, "hang", "local", json!({"tokens": 10_000})).await;
     let sock = gw.task_socket("hang");
@@ -240,7 +226,7 @@ async fn hanging_up_before_the_head_is_billed_what_upstream_billed() {
     );
     // The budget now stops the task before any upstream call.
     let r = send(&sock, &user(json!("again"))).await;
-    assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 403, "{}", r.text());
     assert_eq!(error_type(&r.body), "permission_error");
     assert_eq!(fake.requests().unwrap().len() as u64, upstream);
 }
@@ -257,16 +243,17 @@ fn url_pdf(i: usize) -> Value {
 
 #[tokio::test]
 async fn url_sources_are_refused_before_any_upstream_call() {
-    let fake = fakellm(&json!({"fallback": {
+    let fake = FakeLlm::scripted(&json!({"fallback": {
         "text": "fetched", "usage": {"input_tokens": 100_000, "output_tokens": 100}, "delay_ms": 300
-    }}));
+    }}))
+    .unwrap();
     let gw = gateway(&fake, "http://127.0.0.1:9", "");
     open(&gw, "url", "local", json!({"tokens": 10_000})).await;
     let sock = gw.task_socket("url");
     let answers =
         futures_util::future::join_all((0..20).map(|i| send_owned(sock.clone(), url_pdf(i)))).await;
     for r in &answers {
-        assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.status, 400, "{}", r.text());
         assert_eq!(error_type(&r.body), "invalid_request_error");
     }
     // Nested in a tool result too.
@@ -280,31 +267,11 @@ async fn url_sources_are_refused_before_any_upstream_call() {
         "URL-sourced content reached the model: {:?}",
         fake.requests().unwrap()
     );
-    let view = task(&gw, "url").await;
+    let view = gw.task("url").await.unwrap();
     assert_eq!(view["usage"]["total_tokens"], 0, "{view}");
 
     // The bridge refuses them too, before its provider sees anything.
-    let bridge = BridgeProcess::start(
-        &format!(
-            r#"
-[bridge]
-listen = "127.0.0.1:0"
-
-[models.claude]
-backend = "remote"
-provider = "anthropic"
-base_url = "{}"
-upstream_model = "claude-upstream"
-key_env = "ATTACK_ANTHROPIC_KEY"
-"#,
-            fake.base_url()
-        ),
-        &[
-            ("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN),
-            ("ATTACK_ANTHROPIC_KEY", ANTHROPIC_KEY),
-        ],
-    )
-    .unwrap();
+    let bridge = bridge(&fake.base_url());
     let mut body = url_pdf(0);
     body["model"] = json!("claude");
     let r = reqwest::Client::new()
@@ -333,9 +300,10 @@ async fn allowed_url_sources_overshoot_at_most_what_is_in_flight() {
     let billed = 150_100u64;
     let least_reservation = 100_000 + 100;
     let budget = 250_000u64;
-    let fake = fakellm(&json!({"fallback": {
+    let fake = FakeLlm::scripted(&json!({"fallback": {
         "text": "fetched", "usage": {"input_tokens": 150_000, "output_tokens": 100}, "delay_ms": 500
-    }}));
+    }}))
+    .unwrap();
     let gw = gateway(&fake, "http://127.0.0.1:9", "allow_url_sources = true");
     open(&gw, "urlok", "local", json!({"tokens": budget})).await;
     let sock = gw.task_socket("urlok");
@@ -347,7 +315,7 @@ async fn allowed_url_sources_overshoot_at_most_what_is_in_flight() {
     assert!(forwarded >= 1, "nothing was forwarded: {view}");
     assert_eq!(ok, forwarded, "{view}");
     for r in answers.iter().filter(|r| r.status != 200) {
-        assert_eq!(r.status, 403, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.status, 403, "{}", r.text());
     }
     // Only what fits in the budget whole is ever in flight at once, and nothing is admitted
     // once the spend passes it.

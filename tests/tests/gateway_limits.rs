@@ -30,15 +30,8 @@ upstream_model = "qwen-upstream"
 }
 
 async fn open(gw: &GatewayProcess, tid: &str) {
-    let r = gw
-        .control(
-            "POST",
-            "/tasks",
-            Some(&json!({"tid": tid, "model": "local", "token": TOKEN, "budget": {}})),
-        )
-        .await
-        .unwrap();
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    let r = gw.open_task(tid, "local", TOKEN, json!({})).await.unwrap();
+    assert_eq!(r.status, 201, "{}", r.text());
 }
 
 async fn count_tokens(sock: &Path, body: impl Into<Bytes>) -> Result<UnixResponse, String> {
@@ -67,12 +60,7 @@ async fn b_succeeds(sock: &Path, what: &str) {
         .await
         .unwrap_or_else(|_| panic!("task B's request timed out {what}"))
         .unwrap_or_else(|e| panic!("task B's request failed {what}: {e}"));
-    assert_eq!(
-        r.status,
-        200,
-        "task B {what}: {}",
-        String::from_utf8_lossy(&r.body)
-    );
+    assert_eq!(r.status, 200, "task B {what}: {}", r.text());
     let v: Value = serde_json::from_slice(&r.body).unwrap();
     assert!(v["input_tokens"].as_u64().unwrap() > 0, "{v}");
 }
@@ -131,7 +119,7 @@ async fn idle_connections_from_one_task_do_not_starve_another() {
     b_succeeds(&b, "a second time").await;
     // A itself is over its limit: it is refused (429, or its connection closed), not served.
     match tokio::time::timeout(Duration::from_secs(15), count_tokens(&a, small_request())).await {
-        Ok(Ok(r)) => assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body)),
+        Ok(Ok(r)) => assert_eq!(r.status, 429, "{}", r.text()),
         Ok(Err(_)) => {}
         Err(_) => panic!("task A's request hung instead of being refused"),
     }
@@ -176,7 +164,7 @@ async fn large_bodies_from_one_task_are_bounded_by_the_body_budget() {
     .to_string()
     .into();
     let r = count_tokens(&a, big.clone()).await.unwrap();
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 200, "{}", r.text());
     let before = status_kib(gw.pid(), "VmHWM:") << 10;
 
     let flood: Vec<_> = (0..100)
@@ -204,7 +192,7 @@ async fn large_bodies_from_one_task_are_bounded_by_the_body_budget() {
                 let v: Value = serde_json::from_slice(&r.body).unwrap();
                 assert_eq!(v["type"], "error", "{v}");
             }
-            s => panic!("unexpected {s}: {}", String::from_utf8_lossy(&r.body)),
+            s => panic!("unexpected {s}: {}", r.text()),
         }
     }
     bystander.await.unwrap();

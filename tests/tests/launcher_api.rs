@@ -199,7 +199,7 @@ fn validation_errors_have_codes() {
     for (body, status, code) in cases {
         let r = l.post("/agents", &body);
         assert_eq!((r.status, r.code()), (status, code), "{body}: {}", r.raw);
-        let msg = r.body["error"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(!msg.contains('\n'), "unescaped input in {msg:?}");
     }
     let venv = l.venvs.join("v1");
@@ -288,12 +288,7 @@ fn symlinked_or_foreign_workspaces_are_refused_untouched() {
     std::fs::create_dir_all(l.data.join("tasks/t3/workspace")).unwrap();
     let r = l.post("/agents", &agent_body("t3"));
     assert_eq!(r.code(), "unsafe_path", "{}", r.raw);
-    assert!(
-        r.body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("owned by uid 0")
-    );
+    assert!(r.message().contains("owned by uid 0"));
     // A hard link to a host file inside the workspace: refused before anything changes hands.
     let (ws, _gw4) = l.prepare_task("t4");
     let host_file = l.base.join("host-file");

@@ -11,20 +11,12 @@ use agentbox_tests::harness::launcher::{
 };
 use serde_json::{Value, json};
 
-/// Every entry under `top`, not following symlinks.
+/// Every entry under `top` (`top` included, symlinks not followed), with its metadata.
 fn every_entry(top: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
-    let mut out = Vec::new();
-    let mut todo = vec![top.to_path_buf()];
-    while let Some(p) = todo.pop() {
-        let m = std::fs::symlink_metadata(&p).unwrap();
-        if m.is_dir() {
-            for e in std::fs::read_dir(&p).unwrap() {
-                todo.push(e.unwrap().path());
-            }
-        }
-        out.push((p, m));
-    }
-    out
+    let entries = walkdir::WalkDir::new(top).into_iter().map(Result::unwrap);
+    entries
+        .map(|e| (e.path().to_path_buf(), e.metadata().unwrap()))
+        .collect()
 }
 
 fn start_agent(l: &Launcher, tid: &str, script: &str) -> Value {
@@ -49,10 +41,7 @@ fn wait_agent(l: &Launcher, tid: &str) -> Value {
 /// agent's, and the report of what was removed stays short.
 #[test]
 fn hand_back_leaves_no_setuid_world_writable_or_agent_owned_entry() {
-    let l = Launcher::start(Options {
-        pids: 256,
-        ..Options::default()
-    });
+    let l = Launcher::start_with(|o| o.pids = 256);
     let ws = l.workspace("suid1");
     let _gw = l.gateway_socket("suid1");
     let script = r#"set -e

@@ -4,7 +4,6 @@
 //! exits at once, validation, and shutdown and crash recovery (attack catalogue §10 item 33).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 
 use agentbox_tests::harness::launcher::{
@@ -21,11 +20,7 @@ struct Fake {
 
 impl Fake {
     fn new() -> Fake {
-        let dir = tempfile::Builder::new()
-            .prefix("backend-it-")
-            .tempdir()
-            .unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = common::temp_dir("backend-it-", 0o755);
         chown(dir.path(), SERVICE_UID);
         std::fs::write(
             dir.path().join("script.json"),
@@ -99,6 +94,29 @@ fn launcher(models: &[(&str, u16, Vec<String>)], start_timeout_s: u64) -> Launch
         backend_start_timeout_s: start_timeout_s,
         ..Options::default()
     })
+}
+
+/// Two fakellm backends, `va` and `vb`, on a launcher that waits up to 120 s for health.
+fn two_backends() -> (Fake, Fake, Launcher) {
+    let a = Fake::new();
+    let b = Fake::new();
+    let l = launcher(
+        &[("va", a.port, a.command()), ("vb", b.port, b.command())],
+        120,
+    );
+    (a, b, l)
+}
+
+/// Starts agent `tid` of `model` sleeping in its sandbox; keep the returned gateway listener
+/// alive while it runs.
+fn sleeping_agent(l: &Launcher, tid: &str, model: &str) -> std::os::unix::net::UnixListener {
+    let (_, gw) = l.prepare_task(tid);
+    let r = l.post(
+        "/agents",
+        &json!({"tid": tid, "model": model, "cmd": ["claude", "sleep 1000"], "timeout_s": 600}),
+    );
+    assert_eq!(r.status, 201, "{}", r.raw);
+    gw
 }
 
 fn start(l: &Launcher, model: &str) -> common::Resp {
@@ -223,12 +241,7 @@ fn start_is_healthy_idempotent_supervised_and_stoppable() {
 
 #[test]
 fn starting_another_model_stops_the_idle_one() {
-    let a = Fake::new();
-    let b = Fake::new();
-    let l = launcher(
-        &[("va", a.port, a.command()), ("vb", b.port, b.command())],
-        120,
-    );
+    let (a, b, l) = two_backends();
     assert_eq!(start(&l, "va").status, 200);
     assert!(a.running());
     let r = start(&l, "vb");
@@ -248,33 +261,15 @@ fn starting_another_model_stops_the_idle_one() {
 
 #[test]
 fn a_busy_backend_is_neither_switched_away_nor_stopped() {
-    let a = Fake::new();
-    let b = Fake::new();
-    let l = launcher(
-        &[("va", a.port, a.command()), ("vb", b.port, b.command())],
-        120,
-    );
+    let (a, b, l) = two_backends();
     assert_eq!(start(&l, "va").status, 200);
     let pid = backend(&l, "va")["pid"].clone();
-    l.workspace("ag1");
-    let _gw = l.gateway_socket("ag1");
-    let r = l.post(
-        "/agents",
-        &json!({"tid": "ag1", "model": "va", "cmd": ["claude", "sleep 1000"], "timeout_s": 600}),
-    );
-    assert_eq!(r.status, 201, "{}", r.raw);
+    let _gw = sleeping_agent(&l, "ag1", "va");
     assert_eq!(backend(&l, "va")["agents"], 1);
 
     let r = start(&l, "vb");
     assert_eq!((r.status, r.code()), (409, "conflict"), "{}", r.raw);
-    assert!(
-        r.body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("va (1 running agent(s))"),
-        "{}",
-        r.raw
-    );
+    assert!(r.message().contains("va (1 running agent(s))"), "{}", r.raw);
     assert!(!b.running(), "the other backend was started anyway");
     let r = stop_all(&l);
     assert_eq!((r.status, r.code()), (409, "conflict"), "{}", r.raw);
@@ -299,24 +294,12 @@ fn a_busy_backend_is_neither_switched_away_nor_stopped() {
 fn stop_all_is_refused_while_any_vllm_agent_runs_even_without_its_backend() {
     let a = Fake::new();
     let l = launcher(&[("va", a.port, a.command())], 120);
-    l.workspace("ag2");
-    let _gw = l.gateway_socket("ag2");
-    let r = l.post(
-        "/agents",
-        &json!({"tid": "ag2", "model": "va", "cmd": ["claude", "sleep 1000"], "timeout_s": 600}),
-    );
-    assert_eq!(r.status, 201, "{}", r.raw);
+    let _gw = sleeping_agent(&l, "ag2", "va");
     let r = stop_all(&l);
     assert_eq!((r.status, r.code()), (409, "conflict"), "{}", r.raw);
     // An agent of a non-vLLM model does not block anything.
     assert_eq!(l.request("DELETE", "/agents/ag2", None).status, 200);
-    l.workspace("ag3");
-    let _gw3 = l.gateway_socket("ag3");
-    let r = l.post(
-        "/agents",
-        &json!({"tid": "ag3", "model": "m1", "cmd": ["claude", "sleep 1000"], "timeout_s": 600}),
-    );
-    assert_eq!(r.status, 201, "{}", r.raw);
+    let _gw3 = sleeping_agent(&l, "ag3", "m1");
     assert_eq!(stop_all(&l).status, 200);
     assert_eq!(start(&l, "va").status, 200);
     assert_eq!(stop_all(&l).body["stopped"], json!(["va"]));
@@ -330,7 +313,7 @@ fn a_backend_that_never_becomes_healthy_is_killed_and_failed() {
     let l = launcher(&[("slow", port, cmd)], 2);
     let r = start(&l, "slow");
     assert_eq!((r.status, r.code()), (502, "backend_failed"), "{}", r.raw);
-    let msg = r.body["error"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("not healthy within 2s"), "{msg}");
     assert!(msg.contains("killed"), "{msg}");
     assert!(processes_with(&format!("/bin/sleep {marker}")).is_empty());
@@ -363,7 +346,7 @@ fn a_backend_that_exits_at_once_fails_with_its_reason() {
     );
     let r = start(&l, "quits");
     assert_eq!((r.status, r.code()), (502, "backend_failed"), "{}", r.raw);
-    let msg = r.body["error"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("exited before becoming healthy"), "{msg}");
     assert!(msg.contains("exit status: 3"), "{msg}");
     assert!(msg.contains("cannot load the model"), "{msg}");
@@ -383,10 +366,7 @@ fn a_backend_that_exits_at_once_fails_with_its_reason() {
     let r = start(&l, "absent");
     assert_eq!((r.status, r.code()), (502, "backend_failed"), "{}", r.raw);
     assert!(
-        r.body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("cannot start \"/nonexistent/vllm\""),
+        r.message().contains("cannot start \"/nonexistent/vllm\""),
         "{}",
         r.raw
     );
@@ -409,7 +389,7 @@ fn unknown_path_like_and_non_vllm_models_are_refused() {
         // No body: the fallback route answers without reading one.
         let r = l.request("POST", path, None);
         assert_eq!((r.status, r.code()), (status, code), "{path}: {}", r.raw);
-        let msg = r.body["error"]["message"].as_str().unwrap();
+        let msg = r.message();
         assert!(!msg.contains('\n'), "{path}: unescaped input in {msg:?}");
     }
     let r = l.get("/backends/va/start");

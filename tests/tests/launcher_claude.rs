@@ -5,31 +5,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use agentbox_api::LauncherClient;
 use agentbox_api::launcher::{AgentRequest, RunState};
 use agentbox_policy::id::Tid;
+use agentbox_tests::harness::launcher::{SERVICE_UID, chown, temp_dir};
 use agentbox_tests::harness::{
     LauncherProcess, Service, claude_print_cmd, readable_client, stream_json_result,
 };
 use serde_json::{Value, json};
 
-const SERVICE_UID: u32 = 64010;
-
-fn chown(p: &Path, uid: u32) {
-    std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
-}
-
 #[tokio::test]
 async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
-    let base = tempfile::Builder::new()
-        .prefix("launcher-claude-")
-        .tempdir()
-        .unwrap();
-    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let base = temp_dir("launcher-claude-", 0o755);
     let claude = readable_client("claude", base.path()).unwrap_or_else(|e| panic!("{e}"));
     let launcher = LauncherProcess::start(
         &format!(

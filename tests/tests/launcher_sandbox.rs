@@ -135,10 +135,7 @@ fn host_files_are_invisible_and_the_root_read_only() {
 
 #[test]
 fn tmp_is_capped() {
-    let l = Launcher::start(Options {
-        tmp_mb: 4,
-        ..Options::default()
-    });
+    let l = Launcher::start_with(|o| o.tmp_mb = 4);
     let v = l.probe(
         "tmp1",
         "head -c 8M /dev/zero > /tmp/fill; echo rc=$?; stat -c %s /tmp/fill",
@@ -158,15 +155,27 @@ fn tmp_is_capped() {
 
 #[test]
 fn fork_bomb_is_contained_by_the_pids_limit() {
-    let l = Launcher::start(Options {
-        pids: 32,
-        ..Options::default()
-    });
+    let l = Launcher::start_with(|o| o.pids = 32);
     // Bounded: 200 forks against a limit of 32 tasks; python itself needs no fork to report.
-    let v = l.probe(
-        "fork1",
-        "python3 -c '\nimport os, signal, time\nkids = []\nerr = None\nfor i in range(200):\n    try:\n        pid = os.fork()\n    except OSError as e:\n        err = e\n        break\n    if pid == 0:\n        time.sleep(60)\n        os._exit(0)\n    kids.append(pid)\nprint(\"started\", len(kids), err)\nfor k in kids:\n    os.kill(k, signal.SIGKILL)\n'",
-    );
+    let fork_200 = r#"
+import os, signal, time
+kids = []
+err = None
+for i in range(200):
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e
+        break
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    kids.append(pid)
+print("started", len(kids), err)
+for k in kids:
+    os.kill(k, signal.SIGKILL)
+"#;
+    let v = l.probe("fork1", &format!("python3 -c '{fork_200}'"));
     let text = out(&v);
     let started: usize = text
         .split_whitespace()
@@ -183,10 +192,9 @@ fn fork_bomb_is_contained_by_the_pids_limit() {
 
 #[test]
 fn memory_hog_is_oom_killed_and_reported() {
-    let l = Launcher::start(Options {
-        memory_mb: 64,
-        tmp_mb: 256,
-        ..Options::default()
+    let l = Launcher::start_with(|o| {
+        o.memory_mb = 64;
+        o.tmp_mb = 256;
     });
     let v = l.probe(
         "oom1",
@@ -219,10 +227,7 @@ fn timeouts_kill_everything_including_setsid_survivors() {
 
 #[test]
 fn output_is_capped_and_workspace_handed_back() {
-    let l = Launcher::start(Options {
-        output_cap_kb: 4,
-        ..Options::default()
-    });
+    let l = Launcher::start_with(|o| o.output_cap_kb = 4);
     let ws = l.workspace("cap1");
     let r = l.check(
         "cap1",

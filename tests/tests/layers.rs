@@ -4,11 +4,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
+use agentbox_tests::harness::cargo;
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Crate → the crates of ours it may depend on (normal or dev). Mirrors ARCHITECTURE.md.
 const ALLOWED: &[(&str, &[&str])] = &[
@@ -73,31 +71,15 @@ const ALLOWED: &[(&str, &[&str])] = &[
 ];
 
 fn metadata() -> Value {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--no-deps",
-            "--offline",
-        ])
-        .current_dir(workspace_root())
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        out.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON")
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
+    let out = cargo(&[
+        "metadata",
+        "--format-version",
+        "1",
+        "--no-deps",
+        "--offline",
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    serde_json::from_slice(&out).expect("cargo metadata prints JSON")
 }
 
 #[test]

@@ -129,23 +129,17 @@ fn units_bound_the_same_capabilities() {
     assert!(bounding("agentbox-bridge.service").is_empty());
 }
 
-const GATEWAY_CONFIG: &str = r#"
-[gateway]
-ollama_url = "http://127.0.0.1:9"
-
-[models.local]
-backend = "ollama"
-upstream_model = "qwen"
-"#;
-
-const BRIDGE_CONFIG: &str = r#"
-[bridge]
-listen = "127.0.0.1:0"
-
-[models.local]
-backend = "ollama"
-upstream_model = "qwen"
-"#;
+/// The gateway's and the bridge's configs: their own section and one local model.
+macro_rules! with_local_model {
+    ($daemon:literal) => {
+        concat!(
+            $daemon,
+            "\n\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen\"\n"
+        )
+    };
+}
+const GATEWAY_CONFIG: &str = with_local_model!("[gateway]\nollama_url = \"http://127.0.0.1:9\"");
+const BRIDGE_CONFIG: &str = with_local_model!("[bridge]\nlisten = \"127.0.0.1:0\"");
 
 const BRIDGE_TOKEN: &str = "bridge-token-0123456789";
 

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
-    FakeLlm, GatewayProcess, Service, client_bin, run_captured, unix_request, wait_group_gone,
+    FakeLlm, GatewayProcess, Service, client_bin, run_captured, wait_group_gone,
 };
 use serde_json::{Value, json};
 
@@ -555,7 +555,7 @@ async fn gateway_task(fake: &FakeLlm, tid: &str, token: &str, budget: Value) -> 
         )
         .await
         .unwrap();
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 201, "{}", r.text());
     gw
 }
 
@@ -582,19 +582,6 @@ async fn run_on_task_socket(
 /// What a failing gateway test prints: the client's output, fakellm's log, the gateway's log.
 fn gateway_diag(run: &ClaudeRun, fake: &FakeLlm, gw: &GatewayProcess) -> String {
     claude_diag(run, fake, Some(("gateway", gw.stderr())))
-}
-
-async fn task_view(gw: &GatewayProcess, tid: &str) -> Value {
-    let r = unix_request(
-        &gw.control_socket(),
-        "GET",
-        &format!("/tasks/{tid}"),
-        &[],
-        "",
-    )
-    .await
-    .unwrap();
-    serde_json::from_slice(&r.body).unwrap()
 }
 
 /// The real Claude Code talking to a task socket of the real gateway
@@ -640,7 +627,7 @@ async fn claude_code_completes_a_task_through_the_gateway_socket() {
         cache_read += usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
         cache_creation += usage["cache_creation_input_tokens"].as_u64().unwrap_or(0);
     }
-    let view = task_view(&gw, "cc1").await;
+    let view = gw.task("cc1").await.unwrap();
     assert_eq!(view["usage"]["input_tokens"], input, "{view}");
     assert_eq!(view["usage"]["output_tokens"], output, "{view}");
     assert_eq!(
@@ -691,7 +678,7 @@ async fn claude_code_stops_when_the_budget_runs_out() {
         "{}",
         diag()
     );
-    let view = task_view(&gw, "cc2").await;
+    let view = gw.task("cc2").await.unwrap();
     assert_eq!(view["usage"]["total_tokens"], 120);
     assert_eq!(view["usage"]["requests"], 1);
 }

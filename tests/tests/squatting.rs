@@ -28,11 +28,7 @@ struct Squatter {
 
 impl Squatter {
     fn start() -> Squatter {
-        let dir = tempfile::Builder::new()
-            .prefix("squatter-")
-            .tempdir()
-            .unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let dir = common::temp_dir("squatter-", 0o777);
         let script = dir.path().join("script.json");
         std::fs::write(
             &script,
@@ -112,7 +108,7 @@ key_env = "OPENAI_KEY"
         )
         .await
         .unwrap();
-    assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.status, 201, "{}", r.text());
     let auth = format!("Bearer {TOKEN}");
     let body = json!({
         "model": "claude-sonnet-4-5",
@@ -132,7 +128,7 @@ key_env = "OPENAI_KEY"
         )
         .await
         .unwrap();
-        let text = String::from_utf8_lossy(&r.body).into_owned();
+        let text = r.text().into_owned();
         assert_eq!(r.status, 502, "{text}");
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["type"], "error", "{v}");
@@ -170,7 +166,7 @@ fn the_launcher_does_not_trust_a_squatted_health_port() {
     });
     let r = l.post("/backends/sq/start", &json!({}));
     assert_eq!((r.status, r.code()), (502, "backend_failed"), "{}", r.raw);
-    let msg = r.body["error"]["message"].as_str().unwrap();
+    let msg = r.message();
     assert!(msg.contains("not healthy"), "{msg}");
     let b = l.get("/status");
     let sq = b.body["backends"]

@@ -45,15 +45,32 @@ fn tool(index: u32, id: Option<&str>, name: Option<&str>, args: Option<&str>) ->
     t
 }
 
-/// A chunk whose delta is the one tool-call piece [`tool`] builds.
-fn tool_chunk(
-    index: u32,
-    id: Option<&str>,
-    name: Option<&str>,
-    args: Option<&str>,
-    finish: Option<&str>,
-) -> Value {
-    chunk(json!({"tool_calls": [tool(index, id, name, args)]}), finish)
+/// A chunk whose delta is the first piece of tool call `index`: its id, name and `args`.
+fn tool_start(index: u32, id: &str, name: &str, args: &str, finish: Option<&str>) -> Value {
+    let call = tool(index, Some(id), Some(name), Some(args));
+    chunk(json!({"tool_calls": [call]}), finish)
+}
+
+/// A chunk whose delta is a later piece of tool call `index`: more of its arguments.
+fn tool_args(index: u32, args: &str, finish: Option<&str>) -> Value {
+    chunk(
+        json!({"tool_calls": [tool(index, None, None, Some(args))]}),
+        finish,
+    )
+}
+
+/// `chunks` through the translator with the default options.
+fn stream(chunks: &[Value]) -> Vec<StreamEvent> {
+    translate_stream(chunks, ResponseOptions::default())
+}
+
+/// `chunks`, translated, yield exactly the tool calls `expected` (name, parsed input).
+fn assert_tool_inputs(chunks: &[Value], expected: &[(&str, Value)]) {
+    let expected: Vec<(String, Value)> = expected
+        .iter()
+        .map(|(name, input)| ((*name).to_owned(), input.clone()))
+        .collect();
+    assert_eq!(tool_inputs(&stream(chunks)), expected);
 }
 
 fn tool_inputs(events: &[StreamEvent]) -> Vec<(String, Value)> {
@@ -101,39 +118,26 @@ fn data_frames(chunks: &[Value]) -> Vec<u8> {
 
 #[test]
 fn litellm_25321_tool_input_kept_on_text_to_tool_transition() {
-    let events = translate_stream(
+    assert_tool_inputs(
         &[
             chunk(json!({"content": "Let me look."}), None),
-            tool_chunk(
-                0,
-                Some("call_1"),
-                Some("Read"),
-                Some("{\"file_path\":\"/x\"}"),
-                None,
-            ),
+            tool_start(0, "call_1", "Read", "{\"file_path\":\"/x\"}", None),
             chunk(json!({}), Some("tool_calls")),
             usage_chunk(5, 5, 0),
         ],
-        ResponseOptions::default(),
-    );
-    assert_eq!(
-        tool_inputs(&events),
-        [("Read".into(), json!({"file_path": "/x"}))]
+        &[("Read", json!({"file_path": "/x"}))],
     );
 }
 
 #[test]
 fn litellm_25321_text_and_tool_call_in_the_same_chunk_both_kept() {
-    let events = translate_stream(
-        &[
-            chunk(
-                json!({"content": "Running.", "tool_calls": [tool(0, Some("c"), Some("Bash"), Some("{\"command\":\"ls\"}"))]}),
-                Some("tool_calls"),
-            ),
-            usage_chunk(5, 5, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(
+            json!({"content": "Running.", "tool_calls": [tool(0, Some("c"), Some("Bash"), Some("{\"command\":\"ls\"}"))]}),
+            Some("tool_calls"),
+        ),
+        usage_chunk(5, 5, 0),
+    ]);
     let m = accumulate(&events);
     assert!(matches!(&m.content[0], ContentBlock::Text { text, .. } if text == "Running."));
     assert!(
@@ -143,16 +147,13 @@ fn litellm_25321_text_and_tool_call_in_the_same_chunk_both_kept() {
 
 #[test]
 fn litellm_30765_first_text_delta_after_thinking_kept() {
-    let events = translate_stream(
-        &[
-            chunk(json!({"reasoning_content": "hmm"}), None),
-            // The transition chunk carries both the last reasoning and the first text.
-            chunk(json!({"reasoning_content": "...", "content": "The"}), None),
-            chunk(json!({"content": " answer"}), Some("stop")),
-            usage_chunk(5, 5, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"reasoning_content": "hmm"}), None),
+        // The transition chunk carries both the last reasoning and the first text.
+        chunk(json!({"reasoning_content": "...", "content": "The"}), None),
+        chunk(json!({"content": " answer"}), Some("stop")),
+        usage_chunk(5, 5, 0),
+    ]);
     let m = accumulate(&events);
     assert!(
         matches!(&m.content[0], ContentBlock::Thinking { thinking, .. } if thinking == "hmm...")
@@ -162,14 +163,11 @@ fn litellm_30765_first_text_delta_after_thinking_kept() {
 
 #[test]
 fn litellm_29286_no_empty_input_json_delta_for_empty_tool_calls() {
-    let events = translate_stream(
-        &[
-            chunk(json!({"content": "plain", "tool_calls": []}), None),
-            chunk(json!({"content": " text", "tool_calls": []}), Some("stop")),
-            usage_chunk(5, 5, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"content": "plain", "tool_calls": []}), None),
+        chunk(json!({"content": " text", "tool_calls": []}), Some("stop")),
+        usage_chunk(5, 5, 0),
+    ]);
     assert!(events.iter().all(|e| !matches!(
         e,
         StreamEvent::ContentBlockDelta {
@@ -204,14 +202,11 @@ fn litellm_32357_exactly_one_message_start() {
 
 #[test]
 fn litellm_32357_thinking_not_collapsed_into_text_block() {
-    let events = translate_stream(
-        &[
-            chunk(json!({"reasoning_content": "plan"}), None),
-            chunk(json!({"content": "do"}), Some("stop")),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"reasoning_content": "plan"}), None),
+        chunk(json!({"content": "do"}), Some("stop")),
+        usage_chunk(1, 1, 0),
+    ]);
     let kinds: Vec<&str> = accumulate(&events)
         .content
         .iter()
@@ -226,15 +221,12 @@ fn litellm_32357_thinking_not_collapsed_into_text_block() {
 #[test]
 fn litellm_33224_no_thinking_delta_inside_text_block() {
     // Reasoning resumes after text: it must get its own thinking block.
-    let events = translate_stream(
-        &[
-            chunk(json!({"content": "first"}), None),
-            chunk(json!({"reasoning_content": "second thoughts"}), None),
-            chunk(json!({"content": "final"}), Some("stop")),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"content": "first"}), None),
+        chunk(json!({"reasoning_content": "second thoughts"}), None),
+        chunk(json!({"content": "final"}), Some("stop")),
+        usage_chunk(1, 1, 0),
+    ]);
     // `accumulate` refuses a thinking_delta aimed at a text block.
     let m = accumulate(&events);
     let kinds: Vec<&str> = m.content.iter().map(ContentBlock::block_type).collect();
@@ -244,72 +236,43 @@ fn litellm_33224_no_thinking_delta_inside_text_block() {
 #[test]
 fn litellm_25561_gemini_args_in_the_first_chunk_kept() {
     // Gemini/xAI/Ollama send id, name and all arguments at once, sometimes with the finish.
-    let events = translate_stream(
-        &[tool_chunk(
+    assert_tool_inputs(
+        &[tool_start(
             0,
-            Some("c1"),
-            Some("Grep"),
-            Some("{\"pattern\":\"fn main\"}"),
+            "c1",
+            "Grep",
+            "{\"pattern\":\"fn main\"}",
             Some("tool_calls"),
         )],
-        ResponseOptions::default(),
-    );
-    assert_eq!(
-        tool_inputs(&events),
-        [("Grep".into(), json!({"pattern": "fn main"}))]
+        &[("Grep", json!({"pattern": "fn main"}))],
     );
 }
 
 #[test]
 fn litellm_15307_parallel_tool_calls_each_get_their_own_block() {
-    let events = translate_stream(
+    assert_tool_inputs(
         &[
-            tool_chunk(
-                0,
-                Some("a"),
-                Some("Read"),
-                Some("{\"file_path\":\"/1\"}"),
-                None,
-            ),
-            tool_chunk(
-                1,
-                Some("b"),
-                Some("Read"),
-                Some("{\"file_path\":\"/2\"}"),
-                None,
-            ),
-            tool_chunk(
-                2,
-                Some("c"),
-                Some("Bash"),
-                Some("{\"command\":\"ls\"}"),
-                Some("tool_calls"),
-            ),
+            tool_start(0, "a", "Read", "{\"file_path\":\"/1\"}", None),
+            tool_start(1, "b", "Read", "{\"file_path\":\"/2\"}", None),
+            tool_start(2, "c", "Bash", "{\"command\":\"ls\"}", Some("tool_calls")),
             usage_chunk(1, 1, 0),
         ],
-        ResponseOptions::default(),
-    );
-    assert_eq!(
-        tool_inputs(&events),
-        [
-            ("Read".into(), json!({"file_path": "/1"})),
-            ("Read".into(), json!({"file_path": "/2"})),
-            ("Bash".into(), json!({"command": "ls"})),
-        ]
+        &[
+            ("Read", json!({"file_path": "/1"})),
+            ("Read", json!({"file_path": "/2"})),
+            ("Bash", json!({"command": "ls"})),
+        ],
     );
 }
 
 #[test]
 fn litellm_13373_no_delta_for_a_block_never_started() {
     // Arguments before the name: nothing may be sent until the block exists.
-    let events = translate_stream(
-        &[
-            tool_chunk(0, None, None, Some("{\"a\":"), None),
-            tool_chunk(0, Some("id"), Some("T"), Some("1}"), Some("tool_calls")),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        tool_args(0, "{\"a\":", None),
+        tool_start(0, "id", "T", "1}", Some("tool_calls")),
+        usage_chunk(1, 1, 0),
+    ]);
     assert_eq!(
         names(&events),
         [
@@ -326,26 +289,11 @@ fn litellm_13373_no_delta_for_a_block_never_started() {
 
 #[test]
 fn litellm_29491_input_json_delta_survives_sse_encoding() {
-    let events = translate_stream(
-        &[
-            tool_chunk(
-                0,
-                Some("c"),
-                Some("Write"),
-                Some("{\"content\":\"line1\\nline2\\r\\n"),
-                None,
-            ),
-            tool_chunk(
-                0,
-                None,
-                None,
-                Some("\",\"file_path\":\"/f\"}"),
-                Some("tool_calls"),
-            ),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        tool_start(0, "c", "Write", "{\"content\":\"line1\\nline2\\r\\n", None),
+        tool_args(0, "\",\"file_path\":\"/f\"}", Some("tool_calls")),
+        usage_chunk(1, 1, 0),
+    ]);
     let mut bytes = Vec::new();
     for e in &events {
         e.write_sse(&mut bytes).unwrap();
@@ -414,16 +362,13 @@ fn litellm_30557_tool_type_not_merged_into_parameters() {
 
 #[test]
 fn envoy_1465_tool_use_starts_with_empty_input_and_args_only_in_deltas() {
-    let events = translate_stream(
-        &[tool_chunk(
-            0,
-            Some("c"),
-            Some("Bash"),
-            Some("{\"command\":\"ls\"}"),
-            Some("tool_calls"),
-        )],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[tool_start(
+        0,
+        "c",
+        "Bash",
+        "{\"command\":\"ls\"}",
+        Some("tool_calls"),
+    )]);
     let start = events
         .iter()
         .find_map(|e| {
@@ -457,16 +402,13 @@ fn envoy_system_blocks_joined_with_a_separator() {
 
 #[test]
 fn envoy_no_delta_after_block_stop_when_tool_indices_interleave() {
-    let events = translate_stream(
-        &[
-            tool_chunk(0, Some("a"), Some("A"), Some("{\"x\":"), None),
-            tool_chunk(1, Some("b"), Some("B"), Some("{\"y\":"), None),
-            tool_chunk(0, None, None, Some("1}"), None),
-            tool_chunk(1, None, None, Some("2}"), Some("tool_calls")),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        tool_start(0, "a", "A", "{\"x\":", None),
+        tool_start(1, "b", "B", "{\"y\":", None),
+        tool_args(0, "1}", None),
+        tool_args(1, "2}", Some("tool_calls")),
+        usage_chunk(1, 1, 0),
+    ]);
     // `accumulate` refuses any delta to a stopped block.
     assert_eq!(
         tool_inputs(&events),
@@ -488,13 +430,10 @@ fn envoy_cached_tokens_forwarded_not_dropped() {
 
 #[test]
 fn musistudio_error_event_has_an_error_object_not_message() {
-    let events = translate_stream(
-        &[
-            chunk(json!({"content": "x"}), None),
-            json!({"error": {"message": "boom", "type": "server_error"}}),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"content": "x"}), None),
+        json!({"error": {"message": "boom", "type": "server_error"}}),
+    ]);
     let last = serde_json::to_value(events.last().unwrap()).unwrap();
     assert_eq!(
         last,
@@ -514,13 +453,10 @@ fn musistudio_thinking_precedes_text_in_non_stream_response() {
 
 #[test]
 fn musistudio_content_filter_is_not_stop_sequence() {
-    let events = translate_stream(
-        &[
-            chunk(json!({"content": "partial"}), Some("content_filter")),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"content": "partial"}), Some("content_filter")),
+        usage_chunk(1, 1, 0),
+    ]);
     assert_eq!(accumulate(&events).stop_reason, Some(StopReason::Refusal));
 }
 
@@ -539,16 +475,13 @@ fn musistudio_usage_in_the_same_read_as_finish_is_kept() {
 
 #[test]
 fn ccr_eof_without_finish_reason_is_an_error_not_end_turn() {
-    let events = translate_stream(
-        &[tool_chunk(
-            0,
-            Some("c"),
-            Some("Bash"),
-            Some("{\"command\":\"rm -rf /tm"),
-            None,
-        )],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[tool_start(
+        0,
+        "c",
+        "Bash",
+        "{\"command\":\"rm -rf /tm",
+        None,
+    )]);
     assert_eq!(events.last().unwrap().event_name(), "error");
     assert!(!names(&events).contains(&"message_delta"));
     assert!(!names(&events).contains(&"message_stop"));
@@ -561,20 +494,11 @@ fn ccr_eof_without_finish_reason_is_an_error_not_end_turn() {
 #[test]
 fn fuergaosi233_truncated_tool_args_still_streamed() {
     // Cut by max_tokens: the arguments never parse, but what arrived is forwarded.
-    let events = translate_stream(
-        &[
-            tool_chunk(
-                0,
-                Some("c"),
-                Some("Write"),
-                Some("{\"content\":\"abc"),
-                None,
-            ),
-            chunk(json!({}), Some("length")),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        tool_start(0, "c", "Write", "{\"content\":\"abc", None),
+        chunk(json!({}), Some("length")),
+        usage_chunk(1, 1, 0),
+    ]);
     assert!(events.iter().any(|e| matches!(
         e,
         StreamEvent::ContentBlockDelta { delta: BlockDelta::InputJsonDelta { partial_json, .. }, .. }
@@ -592,14 +516,11 @@ fn fuergaosi233_truncated_tool_args_still_streamed() {
 
 #[test]
 fn fuergaosi233_no_empty_text_block_for_a_tool_only_reply() {
-    let events = translate_stream(
-        &[
-            chunk(json!({"role": "assistant", "content": ""}), None),
-            tool_chunk(0, Some("c"), Some("T"), Some("{}"), Some("tool_calls")),
-            usage_chunk(1, 1, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"role": "assistant", "content": ""}), None),
+        tool_start(0, "c", "T", "{}", Some("tool_calls")),
+        usage_chunk(1, 1, 0),
+    ]);
     let m = accumulate(&events);
     assert_eq!(m.content.len(), 1);
     assert_eq!(m.content[0].block_type(), "tool_use");
@@ -607,13 +528,10 @@ fn fuergaosi233_no_empty_text_block_for_a_tool_only_reply() {
 
 #[test]
 fn fuergaosi233_usage_not_double_counted() {
-    let events = translate_stream(
-        &[
-            chunk(json!({"content": "x"}), Some("stop")),
-            usage_chunk(1000, 10, 600),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"content": "x"}), Some("stop")),
+        usage_chunk(1000, 10, 600),
+    ]);
     let u = accumulate(&events).usage;
     let total_input = u.input_tokens
         + u.cache_read_input_tokens.unwrap()
@@ -721,19 +639,16 @@ fn cliproxyapi_4431_content_is_never_null() {
     let r = response_with(json!({"role": "assistant", "content": null}), "stop");
     assert_eq!(serde_json::to_value(&r).unwrap()["content"], json!([]));
     // A probe answered with nothing still makes a valid, empty stream.
-    let events = translate_stream(
-        &[
-            chunk(json!({"content": ""}), Some("stop")),
-            usage_chunk(1, 0, 0),
-        ],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[
+        chunk(json!({"content": ""}), Some("stop")),
+        usage_chunk(1, 0, 0),
+    ]);
     assert!(accumulate(&events).content.is_empty());
 }
 
 #[test]
 fn dify_2667_parallel_tool_args_do_not_share_an_accumulator() {
-    let events = translate_stream(
+    assert_tool_inputs(
         &[
             chunk(
                 json!({"tool_calls": [tool(0, Some("a"), Some("A"), Some("{\"v\":")), tool(1, Some("b"), Some("B"), Some("{\"w\":"))]}),
@@ -745,29 +660,19 @@ fn dify_2667_parallel_tool_args_do_not_share_an_accumulator() {
             ),
             usage_chunk(1, 1, 0),
         ],
-        ResponseOptions::default(),
-    );
-    assert_eq!(
-        tool_inputs(&events),
-        [
-            ("A".into(), json!({"v": "a"})),
-            ("B".into(), json!({"w": "b"}))
-        ]
+        &[("A", json!({"v": "a"})), ("B", json!({"w": "b"}))],
     );
 }
 
 #[test]
 fn kimi_tool_call_ids_sanitized_in_streams() {
-    let events = translate_stream(
-        &[tool_chunk(
-            0,
-            Some("functions.Bash:0"),
-            Some("Bash"),
-            Some("{}"),
-            Some("tool_calls"),
-        )],
-        ResponseOptions::default(),
-    );
+    let events = stream(&[tool_start(
+        0,
+        "functions.Bash:0",
+        "Bash",
+        "{}",
+        Some("tool_calls"),
+    )]);
     let m = accumulate(&events);
     assert!(matches!(&m.content[0], ContentBlock::ToolUse { id, .. } if id == "functions_Bash_0"));
 }

@@ -48,33 +48,21 @@ pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf, HarnessError> 
     if is_fresh(&path) {
         return Ok(path);
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .current_dir(workspace_root())
-        .args([
-            "build",
-            "--quiet",
-            "--profile",
-            profile,
-            "-p",
-            package,
-            "--bin",
-            bin,
-        ])
-        .arg("--target-dir")
-        .arg(target_dir)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| HarnessError::Spawn {
-            what: "cargo build".into(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(HarnessError::Build(format!(
-            "cargo build -p {package} --bin {bin} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
+    let mut args: Vec<std::ffi::OsString> = [
+        "build",
+        "--quiet",
+        "--profile",
+        profile,
+        "-p",
+        package,
+        "--bin",
+        bin,
+        "--target-dir",
+    ]
+    .map(Into::into)
+    .into();
+    args.push(target_dir.into());
+    cargo(&args)?;
     Ok(path)
 }
 
@@ -84,29 +72,53 @@ fn is_fresh(bin: &Path) -> bool {
         return false;
     };
     let root = workspace_root();
-    let mut stack = vec![root.join("Cargo.toml"), root.join("Cargo.lock")];
+    let mut sources = vec![root.join("Cargo.toml"), root.join("Cargo.lock")];
     if let Ok(entries) = std::fs::read_dir(&root) {
         for e in entries.flatten() {
             let p = e.path();
             if p.join("Cargo.toml").is_file() {
-                stack.push(p.join("Cargo.toml"));
-                stack.push(p.join("src"));
+                sources.push(p.join("Cargo.toml"));
+                sources.push(p.join("src"));
             }
         }
     }
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = std::fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if meta.is_dir() {
-            if let Ok(entries) = std::fs::read_dir(&p) {
-                stack.extend(entries.flatten().map(|e| e.path()));
-            }
-        } else if meta.modified().is_ok_and(|m| m > built) {
-            return false;
-        }
+    // Unreadable or vanished entries are skipped: only a newer file makes the binary stale.
+    let newer = |e: walkdir::DirEntry| {
+        e.metadata()
+            .is_ok_and(|m| !m.is_dir() && m.modified().is_ok_and(|t| t > built))
+    };
+    !sources
+        .iter()
+        .flat_map(walkdir::WalkDir::new)
+        .filter_map(Result::ok)
+        .any(newer)
+}
+
+/// Runs the cargo that runs the tests (`$CARGO`) in the workspace root with `args`; its
+/// stdout.
+///
+/// # Errors
+/// When cargo cannot start or fails (the error holds its stderr).
+pub fn cargo<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Result<Vec<u8>, HarnessError> {
+    let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
+    let shown = shown.join(" ");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(workspace_root())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| HarnessError::Spawn {
+            what: format!("cargo {shown}"),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(HarnessError::Cargo {
+            args: shown,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
     }
-    true
+    Ok(out.stdout)
 }
 
 /// A fresh temp dir (named `<prefix>…`) holding `agentbox.toml` with `config`.
@@ -125,6 +137,20 @@ fn daemon_cmd(bin: &str, config: &Path) -> Result<Command, HarnessError> {
         .env_clear()
         .env("RUST_LOG", "info");
     Ok(cmd)
+}
+
+/// How long a daemon may take to print its ready line: a hang guard (the launcher checks the
+/// host before it listens; the bridge and the gateway are ready well within it).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Starts `cmd` (our daemon `bin`) and waits for its line starting with `ready`; the rest of
+/// that line is its address.
+fn start_daemon(
+    bin: &str,
+    cmd: Command,
+    ready: &'static str,
+) -> Result<(Service, String), HarnessError> {
+    Service::start_listening(bin, cmd, READY_TIMEOUT, ready)
 }
 
 /// A running `agentbox-bridge` on `127.0.0.1:0` with its own temp config.
@@ -147,12 +173,7 @@ impl BridgeProcess {
         let mut cmd = daemon_cmd("agentbox-bridge", &path)?;
         cmd.env("AGENTBOX_DATA", dir.path())
             .envs(env.iter().copied());
-        let (service, address) = Service::start_listening(
-            "agentbox-bridge",
-            cmd,
-            Duration::from_secs(30),
-            "listening on ",
-        )?;
+        let (service, address) = start_daemon("agentbox-bridge", cmd, "listening on ")?;
         Ok(Self {
             service,
             address,
@@ -244,12 +265,7 @@ impl GatewayProcess {
             path: data.join("data"),
             source,
         })?;
-        let (service, _) = Service::start_listening(
-            "agentbox-gateway",
-            cmd,
-            Duration::from_secs(30),
-            "listening on unix:",
-        )?;
+        let (service, _) = start_daemon("agentbox-gateway", cmd, "listening on unix:")?;
         Ok(service)
     }
 
@@ -308,6 +324,40 @@ impl GatewayProcess {
         body: Option<&serde_json::Value>,
     ) -> Result<super::UnixResponse, HarnessError> {
         super::unix_json(&self.control_socket(), method, path, body).await
+    }
+
+    /// `GET /tasks/{tid}` on the control socket: the task's view as JSON.
+    ///
+    /// # Errors
+    /// When the exchange fails or the answer is not a 200 with a JSON body.
+    pub async fn task(&self, tid: &str) -> Result<serde_json::Value, HarnessError> {
+        let what = format!("GET /tasks/{tid}");
+        let r = self.control("GET", &format!("/tasks/{tid}"), None).await?;
+        if r.status != 200 {
+            return Err(HarnessError::Status {
+                what,
+                status: r.status,
+                body: String::from_utf8_lossy(&r.body).into_owned(),
+            });
+        }
+        serde_json::from_slice(&r.body).map_err(|source| HarnessError::Json { what, source })
+    }
+
+    /// Opens task `tid` on `model` with `token` and `budget` (a JSON budget object) over the
+    /// control socket; the caller judges the response.
+    ///
+    /// # Errors
+    /// When the exchange fails.
+    pub async fn open_task(
+        &self,
+        tid: &str,
+        model: &str,
+        token: &str,
+        budget: serde_json::Value,
+    ) -> Result<super::UnixResponse, HarnessError> {
+        let body =
+            serde_json::json!({"tid": tid, "model": model, "token": token, "budget": budget});
+        self.control("POST", "/tasks", Some(&body)).await
     }
 }
 
@@ -374,12 +424,7 @@ impl LauncherProcess {
             .arg("--cgroup-parent")
             .arg(&cgroup_parent)
             .env("PATH", "/usr/local/bin:/usr/bin:/bin");
-        let (service, _) = Service::start_listening(
-            "agentbox-launcher",
-            cmd,
-            Duration::from_secs(60),
-            "listening on unix:",
-        )?;
+        let (service, _) = start_daemon("agentbox-launcher", cmd, "listening on unix:")?;
         Ok(Self {
             service,
             data,

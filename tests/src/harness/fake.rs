@@ -31,6 +31,18 @@ impl FakeLlm {
         Self::start_inner(bin, script, false)
     }
 
+    /// [`FakeLlm::start`] with this workspace's fakellm binary.
+    ///
+    /// # Errors
+    /// When fakellm cannot be built or started, or refuses the script.
+    pub fn scripted(script: &Value) -> Result<Self, HarnessError> {
+        Self::start_inner(
+            &super::workspace_bin("agentbox-tests", "fakellm")?,
+            script,
+            false,
+        )
+    }
+
     /// Like [`FakeLlm::start`] but listening on a unix socket in its temp dir.
     ///
     /// # Errors

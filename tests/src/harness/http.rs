@@ -83,3 +83,19 @@ pub fn parse_sse(body: &str) -> Vec<SseFrame> {
         })
         .collect()
 }
+
+/// `key` of every object in the JSON array `array`, as strings. An assertion helper: panics
+/// when `array` is not an array or a `key` is not a string.
+#[must_use]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+pub fn strs<'a>(array: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
+    let items = array.as_array().expect("an array");
+    items
+        .iter()
+        .map(|v| {
+            v[key]
+                .as_str()
+                .unwrap_or_else(|| panic!("{key} of {v} is not a string"))
+        })
+        .collect()
+}

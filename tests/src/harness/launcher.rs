@@ -81,6 +81,13 @@ impl Resp {
     pub fn code(&self) -> &str {
         self.body["error"]["code"].as_str().unwrap_or("")
     }
+
+    /// The error envelope's message; panics when the body has none.
+    pub fn message(&self) -> &str {
+        self.body["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error message in {}", self.raw))
+    }
 }
 
 /// A launcher process and its directories.
@@ -97,6 +104,14 @@ pub struct Launcher {
     child: Option<Child>,
     stderr: Arc<Mutex<String>>,
     _dir: tempfile::TempDir,
+}
+
+/// A fresh temp dir named `<prefix>…` with permission bits `mode` (root's temp dirs are 0700,
+/// which the service and agent users could not enter).
+pub fn temp_dir(prefix: &str, mode: u32) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+    dir
 }
 
 /// `git -c <each of config> -C dir args` as root (the operator) for test setup and inspection,
@@ -141,14 +156,17 @@ pub fn chown_tree(path: &Path, uid: u32) {
 }
 
 impl Launcher {
+    /// [`Launcher::start`] with the default options changed by `adjust`.
+    pub fn start_with(adjust: impl FnOnce(&mut Options)) -> Launcher {
+        let mut opts = Options::default();
+        adjust(&mut opts);
+        Launcher::start(opts)
+    }
+
     /// Starts a launcher with `opts` on a fresh temp dir.
     pub fn start(opts: Options) -> Launcher {
-        let dir = tempfile::Builder::new()
-            .prefix("launcher-it-")
-            .tempdir()
-            .unwrap();
         // The service and agent uids must be able to traverse down to their directories.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = temp_dir("launcher-it-", 0o755);
         let base = dir.path().to_path_buf();
         let data = base.join("data");
         let repos = base.join("repos");

@@ -30,9 +30,9 @@ mod process;
 pub use clients::{
     claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
 };
-pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, workspace_bin};
+pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, cargo, workspace_bin};
 pub use fake::FakeLlm;
-pub use http::{SseFrame, UnixResponse, parse_sse, unix_json, unix_request};
+pub use http::{SseFrame, UnixResponse, parse_sse, strs, unix_json, unix_request};
 pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
 
 use std::path::PathBuf;
@@ -82,6 +82,14 @@ pub enum HarnessError {
     /// One of our binaries could not be built.
     #[error("cannot build: {0}")]
     Build(String),
+    /// A cargo command failed.
+    #[error("cargo {args} failed:\n{stderr}")]
+    Cargo {
+        /// Its arguments.
+        args: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
     /// The real agent CLIs could not be located or installed.
     #[error("real agent CLIs unavailable: {0}")]
     Clients(String),
@@ -100,6 +108,16 @@ pub enum HarnessError {
         what: String,
         /// The parse error.
         source: serde_json::Error,
+    },
+    /// A request was answered with another status than the helper expects.
+    #[error("{what}: status {status}: {body}")]
+    Status {
+        /// The request.
+        what: String,
+        /// The status it got.
+        status: u16,
+        /// The body, as text.
+        body: String,
     },
     /// An HTTP exchange over a unix socket failed.
     #[error(transparent)]
