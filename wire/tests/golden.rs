@@ -447,6 +447,7 @@ golden!(responses_stream:
     tool_call_without_index,
     tool_call_without_name_fails,
     unreadable_chunk_fails,
+    unreadable_first_chunk_fails,
 );
 
 #[test]

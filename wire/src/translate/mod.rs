@@ -42,6 +42,7 @@
 //! `input_tokens = prompt_tokens - cached_tokens`, `cache_read_input_tokens = cached_tokens`,
 //! `cache_creation_input_tokens = 0`, `output_tokens = completion_tokens`.
 
+mod chunks;
 mod request;
 mod response;
 pub mod responses;
@@ -51,6 +52,7 @@ mod responses_stream;
 mod stream;
 mod tool_names;
 
+pub use chunks::StreamTranslator;
 pub use request::{anthropic_into_chat, anthropic_to_chat};
 pub use response::chat_to_anthropic_response;
 pub use responses::{ResponsesOptions, responses_usage_from_chat};
@@ -59,6 +61,8 @@ pub use responses_response::chat_to_responses_response;
 pub use responses_stream::ResponsesStreamTranslator;
 pub use stream::ChatStreamTranslator;
 pub use tool_names::{MAX_TOOL_NAME_LEN, ToolNames, upstream_tool_name};
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::anthropic::{MessagesRequest, StopReason, Usage};
 use crate::chat::{ChatUsage, FinishReason};
@@ -242,6 +246,20 @@ fn message_id_from(upstream: &str) -> String {
     } else {
         format!("msg_{upstream}")
     }
+}
+
+/// An id for an output started before the upstream named one (`msg_...`, `resp_...`): unique
+/// within the process and unlikely to repeat across restarts.
+fn fresh_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}_{:x}{n:04x}", now_nanos())
+}
+
+fn now_nanos() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
 }
 
 /// Makes a tool call id acceptable to Anthropic clients (`^[a-zA-Z0-9_-]+$`): some servers

@@ -59,10 +59,9 @@
 //! **Stream.** See [`ResponsesStreamTranslator`]: the same items and usage as the non-streamed
 //! translation, announced and closed in the event order Codex parses.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use serde_json::{Number, Value};
 
+use super::now_nanos;
 use crate::chat::ChatUsage;
 use crate::responses::{
     ContentPart, Extra, FunctionCallItem, InputTokensDetails, MessageItem, OutputItem,
@@ -133,18 +132,13 @@ pub(super) fn estimated_responses_usage(input_tokens: u64, output_bytes: usize) 
     }
 }
 
-/// A response id for a response whose upstream named none: unique within the process and
-/// unlikely to repeat across restarts.
-pub(super) fn fresh_response_id() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("resp_{:x}{n:04x}", now_nanos())
-}
-
-fn now_nanos() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos())
+/// The response id to report: the caller's, else the upstream's, else a fresh `resp_...` one.
+pub(super) fn response_id(opts: &ResponsesOptions, upstream: &str) -> String {
+    match &opts.response_id {
+        Some(id) => id.clone(),
+        None if !upstream.is_empty() => upstream.to_owned(),
+        None => super::fresh_id("resp"),
+    }
 }
 
 /// The Unix time to report: the caller's, else the upstream's `created`, else now.

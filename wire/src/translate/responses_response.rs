@@ -4,8 +4,8 @@
 use super::TranslateError;
 use super::response::{first_choice, reasoning_and_text};
 use super::responses::{
-    ResponsesOptions, created_at, estimated_responses_usage, fresh_response_id, function_call_item,
-    item_id, message_item, reasoning_item, responses_usage_from_chat,
+    ResponsesOptions, created_at, estimated_responses_usage, function_call_item, item_id,
+    message_item, reasoning_item, response_id, responses_usage_from_chat,
 };
 use crate::chat::ChatResponse;
 use crate::responses::{Extra, Response, ResponseStatus};
@@ -16,11 +16,7 @@ pub fn chat_to_responses_response(
     opts: &ResponsesOptions,
 ) -> Result<Response, TranslateError> {
     let mut message = first_choice(resp.choices)?.message;
-    let response_id = match &opts.response_id {
-        Some(id) => id.clone(),
-        None if !resp.id.is_empty() => resp.id,
-        None => fresh_response_id(),
-    };
+    let response_id = response_id(opts, &resp.id);
 
     let mut output = Vec::new();
     let mut output_bytes = 0;

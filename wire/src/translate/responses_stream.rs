@@ -1,5 +1,6 @@
 //! Streamed OpenAI chat completion chunks → OpenAI Responses stream events, as a state machine
-//! fed one chunk at a time.
+//! fed one chunk at a time: [`ResponsesStreamTranslator`], the shared chunk side
+//! ([`super::chunks`]) driving [`ToResponses`].
 //!
 //! Dressage buffered the whole upstream stream and replayed it at the end; this translator
 //! streams as the chunks arrive, in the event order of OpenAI's own Responses streams, which is
@@ -30,13 +31,15 @@
 
 use serde_json::Value;
 
+use super::chunks::{
+    EndGate, Failure, Head, Prose, Render, StreamTranslator, ToolSlot, tool_piece, unnamed_call,
+};
 use super::responses::{
-    ResponsesOptions, created_at, estimated_responses_usage, fresh_response_id, function_call_item,
-    item_id, message_item, output_text_part, reasoning_item, responses_usage_from_chat,
+    ResponsesOptions, created_at, estimated_responses_usage, function_call_item, item_id,
+    message_item, output_text_part, reasoning_item, response_id, responses_usage_from_chat,
     summary_text_part,
 };
-use super::stream::{Data, EndGate, Prose, ToolSlot, prose_pieces, read_data, tool_piece};
-use crate::chat::{ChatChunk, ToolCallDelta};
+use crate::chat::ToolCallDelta;
 use crate::error::responses_error_from_openai;
 use crate::responses::{
     Extra, OutputItem, Response, ResponseStatus, ResponseStreamEvent, ResponsesUsage,
@@ -59,159 +62,184 @@ enum ItemKind {
     Call { call_id: String, name: String },
 }
 
-/// Translates one streamed chat completion into Responses stream events.
-///
-/// Feed it every chunk with [`push_chunk`](Self::push_chunk) (or every SSE `data:` payload
-/// with [`push_data`](Self::push_data), which also understands `[DONE]` and bad JSON), then
-/// call [`finish`](Self::finish) at end of stream. Each call returns the events to send, in
-/// order; [`ResponseStreamEvent::write_sse`] frames them. Once the response has completed or
-/// failed, further input is ignored.
-#[derive(Debug)]
-pub struct ResponsesStreamTranslator {
+/// Translates one streamed chat completion into Responses stream events; see
+/// [`StreamTranslator`] for how to feed it. [`ResponseStreamEvent::write_sse`] frames the
+/// events. [`start`](StreamTranslator::start) sends `response.created` and
+/// `response.in_progress` with [`ResponsesOptions::response_id`] or a fresh id.
+pub type ResponsesStreamTranslator = StreamTranslator<ToResponses>;
+
+/// Responses stream events, as the module docs say.
+#[derive(Debug, Default)]
+pub struct ToResponses {
     opts: ResponsesOptions,
-    started: bool,
-    done: bool,
     sequence: u64,
     response_id: String,
     model: String,
-    created_at: serde_json::Number,
+    /// Known once the output started.
+    created_at: Option<serde_json::Number>,
     items: Vec<Item>,
     /// The reasoning or message item receiving deltas, by position in `items`.
     prose: Option<(Prose, usize)>,
     /// Each call's position in `items` once opened.
     tools: Vec<ToolSlot<Option<usize>>>,
-    end: EndGate,
-    output_bytes: usize,
-    final_usage: Option<ResponsesUsage>,
 }
 
-impl ResponsesStreamTranslator {
-    pub fn new(opts: ResponsesOptions) -> Self {
+impl From<ResponsesOptions> for ToResponses {
+    fn from(opts: ResponsesOptions) -> Self {
         Self {
             opts,
-            started: false,
-            done: false,
-            sequence: 0,
-            response_id: String::new(),
-            model: String::new(),
-            created_at: serde_json::Number::from(0u64),
-            items: Vec::new(),
-            prose: None,
-            tools: Vec::new(),
-            end: EndGate::default(),
-            output_bytes: 0,
-            final_usage: None,
+            ..Self::default()
         }
     }
+}
 
-    /// Emits `response.created` and `response.in_progress` now, before the first chunk (e.g. as
-    /// soon as the upstream answered 200, so a slow prefill does not trip the client's idle
-    /// timeout). Idempotent. The response id is [`ResponsesOptions::response_id`] or a fresh
-    /// one.
-    pub fn start(&mut self) -> Vec<ResponseStreamEvent> {
-        let mut out = Vec::new();
-        if !self.started && !self.done {
-            self.emit_start("", String::new(), None, &mut out);
-        }
-        out
+impl Render for ToResponses {
+    type Event = ResponseStreamEvent;
+    type Usage = ResponsesUsage;
+    const FAILS_INSIDE_OUTPUT: bool = true;
+
+    fn begin(&mut self, head: Option<Head<'_>>, out: &mut Vec<ResponseStreamEvent>) {
+        let (upstream_id, upstream_model, upstream_created) = match head {
+            Some(head) => (head.id, head.model, head.created),
+            None => ("", String::new(), None),
+        };
+        self.response_id = response_id(&self.opts, upstream_id);
+        self.model = self.opts.model.clone().unwrap_or(upstream_model);
+        self.created_at = Some(created_at(&self.opts, upstream_created));
+        let response = self.response(ResponseStatus::InProgress, Vec::new());
+        self.push(
+            ResponseStreamEvent::Created {
+                response: response.clone(),
+                extra: Extra::new(),
+            },
+            out,
+        );
+        self.push(
+            ResponseStreamEvent::InProgress {
+                response,
+                extra: Extra::new(),
+            },
+            out,
+        );
     }
 
-    /// Whether the response has completed (`response.completed`) or failed
-    /// (`response.failed`).
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
-    /// The usage reported in `response.completed`, once sent.
-    pub fn final_usage(&self) -> Option<&ResponsesUsage> {
-        self.final_usage.as_ref()
-    }
-
-    /// Translates one SSE `data:` payload: `[DONE]` ends the stream, JSON is a chunk, anything
-    /// else is an upstream failure reported as `response.failed`.
-    pub fn push_data(&mut self, data: &str) -> Vec<ResponseStreamEvent> {
-        match read_data(data) {
-            Data::Done => self.finish(),
-            Data::Chunk(chunk) => self.push_chunk(*chunk),
-            Data::Unreadable(message) => self.fail("server_error", message),
-        }
-    }
-
-    /// Translates one chunk.
-    pub fn push_chunk(&mut self, chunk: ChatChunk) -> Vec<ResponseStreamEvent> {
-        let mut out = Vec::new();
-        if self.done {
-            return out;
-        }
-        let ChatChunk {
-            id,
-            model,
-            choices,
-            usage,
-            error,
-            extra,
-        } = chunk;
-        if !self.started {
-            self.emit_start(&id, model, extra.get("created"), &mut out);
-        } else if self.model.is_empty() {
-            // Started before the upstream named its model: report it from here on.
+    fn later_model(&mut self, model: String) {
+        // Started before the upstream named its model: report it from here on.
+        if self.model.is_empty() {
             self.model = model;
         }
-        if let Some(error) = error.filter(|e| !e.is_null()) {
-            let (code, message) = responses_error_from_openai(&error);
-            out.extend(self.fail(&code, message));
-            return out;
-        }
-        let mut finish = None;
-        if let Some(choice) = choices.into_iter().find(|c| c.index == 0) {
-            let mut delta = choice.delta;
-            for (kind, text) in prose_pieces(&mut delta) {
-                self.prose_delta(kind, text, &mut out);
-            }
-            for call in delta.tool_calls.unwrap_or_default() {
-                self.tool_delta(call, &mut out);
-            }
-            finish = choice.finish_reason;
-        }
-        if self.end.record(usage, finish) {
-            self.emit_tail(&mut out);
-        }
-        out
     }
 
-    /// Ends the stream (upstream EOF or `[DONE]`): completes the response if a finish reason
-    /// arrived, otherwise reports `response.failed`. Idempotent.
-    pub fn finish(&mut self) -> Vec<ResponseStreamEvent> {
-        let mut out = Vec::new();
-        if self.done {
-            return out;
-        }
-        if !self.started {
-            self.emit_start("", String::new(), None, &mut out);
-            out.extend(self.fail(
-                "server_error",
-                "upstream ended the stream without sending a response".to_owned(),
-            ));
-            return out;
-        }
-        if self.end.finish.is_none() {
-            return self.fail(
-                "server_error",
-                "upstream ended the stream before the response was complete".to_owned(),
-            );
-        }
-        self.emit_tail(&mut out);
-        out
+    fn prose(&mut self, kind: Prose, text: String, out: &mut Vec<ResponseStreamEvent>) {
+        let pos = match self.prose {
+            Some((open, pos)) if open == kind => pos,
+            Some(_) | None => {
+                self.close_prose(out);
+                let item = match kind {
+                    Prose::Thinking => ItemKind::Reasoning,
+                    Prose::Text => ItemKind::Message,
+                };
+                let pos = self.open_item(item, out);
+                self.prose = Some((kind, pos));
+                pos
+            }
+        };
+        self.items[pos].text.push_str(&text);
+        let item_id = self.items[pos].id.clone();
+        let output_index = index(pos);
+        let event = match kind {
+            Prose::Thinking => ResponseStreamEvent::ReasoningSummaryTextDelta {
+                item_id,
+                output_index,
+                summary_index: 0,
+                delta: text,
+                extra: Extra::new(),
+            },
+            Prose::Text => ResponseStreamEvent::OutputTextDelta {
+                item_id,
+                output_index,
+                content_index: 0,
+                delta: text,
+                extra: logprobs(),
+            },
+        };
+        self.push(event, out);
     }
 
-    /// Reports a failure: `response.failed` with `error {code, message}` and the items that
-    /// were complete. Open items stay open.
-    fn fail(&mut self, code: &str, message: String) -> Vec<ResponseStreamEvent> {
-        let mut out = Vec::new();
-        if self.done {
-            return out;
+    fn tool(
+        &mut self,
+        call: ToolCallDelta,
+        out: &mut Vec<ResponseStreamEvent>,
+    ) -> Result<(), String> {
+        let (slot, args) = tool_piece(&mut self.tools, call);
+        if !args.is_empty() {
+            match self.tools[slot].state {
+                Some(pos) => self.arguments_delta(pos, args, out),
+                None => self.tools[slot].pending.push_str(&args),
+            }
         }
-        self.done = true;
+        if self.tools[slot].state.is_none()
+            && let Some(name) = self.tools[slot].name.clone()
+        {
+            self.close_prose(out);
+            let s = &self.tools[slot];
+            let call_id = match &s.id {
+                Some(id) => id.clone(),
+                None => format!("call_{}", s.key),
+            };
+            let pos = self.open_item(ItemKind::Call { call_id, name }, out);
+            let s = &mut self.tools[slot];
+            s.state = Some(pos);
+            let pending = std::mem::take(&mut s.pending);
+            if !pending.is_empty() {
+                self.arguments_delta(pos, pending, out);
+            }
+        }
+        Ok(())
+    }
+
+    fn tail(
+        &mut self,
+        end: &EndGate,
+        out: &mut Vec<ResponseStreamEvent>,
+    ) -> Result<ResponsesUsage, String> {
+        unnamed_call(&self.tools, Option::is_some)?;
+        self.prose = None;
+        // A response always says something: an empty message when there is neither text nor a
+        // call (as the non-streamed translation and Dressage do).
+        if !self
+            .items
+            .iter()
+            .any(|i| matches!(i.kind, ItemKind::Message | ItemKind::Call { .. }))
+        {
+            self.open_item(ItemKind::Message, out);
+        }
+        for pos in 0..self.items.len() {
+            self.close_item(pos, out);
+        }
+        let usage = match &end.usage {
+            Some(u) => responses_usage_from_chat(u),
+            None => estimated_responses_usage(self.opts.input_tokens_estimate, end.output_bytes),
+        };
+        let mut response = self.response(ResponseStatus::Completed, self.closed_items());
+        response.usage = Some(usage.clone());
+        self.push(
+            ResponseStreamEvent::Completed {
+                response,
+                extra: Extra::new(),
+            },
+            out,
+        );
+        Ok(usage)
+    }
+
+    /// `response.failed` with `error {code, message}` and the items that were complete. Open
+    /// items stay open.
+    fn fail(&mut self, why: Failure<'_>, out: &mut Vec<ResponseStreamEvent>) {
+        let (code, message) = match why {
+            Failure::Upstream(error) => responses_error_from_openai(error),
+            Failure::Broken(message) => ("server_error".to_owned(), message),
+        };
         let mut response = self.response(ResponseStatus::Failed, self.closed_items());
         response.error = Some(serde_json::json!({"code": code, "message": message}));
         self.push(
@@ -219,11 +247,12 @@ impl ResponsesStreamTranslator {
                 response,
                 extra: Extra::new(),
             },
-            &mut out,
+            out,
         );
-        out
     }
+}
 
+impl ToResponses {
     /// Appends `event` with the next sequence number.
     fn push(&mut self, mut event: ResponseStreamEvent, out: &mut Vec<ResponseStreamEvent>) {
         let extra = match &mut event {
@@ -256,44 +285,12 @@ impl ResponsesStreamTranslator {
     fn response(&self, status: ResponseStatus, output: Vec<OutputItem>) -> Response {
         Response {
             id: self.response_id.clone(),
-            created_at: Some(self.created_at.clone()),
+            created_at: self.created_at.clone(),
             status: Some(status),
             model: self.model.clone(),
             output,
             ..Response::default()
         }
-    }
-
-    fn emit_start(
-        &mut self,
-        upstream_id: &str,
-        upstream_model: String,
-        upstream_created: Option<&Value>,
-        out: &mut Vec<ResponseStreamEvent>,
-    ) {
-        self.started = true;
-        self.response_id = match &self.opts.response_id {
-            Some(id) => id.clone(),
-            None if !upstream_id.is_empty() => upstream_id.to_owned(),
-            None => fresh_response_id(),
-        };
-        self.model = self.opts.model.clone().unwrap_or(upstream_model);
-        self.created_at = created_at(&self.opts, upstream_created);
-        let response = self.response(ResponseStatus::InProgress, Vec::new());
-        self.push(
-            ResponseStreamEvent::Created {
-                response: response.clone(),
-                extra: Extra::new(),
-            },
-            out,
-        );
-        self.push(
-            ResponseStreamEvent::InProgress {
-                response,
-                extra: Extra::new(),
-            },
-            out,
-        );
     }
 
     /// Opens an item: `output_item.added` with its in-progress form. Returns its position.
@@ -454,74 +451,6 @@ impl ResponsesStreamTranslator {
         }
     }
 
-    fn prose_delta(&mut self, kind: Prose, text: String, out: &mut Vec<ResponseStreamEvent>) {
-        if text.is_empty() {
-            return;
-        }
-        self.output_bytes += text.len();
-        let pos = match self.prose {
-            Some((open, pos)) if open == kind => pos,
-            Some(_) | None => {
-                self.close_prose(out);
-                let item = match kind {
-                    Prose::Thinking => ItemKind::Reasoning,
-                    Prose::Text => ItemKind::Message,
-                };
-                let pos = self.open_item(item, out);
-                self.prose = Some((kind, pos));
-                pos
-            }
-        };
-        self.items[pos].text.push_str(&text);
-        let item_id = self.items[pos].id.clone();
-        let output_index = index(pos);
-        let event = match kind {
-            Prose::Thinking => ResponseStreamEvent::ReasoningSummaryTextDelta {
-                item_id,
-                output_index,
-                summary_index: 0,
-                delta: text,
-                extra: Extra::new(),
-            },
-            Prose::Text => ResponseStreamEvent::OutputTextDelta {
-                item_id,
-                output_index,
-                content_index: 0,
-                delta: text,
-                extra: logprobs(),
-            },
-        };
-        self.push(event, out);
-    }
-
-    fn tool_delta(&mut self, call: ToolCallDelta, out: &mut Vec<ResponseStreamEvent>) {
-        let (slot, args) = tool_piece(&mut self.tools, call);
-        if !args.is_empty() {
-            self.output_bytes += args.len();
-            match self.tools[slot].state {
-                Some(pos) => self.arguments_delta(pos, args, out),
-                None => self.tools[slot].pending.push_str(&args),
-            }
-        }
-        if self.tools[slot].state.is_none()
-            && let Some(name) = self.tools[slot].name.clone()
-        {
-            self.close_prose(out);
-            let s = &self.tools[slot];
-            let call_id = match &s.id {
-                Some(id) => id.clone(),
-                None => format!("call_{}", s.key),
-            };
-            let pos = self.open_item(ItemKind::Call { call_id, name }, out);
-            let s = &mut self.tools[slot];
-            s.state = Some(pos);
-            let pending = std::mem::take(&mut s.pending);
-            if !pending.is_empty() {
-                self.arguments_delta(pos, pending, out);
-            }
-        }
-    }
-
     fn arguments_delta(&mut self, pos: usize, delta: String, out: &mut Vec<ResponseStreamEvent>) {
         self.items[pos].text.push_str(&delta);
         let item_id = self.items[pos].id.clone();
@@ -534,49 +463,6 @@ impl ResponsesStreamTranslator {
             },
             out,
         );
-    }
-
-    fn emit_tail(&mut self, out: &mut Vec<ResponseStreamEvent>) {
-        if let Some(slot) = self
-            .tools
-            .iter()
-            .find(|s| s.state.is_none() && !s.is_empty())
-        {
-            let message = format!(
-                "upstream sent tool call {} without a function name",
-                slot.key
-            );
-            out.extend(self.fail("server_error", message));
-            return;
-        }
-        self.prose = None;
-        // A response always says something: an empty message when there is neither text nor a
-        // call (as the non-streamed translation and Dressage do).
-        if !self
-            .items
-            .iter()
-            .any(|i| matches!(i.kind, ItemKind::Message | ItemKind::Call { .. }))
-        {
-            self.open_item(ItemKind::Message, out);
-        }
-        for pos in 0..self.items.len() {
-            self.close_item(pos, out);
-        }
-        let usage = match &self.end.usage {
-            Some(u) => responses_usage_from_chat(u),
-            None => estimated_responses_usage(self.opts.input_tokens_estimate, self.output_bytes),
-        };
-        let mut response = self.response(ResponseStatus::Completed, self.closed_items());
-        response.usage = Some(usage.clone());
-        self.push(
-            ResponseStreamEvent::Completed {
-                response,
-                extra: Extra::new(),
-            },
-            out,
-        );
-        self.final_usage = Some(usage);
-        self.done = true;
     }
 }
 
