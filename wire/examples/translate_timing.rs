@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::chat::ChatChunk;
 use agentbox_wire::translate::{
-    ChatOptions, ChatStreamTranslator, ResponseOptions, anthropic_into_chat, anthropic_to_chat,
+    ChatOptions, ChatStreamTranslator, ResponseOptions, anthropic_into_chat,
 };
 use agentbox_wire::usage::UsageMeter;
 use serde_json::{Value, json};
@@ -143,7 +143,8 @@ fn main() {
         max_output_tokens: Some(16384),
         ..ChatOptions::default()
     };
-    let chat_bytes = serde_json::to_vec(&anthropic_to_chat(&req, &opts).unwrap()).unwrap();
+    let chat = anthropic_into_chat(req.clone(), &opts).unwrap();
+    let chat_bytes = serde_json::to_vec(&chat).unwrap();
     println!(
         "request: {} bytes Anthropic, {} messages, {} tools -> {} bytes chat\n",
         body.len(),
@@ -159,15 +160,10 @@ fn main() {
     })
     .row("parse Anthropic request");
     Stats::measure(n, || {
-        std::hint::black_box(anthropic_to_chat(&req, &opts).unwrap());
-    })
-    .row("anthropic_to_chat (borrowed request)");
-    Stats::measure(n, || {
         let owned = req.clone();
         std::hint::black_box(anthropic_into_chat(owned, &opts).unwrap());
     })
     .row("clone + anthropic_into_chat");
-    let chat = anthropic_to_chat(&req, &opts).unwrap();
     Stats::measure(n, || {
         std::hint::black_box(serde_json::to_vec(&chat).unwrap());
     })

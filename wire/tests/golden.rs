@@ -27,7 +27,8 @@ use agentbox_wire::error::anthropic_error_from_openai;
 use agentbox_wire::responses::ResponsesRequest;
 use agentbox_wire::translate::{
     ChatOptions, InlineSystem, MaxTokensField, ResponseOptions, ResponsesOptions, ToolNames,
-    anthropic_to_chat, chat_to_anthropic_response, chat_to_responses_response, responses_to_chat,
+    anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
+    responses_into_chat,
 };
 use agentbox_wire::usage::{BodyKind, MeterReport, UsageMeter};
 use serde_json::{Value, json};
@@ -150,7 +151,7 @@ fn actual(kind: &str, dir: &Path) -> Value {
     match kind {
         "request" => {
             let req: MessagesRequest = input(dir);
-            let chat = anthropic_to_chat(&req, &chat_options(&opts)).unwrap();
+            let chat = anthropic_into_chat(req, &chat_options(&opts)).unwrap();
             serde_json::to_value(chat).unwrap()
         }
         "response" => {
@@ -170,7 +171,7 @@ fn actual(kind: &str, dir: &Path) -> Value {
         }
         "responses_request" => {
             let req: ResponsesRequest = input(dir);
-            match responses_to_chat(&req, &chat_options(&opts)) {
+            match responses_into_chat(req, &chat_options(&opts)) {
                 Ok(chat) => serde_json::to_value(chat).unwrap(),
                 Err(e) => json!({"error": e.to_string()}),
             }

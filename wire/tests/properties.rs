@@ -16,8 +16,8 @@ use agentbox_wire::responses::{ResponseStreamEvent, ResponsesRequest};
 use agentbox_wire::sse::{self, Event};
 use agentbox_wire::translate::{
     ChatOptions, ChatStreamTranslator, ResponseOptions, ResponsesOptions,
-    ResponsesStreamTranslator, anthropic_to_chat, chat_to_anthropic_response,
-    chat_to_responses_response, responses_to_chat,
+    ResponsesStreamTranslator, anthropic_into_chat, chat_to_anthropic_response,
+    chat_to_responses_response, responses_into_chat,
 };
 use agentbox_wire::usage::UsageMeter;
 use proptest::collection::{btree_map, vec};
@@ -660,7 +660,7 @@ proptest! {
     #[test]
     fn translated_responses_requests_keep_every_call_and_output(v in responses_request()) {
         let req: ResponsesRequest = serde_json::from_value(v.clone()).unwrap();
-        let chat = responses_to_chat(&req, &ChatOptions::default()).unwrap();
+        let chat = responses_into_chat(req, &ChatOptions::default()).unwrap();
         let items = v["input"].as_array().unwrap();
         let ids_of = |kind: &str| -> Vec<String> {
             items.iter().filter(|i| i["type"] == kind)
@@ -732,7 +732,7 @@ proptest! {
         prop_assume!(blocks_of("assistant", "tool_result") == 0 && blocks_of("user", "tool_use") == 0);
         let results = blocks_of("user", "tool_result");
         let req: MessagesRequest = serde_json::from_value(v).unwrap();
-        let chat = anthropic_to_chat(&req, &ChatOptions::default()).unwrap();
+        let chat = anthropic_into_chat(req, &ChatOptions::default()).unwrap();
         let tools = chat.messages.iter().filter(|m| matches!(m, ChatMessage::Tool { .. })).count();
         prop_assert_eq!(tools, results);
         // No mid-conversation system message survives folding.
@@ -760,7 +760,7 @@ fn tool_results_follow_their_calls_in_a_claude_code_shaped_conversation() {
                 {"type": "tool_result", "tool_use_id": "b", "content": "B"}]}
         ]}))
         .unwrap();
-    let chat = anthropic_to_chat(&req, &ChatOptions::default()).unwrap();
+    let chat = anthropic_into_chat(req, &ChatOptions::default()).unwrap();
     let v = serde_json::to_value(&chat.messages).unwrap();
     assert_eq!(v[1]["role"], "assistant");
     assert_eq!(

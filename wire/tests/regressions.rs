@@ -13,7 +13,7 @@ use agentbox_wire::chat::{ChatMessage, ChatRequest, ChatResponse, ChatToolChoice
 use agentbox_wire::error::{anthropic_error_for_status, error_type_for_status};
 use agentbox_wire::sse;
 use agentbox_wire::translate::{
-    ChatOptions, ChatStreamTranslator, ResponseOptions, anthropic_to_chat,
+    ChatOptions, ChatStreamTranslator, ResponseOptions, anthropic_into_chat,
     chat_to_anthropic_response,
 };
 use agentbox_wire::usage::UsageMeter;
@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 fn to_chat(req: Value) -> ChatRequest {
     let req: MessagesRequest = serde_json::from_value(req).unwrap();
-    anthropic_to_chat(&req, &ChatOptions::default()).unwrap()
+    anthropic_into_chat(req, &ChatOptions::default()).unwrap()
 }
 
 fn chat_json(req: Value) -> Value {

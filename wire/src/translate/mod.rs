@@ -1,13 +1,13 @@
 //! Anthropic Messages ⇄ OpenAI Chat Completions, for the bridge's `provider = "openai"` models.
 //!
 //! Entry points:
-//! - [`anthropic_to_chat`] / [`anthropic_into_chat`]: the request.
+//! - [`anthropic_into_chat`]: the request.
 //! - [`chat_to_anthropic_response`]: a non-streamed response.
 //! - [`ChatStreamTranslator`]: a streamed response, chunk by chunk.
 //! - [`crate::error::anthropic_error_from_openai`]: an error response.
 //!
 //! OpenAI Responses ⇄ chat completions (for Codex, through the blackbox proxy) lives in
-//! [`responses`]: [`responses_to_chat`], [`chat_to_responses_response`],
+//! [`responses`]: [`responses_into_chat`], [`chat_to_responses_response`],
 //! [`ResponsesStreamTranslator`].
 //!
 //! The rules, each pinned by a golden test under `wire/tests/golden/`:
@@ -53,10 +53,10 @@ mod stream;
 mod tool_names;
 
 pub use chunks::StreamTranslator;
-pub use request::{anthropic_into_chat, anthropic_to_chat};
+pub use request::anthropic_into_chat;
 pub use response::chat_to_anthropic_response;
 pub use responses::{ResponsesOptions, responses_usage_from_chat};
-pub use responses_request::{responses_into_chat, responses_to_chat};
+pub use responses_request::responses_into_chat;
 pub use responses_response::chat_to_responses_response;
 pub use responses_stream::ResponsesStreamTranslator;
 pub use stream::ChatStreamTranslator;
@@ -92,7 +92,7 @@ pub enum InlineSystem {
 }
 
 /// Settings of a request translation, from the bridge's model catalogue entry. A Responses
-/// request ([`responses_to_chat`]) reads `model`, `max_output_tokens`, `max_tokens_field`,
+/// request ([`responses_into_chat`]) reads `model`, `max_output_tokens`, `max_tokens_field`,
 /// `include_usage`, `reasoning_passback` and `reasoning_effort_from_thinking`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatOptions {

@@ -16,16 +16,8 @@ use crate::chat::{
 };
 use crate::normalize;
 
-/// Translates a borrowed request. Clones what it keeps; use [`anthropic_into_chat`] when the
-/// request is not needed afterwards, which moves the large strings instead.
-pub fn anthropic_to_chat(
-    req: &MessagesRequest,
-    opts: &ChatOptions,
-) -> Result<ChatRequest, TranslateError> {
-    anthropic_into_chat(req.clone(), opts)
-}
-
-/// Translates a request, consuming it.
+/// Translates a request, consuming it (its large strings move into the chat request; clone a
+/// request that is needed afterwards).
 pub fn anthropic_into_chat(
     mut req: MessagesRequest,
     opts: &ChatOptions,

@@ -2,12 +2,11 @@
 //! `POST /v1/responses`, the router only chat completions.
 //!
 //! Entry points:
-//! - [`responses_to_chat`] / [`responses_into_chat`]: the request.
+//! - [`responses_into_chat`]: the request.
 //! - [`chat_to_responses_response`]: a non-streamed response.
 //! - [`ResponsesStreamTranslator`]: a streamed response, chunk by chunk.
 //!
 //! [`ResponsesStreamTranslator`]: super::ResponsesStreamTranslator
-//! [`responses_to_chat`]: super::responses_to_chat
 //! [`responses_into_chat`]: super::responses_into_chat
 //! [`chat_to_responses_response`]: super::chat_to_responses_response
 //! [`ChatOptions::reasoning_passback`]: super::ChatOptions::reasoning_passback

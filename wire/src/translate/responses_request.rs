@@ -15,15 +15,6 @@ use crate::responses::{
 };
 use crate::serde_util::TextOrList;
 
-/// Translates a borrowed request. Clones what it keeps; use [`responses_into_chat`] when the
-/// request is not needed afterwards.
-pub fn responses_to_chat(
-    req: &ResponsesRequest,
-    opts: &ChatOptions,
-) -> Result<ChatRequest, TranslateError> {
-    responses_into_chat(req.clone(), opts)
-}
-
 /// Translates a request, consuming it.
 pub fn responses_into_chat(
     req: ResponsesRequest,
