@@ -149,7 +149,10 @@ fn translate_message(
             Ok(())
         }
         Role::User => translate_user(index, message.content, out),
-        Role::Assistant => translate_assistant(index, message.content, opts, out),
+        Role::Assistant => {
+            out.push(translate_assistant(index, message.content, opts)?);
+            Ok(())
+        }
     }
 }
 
@@ -379,22 +382,14 @@ fn tool_result_text(
     Ok(text)
 }
 
+/// An assistant turn: always one chat message.
 fn translate_assistant(
     index: usize,
     content: MessageContent,
     opts: &ChatOptions,
-    out: &mut Vec<ChatMessage>,
-) -> Result<(), TranslateError> {
+) -> Result<ChatMessage, TranslateError> {
     let blocks = match content {
-        MessageContent::Text(text) => {
-            out.push(ChatMessage::Assistant {
-                content: Some(ChatContent::Text(text)),
-                tool_calls: None,
-                reasoning_content: None,
-                extra: Extra::new(),
-            });
-            return Ok(());
-        }
+        MessageContent::Text(text) => vec![ContentBlock::text(text)],
         MessageContent::List(blocks) => blocks,
     };
     let mut text: Option<String> = None;
@@ -457,13 +452,12 @@ fn translate_assistant(
         (None, false) => None,
         (None, true) => Some(ChatContent::Text(String::new())),
     };
-    out.push(ChatMessage::Assistant {
+    Ok(ChatMessage::Assistant {
         content,
         tool_calls: (!calls.is_empty()).then_some(calls),
         reasoning_content: reasoning.filter(|r| !r.is_empty()),
         extra: Extra::new(),
-    });
-    Ok(())
+    })
 }
 
 fn translate_tool(tool: Tool) -> ChatTool {
