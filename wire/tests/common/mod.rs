@@ -159,164 +159,13 @@ fn item_id(item: &OutputItem) -> String {
     }
 }
 
+/// What an item-level event does to its item.
 #[derive(Debug, Clone, Copy)]
 enum Step {
     PartAdded,
     Delta,
     TextDone,
     PartDone,
-}
-
-/// An item-level event as (step, item kind, item id, output index, content or summary index,
-/// its text or delta).
-fn item_step(e: &ResponseStreamEvent) -> (Step, &'static str, &str, u32, u32, &str) {
-    use ResponseStreamEvent as E;
-    match e {
-        E::ContentPartAdded {
-            item_id,
-            output_index,
-            content_index,
-            ..
-        } => (
-            Step::PartAdded,
-            "message",
-            item_id,
-            *output_index,
-            *content_index,
-            "",
-        ),
-        E::ReasoningSummaryPartAdded {
-            item_id,
-            output_index,
-            summary_index,
-            ..
-        } => (
-            Step::PartAdded,
-            "reasoning",
-            item_id,
-            *output_index,
-            *summary_index,
-            "",
-        ),
-        E::OutputTextDelta {
-            item_id,
-            output_index,
-            content_index,
-            delta,
-            ..
-        } => (
-            Step::Delta,
-            "message",
-            item_id,
-            *output_index,
-            *content_index,
-            delta,
-        ),
-        E::ReasoningSummaryTextDelta {
-            item_id,
-            output_index,
-            summary_index,
-            delta,
-            ..
-        } => (
-            Step::Delta,
-            "reasoning",
-            item_id,
-            *output_index,
-            *summary_index,
-            delta,
-        ),
-        E::FunctionCallArgumentsDelta {
-            item_id,
-            output_index,
-            delta,
-            ..
-        } => (
-            Step::Delta,
-            "function_call",
-            item_id,
-            *output_index,
-            0,
-            delta,
-        ),
-        E::OutputTextDone {
-            item_id,
-            output_index,
-            content_index,
-            text,
-            ..
-        } => (
-            Step::TextDone,
-            "message",
-            item_id,
-            *output_index,
-            *content_index,
-            text,
-        ),
-        E::ReasoningSummaryTextDone {
-            item_id,
-            output_index,
-            summary_index,
-            text,
-            ..
-        } => (
-            Step::TextDone,
-            "reasoning",
-            item_id,
-            *output_index,
-            *summary_index,
-            text,
-        ),
-        E::FunctionCallArgumentsDone {
-            item_id,
-            output_index,
-            arguments,
-            ..
-        } => (
-            Step::TextDone,
-            "function_call",
-            item_id,
-            *output_index,
-            0,
-            arguments,
-        ),
-        E::ContentPartDone {
-            item_id,
-            output_index,
-            content_index,
-            ..
-        } => (
-            Step::PartDone,
-            "message",
-            item_id,
-            *output_index,
-            *content_index,
-            "",
-        ),
-        E::ReasoningSummaryPartDone {
-            item_id,
-            output_index,
-            summary_index,
-            ..
-        } => (
-            Step::PartDone,
-            "reasoning",
-            item_id,
-            *output_index,
-            *summary_index,
-            "",
-        ),
-        E::Created { .. }
-        | E::InProgress { .. }
-        | E::Completed { .. }
-        | E::Failed { .. }
-        | E::Incomplete { .. }
-        | E::OutputItemAdded { .. }
-        | E::OutputItemDone { .. }
-        | E::ReasoningTextDelta { .. }
-        | E::Error { .. }
-        | E::Other(_) => panic!("not an item-level event: {e:?}"),
-    }
 }
 
 /// Checks a Responses stream against the order OpenAI streams and Codex parse, and returns the
@@ -330,6 +179,7 @@ fn item_step(e: &ResponseStreamEvent) -> (Step, &'static str, &str, u32, u32, &s
 /// - each done text equals its deltas joined, and the done item carries it;
 /// - `response.completed`'s output is every done item, in `output_index` order.
 pub fn check_responses_stream(events: &[ResponseStreamEvent]) -> Response {
+    use ResponseStreamEvent as E;
     #[derive(Default)]
     struct Open {
         id: String,
@@ -361,144 +211,267 @@ pub fn check_responses_stream(events: &[ResponseStreamEvent]) -> Response {
             }
             pos
         };
-        match e {
-            ResponseStreamEvent::Created { response, .. } if i == 0 => {
-                assert_eq!(response.output.len(), 0);
-            }
-            ResponseStreamEvent::InProgress { .. } if i == 1 => {}
-            ResponseStreamEvent::Created { .. } | ResponseStreamEvent::InProgress { .. } => {
-                fail(i, "lifecycle event out of place")
-            }
-            _ if i < 2 => fail(i, "stream does not open with created, in_progress"),
-            ResponseStreamEvent::OutputItemAdded {
-                output_index, item, ..
-            } => {
-                if *output_index as usize != items.len() {
-                    fail(i, "output_index not contiguous");
+        // An item-level event: (step, item kind, item id, output index, content or summary
+        // index, its text or delta); the others are handled in their arm.
+        let (step, kind, id, output_index, sub_index, text): (Step, &str, &str, u32, u32, &str) =
+            match e {
+                E::Created { response, .. } if i == 0 => {
+                    assert_eq!(response.output.len(), 0);
+                    continue;
                 }
-                let (kind, text) = match item {
-                    OutputItem::Message(m) => {
-                        assert_eq!(m.status.as_deref(), Some("in_progress"));
-                        ("message", String::new())
+                E::InProgress { .. } if i == 1 => continue,
+                E::Created { .. } | E::InProgress { .. } => fail(i, "lifecycle event out of place"),
+                _ if i < 2 => fail(i, "stream does not open with created, in_progress"),
+                E::OutputItemAdded {
+                    output_index, item, ..
+                } => {
+                    if *output_index as usize != items.len() {
+                        fail(i, "output_index not contiguous");
                     }
-                    OutputItem::FunctionCall(c) => {
-                        assert_eq!(c.status.as_deref(), Some("in_progress"));
-                        assert!(!c.name.is_empty() && !c.call_id.is_empty());
-                        ("function_call", c.arguments.clone())
-                    }
-                    OutputItem::Reasoning(_) => ("reasoning", String::new()),
-                    OutputItem::Other(_) => fail(i, "unknown item type"),
-                };
-                assert!(text.is_empty(), "added item already has content");
-                items.push(Open {
-                    id: item_id(item),
-                    kind,
-                    part: kind == "function_call",
-                    ..Open::default()
-                });
-            }
-            ResponseStreamEvent::ContentPartAdded { .. }
-            | ResponseStreamEvent::ReasoningSummaryPartAdded { .. }
-            | ResponseStreamEvent::OutputTextDelta { .. }
-            | ResponseStreamEvent::ReasoningSummaryTextDelta { .. }
-            | ResponseStreamEvent::FunctionCallArgumentsDelta { .. }
-            | ResponseStreamEvent::OutputTextDone { .. }
-            | ResponseStreamEvent::ReasoningSummaryTextDone { .. }
-            | ResponseStreamEvent::FunctionCallArgumentsDone { .. }
-            | ResponseStreamEvent::ContentPartDone { .. }
-            | ResponseStreamEvent::ReasoningSummaryPartDone { .. } => {
-                let (step, kind, id, output_index, sub_index, text) = item_step(e);
-                let p = open(&mut items, output_index, id, kind);
-                if sub_index != 0 {
-                    fail(i, "content_index / summary_index is not 0");
+                    let (kind, text) = match item {
+                        OutputItem::Message(m) => {
+                            assert_eq!(m.status.as_deref(), Some("in_progress"));
+                            ("message", String::new())
+                        }
+                        OutputItem::FunctionCall(c) => {
+                            assert_eq!(c.status.as_deref(), Some("in_progress"));
+                            assert!(!c.name.is_empty() && !c.call_id.is_empty());
+                            ("function_call", c.arguments.clone())
+                        }
+                        OutputItem::Reasoning(_) => ("reasoning", String::new()),
+                        OutputItem::Other(_) => fail(i, "unknown item type"),
+                    };
+                    assert!(text.is_empty(), "added item already has content");
+                    items.push(Open {
+                        id: item_id(item),
+                        kind,
+                        part: kind == "function_call",
+                        ..Open::default()
+                    });
+                    continue;
                 }
-                match step {
-                    Step::PartAdded if items[p].part => fail(i, "part added twice"),
-                    Step::PartAdded => items[p].part = true,
-                    Step::Delta if !items[p].part || text.is_empty() => {
-                        fail(i, "delta before its part, or empty")
+                E::OutputItemDone {
+                    output_index, item, ..
+                } => {
+                    let p = *output_index as usize;
+                    let kind = items
+                        .get(p)
+                        .map(|o| o.kind)
+                        .unwrap_or_else(|| fail(i, "done for an item never added"));
+                    open(&mut items, *output_index, &item_id(item), kind);
+                    let text = match item {
+                        OutputItem::Message(m) => {
+                            assert_eq!(m.status.as_deref(), Some("completed"));
+                            let v = serde_json::to_value(&m.content).unwrap();
+                            assert_eq!(v.as_array().unwrap().len(), 1, "one output_text part");
+                            v[0]["text"].as_str().unwrap().to_owned()
+                        }
+                        OutputItem::FunctionCall(c) => {
+                            assert_eq!(c.status.as_deref(), Some("completed"));
+                            c.arguments.clone()
+                        }
+                        OutputItem::Reasoning(r) => {
+                            let v = serde_json::to_value(&r.summary).unwrap();
+                            v.as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|p| p["text"].as_str().unwrap().to_owned())
+                                .collect()
+                        }
+                        OutputItem::Other(_) => fail(i, "unknown item type"),
+                    };
+                    if text != items[p].text {
+                        fail(i, "done item differs from its deltas");
                     }
-                    Step::Delta => items[p].text.push_str(text),
-                    Step::TextDone if items[p].text != text => {
-                        fail(i, "done text differs from its deltas")
-                    }
-                    Step::TextDone | Step::PartDone => {}
+                    items[p].done = Some(item.clone());
+                    continue;
                 }
-            }
-            ResponseStreamEvent::OutputItemDone {
-                output_index, item, ..
-            } => {
-                let p = *output_index as usize;
-                let kind = items
-                    .get(p)
-                    .map(|o| o.kind)
-                    .unwrap_or_else(|| fail(i, "done for an item never added"));
-                open(&mut items, *output_index, &item_id(item), kind);
-                let text = match item {
-                    OutputItem::Message(m) => {
-                        assert_eq!(m.status.as_deref(), Some("completed"));
-                        let v = serde_json::to_value(&m.content).unwrap();
-                        assert_eq!(v.as_array().unwrap().len(), 1, "one output_text part");
-                        v[0]["text"].as_str().unwrap().to_owned()
-                    }
-                    OutputItem::FunctionCall(c) => {
-                        assert_eq!(c.status.as_deref(), Some("completed"));
-                        c.arguments.clone()
-                    }
-                    OutputItem::Reasoning(r) => {
-                        let v = serde_json::to_value(&r.summary).unwrap();
-                        v.as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|p| p["text"].as_str().unwrap().to_owned())
-                            .collect()
-                    }
-                    OutputItem::Other(_) => fail(i, "unknown item type"),
-                };
-                if text != items[p].text {
-                    fail(i, "done item differs from its deltas");
+                E::Completed { response, .. } if last => {
+                    assert_eq!(
+                        response.status,
+                        Some(agentbox_wire::responses::ResponseStatus::Completed)
+                    );
+                    assert!(response.usage.is_some(), "completed without usage");
+                    let done: Vec<OutputItem> = items
+                        .iter()
+                        .map(|o| {
+                            o.done
+                                .clone()
+                                .unwrap_or_else(|| fail(i, "completed with an item not done"))
+                        })
+                        .collect();
+                    assert_eq!(
+                        response.output, done,
+                        "completed output is not the done items"
+                    );
+                    return response.clone();
                 }
-                items[p].done = Some(item.clone());
+                E::Failed { response, .. } if last => {
+                    assert_eq!(
+                        response.status,
+                        Some(agentbox_wire::responses::ResponseStatus::Failed)
+                    );
+                    let error = response.error.as_ref().expect("failed without error");
+                    assert!(error["code"].is_string() && error["message"].is_string());
+                    let done: Vec<OutputItem> =
+                        items.iter().filter_map(|o| o.done.clone()).collect();
+                    assert_eq!(response.output, done, "failed output is not the done items");
+                    return response.clone();
+                }
+                E::Completed { .. }
+                | E::Failed { .. }
+                | E::Incomplete { .. }
+                | E::ReasoningTextDelta { .. }
+                | E::Error { .. }
+                | E::Other(_) => fail(i, "unexpected event (or terminal event not last)"),
+                E::ContentPartAdded {
+                    item_id,
+                    output_index,
+                    content_index,
+                    ..
+                } => (
+                    Step::PartAdded,
+                    "message",
+                    item_id,
+                    *output_index,
+                    *content_index,
+                    "",
+                ),
+                E::ReasoningSummaryPartAdded {
+                    item_id,
+                    output_index,
+                    summary_index,
+                    ..
+                } => (
+                    Step::PartAdded,
+                    "reasoning",
+                    item_id,
+                    *output_index,
+                    *summary_index,
+                    "",
+                ),
+                E::OutputTextDelta {
+                    item_id,
+                    output_index,
+                    content_index,
+                    delta,
+                    ..
+                } => (
+                    Step::Delta,
+                    "message",
+                    item_id,
+                    *output_index,
+                    *content_index,
+                    delta,
+                ),
+                E::ReasoningSummaryTextDelta {
+                    item_id,
+                    output_index,
+                    summary_index,
+                    delta,
+                    ..
+                } => (
+                    Step::Delta,
+                    "reasoning",
+                    item_id,
+                    *output_index,
+                    *summary_index,
+                    delta,
+                ),
+                E::FunctionCallArgumentsDelta {
+                    item_id,
+                    output_index,
+                    delta,
+                    ..
+                } => (
+                    Step::Delta,
+                    "function_call",
+                    item_id,
+                    *output_index,
+                    0,
+                    delta,
+                ),
+                E::OutputTextDone {
+                    item_id,
+                    output_index,
+                    content_index,
+                    text,
+                    ..
+                } => (
+                    Step::TextDone,
+                    "message",
+                    item_id,
+                    *output_index,
+                    *content_index,
+                    text,
+                ),
+                E::ReasoningSummaryTextDone {
+                    item_id,
+                    output_index,
+                    summary_index,
+                    text,
+                    ..
+                } => (
+                    Step::TextDone,
+                    "reasoning",
+                    item_id,
+                    *output_index,
+                    *summary_index,
+                    text,
+                ),
+                E::FunctionCallArgumentsDone {
+                    item_id,
+                    output_index,
+                    arguments,
+                    ..
+                } => (
+                    Step::TextDone,
+                    "function_call",
+                    item_id,
+                    *output_index,
+                    0,
+                    arguments,
+                ),
+                E::ContentPartDone {
+                    item_id,
+                    output_index,
+                    content_index,
+                    ..
+                } => (
+                    Step::PartDone,
+                    "message",
+                    item_id,
+                    *output_index,
+                    *content_index,
+                    "",
+                ),
+                E::ReasoningSummaryPartDone {
+                    item_id,
+                    output_index,
+                    summary_index,
+                    ..
+                } => (
+                    Step::PartDone,
+                    "reasoning",
+                    item_id,
+                    *output_index,
+                    *summary_index,
+                    "",
+                ),
+            };
+        let p = open(&mut items, output_index, id, kind);
+        if sub_index != 0 {
+            fail(i, "content_index / summary_index is not 0");
+        }
+        match step {
+            Step::PartAdded if items[p].part => fail(i, "part added twice"),
+            Step::PartAdded => items[p].part = true,
+            Step::Delta if !items[p].part || text.is_empty() => {
+                fail(i, "delta before its part, or empty")
             }
-            ResponseStreamEvent::Completed { response, .. } if last => {
-                assert_eq!(
-                    response.status,
-                    Some(agentbox_wire::responses::ResponseStatus::Completed)
-                );
-                assert!(response.usage.is_some(), "completed without usage");
-                let done: Vec<OutputItem> = items
-                    .iter()
-                    .map(|o| {
-                        o.done
-                            .clone()
-                            .unwrap_or_else(|| fail(i, "completed with an item not done"))
-                    })
-                    .collect();
-                assert_eq!(
-                    response.output, done,
-                    "completed output is not the done items"
-                );
-                return response.clone();
-            }
-            ResponseStreamEvent::Failed { response, .. } if last => {
-                assert_eq!(
-                    response.status,
-                    Some(agentbox_wire::responses::ResponseStatus::Failed)
-                );
-                let error = response.error.as_ref().expect("failed without error");
-                assert!(error["code"].is_string() && error["message"].is_string());
-                let done: Vec<OutputItem> = items.iter().filter_map(|o| o.done.clone()).collect();
-                assert_eq!(response.output, done, "failed output is not the done items");
-                return response.clone();
-            }
-            ResponseStreamEvent::Completed { .. }
-            | ResponseStreamEvent::Failed { .. }
-            | ResponseStreamEvent::Incomplete { .. }
-            | ResponseStreamEvent::ReasoningTextDelta { .. }
-            | ResponseStreamEvent::Error { .. }
-            | ResponseStreamEvent::Other(_) => {
-                fail(i, "unexpected event (or terminal event not last)")
-            }
+            Step::Delta => items[p].text.push_str(text),
+            Step::TextDone if items[p].text != text => fail(i, "done text differs from its deltas"),
+            Step::TextDone | Step::PartDone => {}
         }
     }
     panic!("stream has no terminal event: {events:#?}")
