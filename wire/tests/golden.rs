@@ -22,7 +22,6 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use agentbox_wire::anthropic::MessagesRequest;
-use agentbox_wire::chat::ChatResponse;
 use agentbox_wire::error::anthropic_error_from_openai;
 use agentbox_wire::responses::ResponsesRequest;
 use agentbox_wire::translate::{
@@ -45,6 +44,16 @@ fn read_json(path: &Path) -> Value {
 /// The rule's `input.json` as a `T`.
 fn input<T: serde::de::DeserializeOwned>(dir: &Path) -> T {
     serde_json::from_value(read_json(&dir.join("input.json"))).unwrap()
+}
+
+/// The rule's `input.json` translated by `f`, as JSON.
+fn translated<T, U, E>(dir: &Path, f: impl FnOnce(T) -> Result<U, E>) -> Value
+where
+    T: serde::de::DeserializeOwned,
+    U: serde::Serialize,
+    E: std::fmt::Debug,
+{
+    serde_json::to_value(f(input(dir)).unwrap()).unwrap()
 }
 
 fn options(dir: &Path) -> Value {
@@ -149,20 +158,13 @@ fn report_json(r: &MeterReport) -> Value {
 fn actual(kind: &str, dir: &Path) -> Value {
     let opts = options(dir);
     match kind {
-        "request" => {
-            let req: MessagesRequest = input(dir);
-            let chat = anthropic_into_chat(req, &chat_options(&opts)).unwrap();
-            serde_json::to_value(chat).unwrap()
-        }
-        "response" => {
-            let resp: ChatResponse = input(dir);
-            let out = chat_to_anthropic_response(resp, &response_options(&opts)).unwrap();
-            serde_json::to_value(out).unwrap()
-        }
+        "request" => translated(dir, |req| anthropic_into_chat(req, &chat_options(&opts))),
+        "response" => translated(dir, |resp| {
+            chat_to_anthropic_response(resp, &response_options(&opts))
+        }),
         "stream" => {
-            let input = read_json(&dir.join("input.json"));
-            let events =
-                common::translate_stream(input.as_array().unwrap(), response_options(&opts));
+            let chunks: Vec<Value> = input(dir);
+            let events = common::translate_stream(&chunks, response_options(&opts));
             // A successful stream must also satisfy the contract.
             if events.iter().all(|e| e.event_name() != "error") {
                 common::accumulate(&events);
@@ -176,15 +178,13 @@ fn actual(kind: &str, dir: &Path) -> Value {
                 Err(e) => json!({"error": e.to_string()}),
             }
         }
-        "responses_response" => {
-            let resp: ChatResponse = input(dir);
-            let out = chat_to_responses_response(resp, &responses_options(&opts)).unwrap();
-            serde_json::to_value(out).unwrap()
-        }
+        "responses_response" => translated(dir, |resp| {
+            chat_to_responses_response(resp, &responses_options(&opts))
+        }),
         "responses_stream" => {
-            let input = read_json(&dir.join("input.json"));
+            let chunks: Vec<Value> = input(dir);
             let events = common::translate_responses_stream(
-                input.as_array().unwrap(),
+                &chunks,
                 responses_options(&opts),
                 opts.get("start_early").and_then(Value::as_bool) == Some(true),
             );
