@@ -404,6 +404,45 @@ fn stream_chunks(
         .collect()
 }
 
+/// How a completion is streamed: where its text and arguments are cut, whether the finish
+/// reason rides on the last content chunk and the usage on the finish chunk, whether `[DONE]`
+/// ends the stream.
+#[derive(Debug, Clone)]
+struct Split {
+    cuts: Vec<u8>,
+    finish_with_last: bool,
+    usage_with_finish: bool,
+    done_marker: bool,
+}
+
+fn split() -> impl Strategy<Value = Split> {
+    (
+        vec(any::<u8>(), 0..6),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(cuts, finish_with_last, usage_with_finish, done_marker)| Split {
+                cuts,
+                finish_with_last,
+                usage_with_finish,
+                done_marker,
+            },
+        )
+}
+
+/// `c` streamed as `s` says through `t`, after the `first` events; the events.
+fn stream<T: common::Translator>(
+    t: &mut T,
+    first: Vec<T::Event>,
+    c: &Completion,
+    s: &Split,
+) -> Vec<T::Event> {
+    let chunks = stream_chunks(c, &s.cuts, s.finish_with_last, s.usage_with_finish);
+    common::feed_chunks(t, first, chunks, s.done_marker)
+}
+
 // ---- a Responses conversation ---------------------------------------------------------------
 
 fn responses_item() -> impl Strategy<Value = Value> {
@@ -572,17 +611,10 @@ proptest! {
     }
 
     #[test]
-    fn streaming_translation_of_any_split_equals_non_streaming(
-        c in completion(),
-        cuts in vec(any::<u8>(), 0..6),
-        finish_with_last in any::<bool>(),
-        usage_with_finish in any::<bool>(),
-        done_marker in any::<bool>(),
-    ) {
+    fn streaming_translation_of_any_split_equals_non_streaming(c in completion(), s in split()) {
         let whole = chat_to_anthropic_response(whole_response(&c), &ResponseOptions::default()).unwrap();
         let mut t = ChatStreamTranslator::new(ResponseOptions::default());
-        let chunks = stream_chunks(&c, &cuts, finish_with_last, usage_with_finish);
-        let events = common::feed_chunks(&mut t, Vec::new(), chunks, done_marker);
+        let events = stream(&mut t, Vec::new(), &c, &s);
         let streamed = common::accumulate(&events);
         prop_assert_eq!(streamed, whole);
     }
@@ -590,18 +622,14 @@ proptest! {
     #[test]
     fn responses_streaming_of_any_split_equals_non_streaming(
         c in completion(),
-        cuts in vec(any::<u8>(), 0..6),
-        finish_with_last in any::<bool>(),
-        usage_with_finish in any::<bool>(),
-        done_marker in any::<bool>(),
+        s in split(),
         start_early in any::<bool>(),
     ) {
         let whole = chat_to_responses_response(whole_response(&c), &responses_opts()).unwrap();
         let mut t = ResponsesStreamTranslator::new(responses_opts());
         // Started before any chunk, the id is a fresh one: compared apart below.
         let first = if start_early { t.start() } else { Vec::new() };
-        let chunks = stream_chunks(&c, &cuts, finish_with_last, usage_with_finish);
-        let events = common::feed_chunks(&mut t, first, chunks, done_marker);
+        let events = stream(&mut t, first, &c, &s);
         let mut streamed = common::check_responses_stream(&events);
         prop_assert_eq!(t.final_usage(), streamed.usage.as_ref());
         if start_early {
