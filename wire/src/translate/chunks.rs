@@ -29,8 +29,7 @@ pub trait Render {
     /// A tool-call piece; `Err` is why the stream must fail instead.
     fn tool(&mut self, call: ToolCallDelta, out: &mut Vec<Self::Event>) -> Result<(), String>;
     /// Ends the output as `end` says (its usage, or an estimate from its `output_bytes`); returns
-    /// the usage reported, or why the stream must fail
-    /// instead (nothing written then).
+    /// the usage reported, or why the stream must fail instead (nothing written then).
     fn tail(&mut self, end: &EndGate, out: &mut Vec<Self::Event>) -> Result<Self::Usage, String>;
     /// Reports the failure; nothing is written after it.
     fn fail(&mut self, why: Failure<'_>, out: &mut Vec<Self::Event>);
