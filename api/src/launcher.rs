@@ -91,6 +91,9 @@ pub enum RunState {
     TimedOut,
     /// By `DELETE` or launcher shutdown.
     Killed,
+    /// Stopped because its workspace reached `launcher.limits.disk_mb` (the watcher's mode;
+    /// under a project quota writes fail with `EDQUOT` instead and the run goes on).
+    DiskExceeded,
     /// Could not start.
     Failed,
     /// The launcher died while it ran; found at restart.
@@ -108,6 +111,7 @@ impl RunState {
             RunState::Exited => "exited",
             RunState::TimedOut => "timed_out",
             RunState::Killed => "killed",
+            RunState::DiskExceeded => "disk_exceeded",
             RunState::Failed => "failed",
             RunState::Lost => "lost",
         }
@@ -119,6 +123,7 @@ impl RunState {
             RunState::Exited
             | RunState::TimedOut
             | RunState::Killed
+            | RunState::DiskExceeded
             | RunState::Failed
             | RunState::Lost => true,
             RunState::Starting | RunState::Running | RunState::Stopping | RunState::Finishing => {
@@ -143,6 +148,10 @@ pub struct AgentStatus {
     pub exit_code: Option<i32>,
     pub oom_killed: bool,
     pub timed_out: bool,
+    /// Whether the workspace reached `launcher.limits.disk_mb` (the run was then stopped, or
+    /// its writes failed under a project quota).
+    #[serde(default)]
+    pub disk_exceeded: bool,
     pub stdout: String,
     pub stderr: String,
     /// Whether stdout or stderr hit `limits.output_cap_kb` and lost output.
@@ -160,6 +169,9 @@ pub struct CheckResult {
     pub exit_code: Option<i32>,
     pub oom_killed: bool,
     pub timed_out: bool,
+    /// As in [`AgentStatus`].
+    #[serde(default)]
+    pub disk_exceeded: bool,
     pub stdout: String,
     pub stderr: String,
     pub truncated: bool,
@@ -279,6 +291,35 @@ pub struct HostStatus {
     pub cgroups: HostCheck,
 }
 
+/// How `launcher.limits.disk_mb` is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskMode {
+    /// The data dir's filesystem enforces project quotas: writes past the limit fail.
+    ProjectQuota,
+    /// A watcher measures each workspace and stops the run past the limit.
+    Watcher,
+}
+
+impl DiskMode {
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskMode::ProjectQuota => "project_quota",
+            DiskMode::Watcher => "watcher",
+        }
+    }
+}
+
+/// The per-run disk limit, in `GET /status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskStatus {
+    pub mode: DiskMode,
+    pub limit_mb: u64,
+    /// Why this mode (what the kernel answered about the data dir's filesystem).
+    pub detail: String,
+}
+
 /// `GET /status`: the runs in progress (sorted by tid), how many finished runs are kept, the
 /// clients waiting on `?wait=1`, the backends, and host readiness (`ready` = `host.ready`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -294,4 +335,7 @@ pub struct LauncherStatus {
     /// read.
     #[serde(default)]
     pub capabilities: Option<crate::caps::Capabilities>,
+    /// How the per-run disk limit is enforced.
+    #[serde(default)]
+    pub disk: Option<DiskStatus>,
 }

@@ -5,7 +5,7 @@
 //!    │                     │                                                 
 //!    │ StartFailed         │ Stop(r)                                         
 //!    ▼                     ▼                                                 
-//! Done(Failed)        Stopping(r) ──ProcessGone──► Finishing(Some(r)) ──Done──► Done(TimedOut | Killed)
+//! Done(Failed)        Stopping(r) ──ProcessGone──► Finishing(Some(r)) ──Done──► Done(TimedOut | Killed | DiskExceeded)
 //! ```
 //! A stop that arrives while starting is remembered (`Starting → Stopping`) and honoured as
 //! soon as the process exists. The first stop reason wins. `Done` is terminal; a restarted
@@ -32,6 +32,8 @@ pub enum StopReason {
     Timeout,
     Deleted,
     Shutdown,
+    /// The disk watcher found the workspace over `launcher.limits.disk_mb`.
+    DiskExceeded,
 }
 
 /// How a run ended.
@@ -41,6 +43,7 @@ pub enum Final {
     Exited,
     TimedOut,
     Killed,
+    DiskExceeded,
     Failed,
     Lost,
 }
@@ -78,6 +81,7 @@ fn final_for(reason: Option<StopReason>) -> Final {
         None => Final::Exited,
         Some(StopReason::Timeout) => Final::TimedOut,
         Some(StopReason::Deleted | StopReason::Shutdown) => Final::Killed,
+        Some(StopReason::DiskExceeded) => Final::DiskExceeded,
     }
 }
 
@@ -131,6 +135,7 @@ impl Phase {
             Phase::Done(Final::Exited) => RunState::Exited,
             Phase::Done(Final::TimedOut) => RunState::TimedOut,
             Phase::Done(Final::Killed) => RunState::Killed,
+            Phase::Done(Final::DiskExceeded) => RunState::DiskExceeded,
             Phase::Done(Final::Failed) => RunState::Failed,
             Phase::Done(Final::Lost) => RunState::Lost,
         }
@@ -162,6 +167,9 @@ pub enum RunKind {
 pub struct Outcome {
     pub exit_code: Option<i32>,
     pub oom_killed: bool,
+    /// The workspace reached the disk limit (stopped by the watcher, or full under a quota).
+    #[serde(default)]
+    pub disk_exceeded: bool,
     pub truncated: bool,
     pub result_commit: Option<String>,
     pub error: Option<String>,

@@ -74,6 +74,9 @@ pub struct Plan {
     pub with_gateway: bool,
     pub tmp_bytes: u64,
     pub home_bytes: u64,
+    /// `RLIMIT_FSIZE` of sandboxed processes: no file they write grows past it (the disk
+    /// limit, so a single write cannot outrun the disk watcher by more).
+    pub file_bytes: u64,
     pub claude_bin: PathBuf,
 }
 
@@ -385,6 +388,7 @@ pub fn spawn(
         .join_cgroup(cgroup_join)?
         .rlimit(Resource::Nofile, NOFILE)
         .rlimit(Resource::Core, 0)
+        .rlimit(Resource::Fsize, plan.file_bytes)
         .keep(&keep);
 
     let mut cmd = tokio::process::Command::new(bwrap);
@@ -415,6 +419,7 @@ mod tests {
             with_gateway: gateway,
             tmp_bytes: 1 << 20,
             home_bytes: 2 << 20,
+            file_bytes: 3 << 20,
             claude_bin: PathBuf::from("/opt/claude/bin/claude"),
         }
     }

@@ -676,6 +676,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
             with_gateway: true,
             tmp_bytes: limits.tmp_mb << 20,
             home_bytes: limits.home_mb << 20,
+            file_bytes: limits.disk_mb << 20,
             claude_bin: stamp.clone(),
         },
         gateway: open_dir(&gw_dir)?,

@@ -42,6 +42,8 @@ pub struct Options {
     pub memory_mb: u64,
     pub pids: u64,
     pub tmp_mb: u64,
+    /// `launcher.limits.disk_mb`.
+    pub disk_mb: u64,
     pub output_cap_kb: u64,
     pub max_agent_timeout_s: u64,
     pub claude_bin: Option<PathBuf>,
@@ -58,6 +60,7 @@ impl Default for Options {
             memory_mb: 256,
             pids: 64,
             tmp_mb: 8,
+            disk_mb: 10240,
             output_cap_kb: 64,
             max_agent_timeout_s: 600,
             claude_bin: None,
@@ -180,13 +183,14 @@ impl Launcher {
                 "data_dir = {data:?}\nservice_user = \"nobody-here\"\nagent_uid_count = {AGENT_UID_COUNT}\n\
                  [launcher]\nrepo_roots = [{repos:?}]\nvenv_root = {venvs:?}\nclaude_bin = {claude:?}\n\
                  env_allowlist = [{allow}]\n\
-                 [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\n\
+                 [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\ndisk_mb = {disk}\n\
                  max_agent_timeout_s = {maxt}\nmax_check_timeout_s = 600\noutput_cap_kb = {cap}\n\
                  [models.m1]\nbackend = \"ollama\"\nupstream_model = \"x\"\n{extra}",
                 allow = allow.join(", "),
                 mem = opts.memory_mb,
                 pids = opts.pids,
                 tmp = opts.tmp_mb,
+                disk = opts.disk_mb,
                 maxt = opts.max_agent_timeout_s,
                 cap = opts.output_cap_kb,
                 extra = opts.extra_config,
