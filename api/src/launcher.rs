@@ -94,7 +94,8 @@ pub enum RunState {
     /// Stopped because its workspace reached `launcher.limits.disk_mb` (the watcher's mode;
     /// under a project quota writes fail with `EDQUOT` instead and the run goes on).
     DiskExceeded,
-    /// Could not start.
+    /// Could not start: refused before the sandbox existed, or bwrap failed to set the
+    /// sandbox up (`setup_failed`), so the command never ran.
     Failed,
     /// The launcher died while it ran; found at restart.
     Lost,
@@ -152,6 +153,11 @@ pub struct AgentStatus {
     /// its writes failed under a project quota).
     #[serde(default)]
     pub disk_exceeded: bool,
+    /// bwrap failed to set the sandbox up (a mount, the seccomp filter, executing the
+    /// command): the command never ran, `exit_code` is `null`, bwrap's message is in `stderr`,
+    /// and `state` is `failed`. Without this, a setup failure looked like the command exiting 1.
+    #[serde(default)]
+    pub setup_failed: bool,
     pub stdout: String,
     pub stderr: String,
     /// Whether stdout or stderr hit `limits.output_cap_kb` and lost output.
@@ -172,6 +178,9 @@ pub struct CheckResult {
     /// As in [`AgentStatus`].
     #[serde(default)]
     pub disk_exceeded: bool,
+    /// As in [`AgentStatus`].
+    #[serde(default)]
+    pub setup_failed: bool,
     pub stdout: String,
     pub stderr: String,
     pub truncated: bool,

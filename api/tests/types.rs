@@ -177,6 +177,7 @@ fn launcher_answers() {
         oom_killed: false,
         timed_out: true,
         disk_exceeded: false,
+        setup_failed: false,
         stdout: "out".into(),
         stderr: String::new(),
         truncated: false,
@@ -186,7 +187,7 @@ fn launcher_answers() {
     round_trip(
         &status,
         &json!({"tid": "t1", "state": "timed_out", "exit_code": 137, "oom_killed": false,
-            "timed_out": true, "disk_exceeded": false, "stdout": "out", "stderr": "", "truncated": false,
+            "timed_out": true, "disk_exceeded": false, "setup_failed": false, "stdout": "out", "stderr": "", "truncated": false,
             "result_commit": null, "error": "e"}),
     );
     round_trip(
@@ -196,12 +197,13 @@ fn launcher_answers() {
             oom_killed: true,
             timed_out: false,
             disk_exceeded: true,
+            setup_failed: true,
             stdout: String::new(),
             stderr: "x".into(),
             truncated: true,
         },
         &json!({"tid": "c", "exit_code": null, "oom_killed": true, "timed_out": false,
-            "disk_exceeded": true, "stdout": "", "stderr": "x", "truncated": true}),
+            "disk_exceeded": true, "setup_failed": true, "stdout": "", "stderr": "x", "truncated": true}),
     );
     round_trip(
         &SnapshotResult {

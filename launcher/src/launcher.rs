@@ -130,6 +130,8 @@ impl Drop for WaiterGuard<'_> {
 /// What `start` hands to the supervisor.
 struct Running {
     child: tokio::process::Child,
+    /// What bwrap says about its setup ([`bwrap::StatusPipe`]).
+    status: bwrap::StatusPipe,
     cgroup: TaskCgroup,
     captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
     workspace: OwnedFd,
@@ -448,6 +450,7 @@ impl Launcher {
             oom_killed: outcome.oom_killed,
             timed_out: phase == Phase::Done(Final::TimedOut),
             disk_exceeded: outcome.disk_exceeded,
+            setup_failed: outcome.setup_failed,
             stdout: self
                 .data
                 .read_log(&tid, LogKind::Check, Stream::Stdout, cap),
@@ -566,15 +569,16 @@ impl Launcher {
                 venv: spec.venv.as_ref().map(AsFd::as_fd),
             };
             let staged = self.staging.stage(tid, sources)?;
-            let (child, cgroup, captures) = self
+            let (sandbox, cgroup, captures) = self
                 .spawn_sandbox(&spec, agent, cgroups, &staged.mounts)
                 .await?;
-            Ok::<_, LauncherError>((child, cgroup, captures, staged))
+            Ok::<_, LauncherError>((sandbox, cgroup, captures, staged))
         }
         .await;
         match started {
-            Ok((child, cgroup, captures, staged)) => Ok(Running {
-                child,
+            Ok((sandbox, cgroup, captures, staged)) => Ok(Running {
+                child: sandbox.child,
+                status: sandbox.status,
                 cgroup,
                 captures,
                 workspace,
@@ -607,7 +611,7 @@ impl Launcher {
         staged: &Mounts,
     ) -> Result<
         (
-            tokio::process::Child,
+            bwrap::Sandbox,
             TaskCgroup,
             Vec<tokio::task::JoinHandle<proc::Captured>>,
         ),
@@ -641,7 +645,7 @@ impl Launcher {
             uid: agent.uid,
             gid: agent.gid,
         };
-        let mut child =
+        let mut sandbox =
             match bwrap::spawn(&plan, &mounts, &cgroup.join_files(), run_as, &self.bwrap) {
                 Ok(c) => c,
                 Err(e) => {
@@ -651,15 +655,15 @@ impl Launcher {
             };
         let cap = self.output_cap();
         let mut captures = Vec::new();
-        if let Some(out) = child.stdout.take() {
+        if let Some(out) = sandbox.child.stdout.take() {
             let sink = tokio::fs::File::from_std(out_file);
             captures.push(self.tracker.spawn(proc::capture(out, sink, Some(cap))));
         }
-        if let Some(err) = child.stderr.take() {
+        if let Some(err) = sandbox.child.stderr.take() {
             let sink = tokio::fs::File::from_std(err_file);
             captures.push(self.tracker.spawn(proc::capture(err, sink, Some(cap))));
         }
-        Ok((child, cgroup, captures))
+        Ok((sandbox, cgroup, captures))
     }
 
     /// Bounds the run's disk: under a project quota, tags the (handed-over) workspace with the
@@ -767,6 +771,7 @@ impl Launcher {
     ) {
         let Running {
             mut child,
+            status: bwrap_status,
             cgroup,
             captures,
             workspace,
@@ -796,8 +801,14 @@ impl Launcher {
             }
         };
         let mut disk_exceeded = false;
+        // Whether bwrap ended by itself (not killed by us): only then can it have failed to set
+        // the sandbox up.
+        let mut ended_alone = false;
         let status = tokio::select! {
-            s = child.wait() => s,
+            s = child.wait() => {
+                ended_alone = true;
+                s
+            }
             exceeded = watcher => {
                 tracing::warn!(%tid, reason = %exceeded.reason, "disk limit reached: stopping the run");
                 disk_exceeded = true;
@@ -818,19 +829,31 @@ impl Launcher {
             }
         };
         let mut errors: Vec<String> = Vec::new();
-        let exit_code = match status {
+        let mut exit_code = match status {
             Ok(s) => proc::exit_code(s),
             Err(e) => {
                 errors.push(format!("waiting for the sandbox: {e}"));
                 None
             }
         };
+        let reported = bwrap_status.read();
         self.event(&tid, Event::ProcessGone);
         // Whatever outlived bwrap (a setsid'd daemon) dies before the workspace goes back.
         if let Err(e) = cgroup.kill_all().await {
             errors.push(format!("killing leftovers: {e}"));
         }
         let oom_killed = cgroup.oom_kills() > 0;
+        // bwrap reports the command's exit only if it executed the command; an OOM kill may
+        // take bwrap's monitor itself, so that one is not called a setup failure.
+        let setup_failed = ended_alone && reported.exit_code.is_none() && !oom_killed;
+        if setup_failed {
+            tracing::warn!(%tid, bwrap_exit = ?exit_code, "bwrap failed to set the sandbox up");
+            errors.push(format!(
+                "the sandbox could not be set up: bwrap exited {} before running the command (its message is in stderr)",
+                exit_code.map_or_else(|| "by a signal".to_owned(), |c| c.to_string())
+            ));
+            exit_code = None;
+        }
         if let Err(e) = cgroup.remove() {
             errors.push(format!("removing the cgroup: {e}"));
         }
@@ -889,11 +912,17 @@ impl Launcher {
                     exit_code,
                     oom_killed,
                     disk_exceeded,
+                    setup_failed,
                     truncated,
                     result_commit,
                     error: (!errors.is_empty()).then(|| errors.join("; ")),
                 };
-                if let Err(err) = e.apply(Event::Done) {
+                let done = if setup_failed {
+                    Event::SetupFailed
+                } else {
+                    Event::Done
+                };
+                if let Err(err) = e.apply(done) {
                     tracing::error!(%tid, error = %err, "invalid run transition");
                 }
             }
@@ -920,6 +949,7 @@ impl Launcher {
             oom_killed: outcome.oom_killed,
             timed_out: phase == Phase::Done(Final::TimedOut),
             disk_exceeded: outcome.disk_exceeded,
+            setup_failed: outcome.setup_failed,
             stdout: self.data.read_log(tid, LogKind::Agent, Stream::Stdout, cap),
             stderr: self.data.read_log(tid, LogKind::Agent, Stream::Stderr, cap),
             truncated: outcome.truncated,

@@ -7,6 +7,7 @@
 //!    ▼                     ▼                                                 
 //! Done(Failed)        Stopping(r) ──ProcessGone──► Finishing(Some(r)) ──Done──► Done(TimedOut | Killed | DiskExceeded)
 //! ```
+//! `Finishing ──SetupFailed──► Done(Failed)`: bwrap ended without ever running the command.
 //! A stop that arrives while starting is remembered (`Starting → Stopping`) and honoured as
 //! soon as the process exists. The first stop reason wins. `Done` is terminal; a restarted
 //! launcher that finds a run it did not finish marks it `Done(Lost)`.
@@ -66,6 +67,8 @@ pub enum Event {
     Stop(StopReason),
     ProcessGone,
     Done,
+    /// Done, but the sandbox was never set up: the command did not run.
+    SetupFailed,
 }
 
 /// An event that makes no sense in the current phase (a bug in the caller).
@@ -100,14 +103,22 @@ impl Phase {
             (Phase::Stopping(r), Event::ProcessGone) => Ok(Phase::Finishing(Some(r))),
             (Phase::Finishing(r), Event::Stop(_)) => Ok(Phase::Finishing(r)),
             (Phase::Finishing(r), Event::Done) => Ok(Phase::Done(final_for(r))),
+            (Phase::Finishing(_), Event::SetupFailed) => Ok(Phase::Done(Final::Failed)),
             (Phase::Done(f), Event::Stop(_)) => Ok(Phase::Done(f)),
-            (Phase::Starting, Event::ProcessGone | Event::Done)
-            | (Phase::Running, Event::Spawned | Event::StartFailed | Event::Done)
-            | (Phase::Stopping(_), Event::Done)
+            (Phase::Starting, Event::ProcessGone | Event::Done | Event::SetupFailed)
+            | (
+                Phase::Running,
+                Event::Spawned | Event::StartFailed | Event::Done | Event::SetupFailed,
+            )
+            | (Phase::Stopping(_), Event::Done | Event::SetupFailed)
             | (Phase::Finishing(_), Event::Spawned | Event::StartFailed | Event::ProcessGone)
             | (
                 Phase::Done(_),
-                Event::Spawned | Event::StartFailed | Event::ProcessGone | Event::Done,
+                Event::Spawned
+                | Event::StartFailed
+                | Event::ProcessGone
+                | Event::Done
+                | Event::SetupFailed,
             ) => bad,
         }
     }
@@ -170,6 +181,9 @@ pub struct Outcome {
     /// The workspace reached the disk limit (stopped by the watcher, or full under a quota).
     #[serde(default)]
     pub disk_exceeded: bool,
+    /// bwrap failed to set the sandbox up; the command never ran (`exit_code` is `None`).
+    #[serde(default)]
+    pub setup_failed: bool,
     pub truncated: bool,
     pub result_commit: Option<String>,
     pub error: Option<String>,
@@ -319,6 +333,11 @@ mod tests {
             Phase::Starting.next(Event::StartFailed).unwrap(),
             Phase::Done(Final::Failed)
         );
+        assert_eq!(
+            Phase::Finishing(None).next(Event::SetupFailed).unwrap(),
+            Phase::Done(Final::Failed)
+        );
+        assert!(Phase::Running.next(Event::SetupFailed).is_err());
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! Descriptors: every inherited descriptor above 2 is marked close-on-exec, then exactly the
 //! ones bwrap consumes are kept: the `--args` memfd (so the argument list, environment and task
 //! token never appear in `/proc/<pid>/cmdline`), the synthetic `/etc/passwd`, `/etc/group` and
-//! `/etc/hosts`, the two seccomp programs, and `O_PATH` handles of the workspace, venv and
+//! `/etc/hosts`, the two seccomp programs, the write end of the `--json-status-fd` pipe (how
+//! a setup failure is told from the command exiting 1: [`StatusPipe`]), and `O_PATH` handles of the workspace, venv and
 //! gateway directory for `--bind-fd`. bwrap reads such a handle back as a path and mounts the
 //! path (checking device and inode afterwards), so the handles the launcher passes are those of
 //! its staging mounts under root-only `mnt/<tid>/` ([`crate::stage`]), whose paths nobody else
@@ -91,6 +92,8 @@ pub struct FdNumbers {
     pub hosts: RawFd,
     pub seccomp_main: RawFd,
     pub seccomp_enosys: RawFd,
+    /// The write end of the `--json-status-fd` pipe.
+    pub status: RawFd,
 }
 
 /// The sandbox environment: fixed launcher variables, then the request's allowlisted ones (the
@@ -252,6 +255,10 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         fd(fds.seccomp_main),
         "--add-seccomp-fd".into(),
         fd(fds.seccomp_enosys),
+        // bwrap writes `{"exit-code": N}` here only once the command was executed, which is
+        // how a setup failure is told from the command's own exit status ([`StatusPipe`]).
+        "--json-status-fd".into(),
+        fd(fds.status),
     ]);
     a
 }
@@ -318,6 +325,72 @@ fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, SpawnError> {
     Ok(OwnedFd::from(file))
 }
 
+/// The read end of bwrap's `--json-status-fd`. bwrap (its monitor process, outside the
+/// sandbox) writes `{"child-pid": N, ...}` once the sandbox process exists and
+/// `{"exit-code": N}` when the command ends, but only if the command was executed: a setup
+/// failure (a mount, the seccomp filter, `execvp`) makes bwrap exit 1 without the second
+/// record, just as the command exiting 1 would make it exit 1 with it. The sandboxed side
+/// never holds the write end (bwrap closes it before any of its own setup).
+#[derive(Debug)]
+pub struct StatusPipe(OwnedFd);
+
+/// What bwrap reported on its status descriptor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BwrapStatus {
+    /// The sandbox's first process, as the host sees it.
+    pub child_pid: Option<i64>,
+    /// The command's exit status; `None` if it never ran (or bwrap was killed before it could
+    /// say).
+    pub exit_code: Option<i32>,
+}
+
+/// The most the status pipe is read (bwrap writes two short records).
+const STATUS_CAP: usize = 64 * 1024;
+
+impl StatusPipe {
+    /// Reads what bwrap wrote, without blocking (call after bwrap exited).
+    pub fn read(&self) -> BwrapStatus {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while buf.len() < STATUS_CAP {
+            match rustix::io::read(&self.0, &mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        parse_status(&buf)
+    }
+}
+
+/// The records of a `--json-status-fd` stream (concatenated JSON objects); anything that does
+/// not parse ends the reading.
+pub fn parse_status(bytes: &[u8]) -> BwrapStatus {
+    let mut status = BwrapStatus::default();
+    for record in serde_json::Deserializer::from_slice(bytes).into_iter::<serde_json::Value>() {
+        let Ok(record) = record else {
+            break;
+        };
+        if let Some(pid) = record.get("child-pid").and_then(serde_json::Value::as_i64) {
+            status.child_pid = Some(pid);
+        }
+        if let Some(code) = record
+            .get("exit-code")
+            .and_then(serde_json::Value::as_i64)
+            .and_then(|c| i32::try_from(c).ok())
+        {
+            status.exit_code = Some(code);
+        }
+    }
+    status
+}
+
+/// A started sandbox.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub child: tokio::process::Child,
+    pub status: StatusPipe,
+}
+
 /// The descriptors of the directories bwrap mounts.
 #[derive(Debug)]
 pub struct Mounts {
@@ -335,7 +408,7 @@ pub struct RunAs {
 
 /// Starts bwrap for `plan` as `run_as`, inside the cgroup whose join files are given
 /// ([`TaskCgroup::join_files`](crate::cgroup::TaskCgroup::join_files); none: no cgroup),
-/// with stdin from `/dev/null` and stdout/stderr piped.
+/// with stdin from `/dev/null` and stdout/stderr piped; returns it with its [`StatusPipe`].
 ///
 /// Must be called from a long-lived thread (an async task on a runtime worker, not
 /// `spawn_blocking`): the parent-death signal set in the child fires when the *thread* that
@@ -346,8 +419,22 @@ pub fn spawn(
     cgroup_join: &[PathBuf],
     run_as: RunAs,
     bwrap: &Path,
-) -> Result<tokio::process::Child, SpawnError> {
+) -> Result<Sandbox, SpawnError> {
     let (passwd, group, hosts) = identity_files(run_as.uid, run_as.gid);
+    let (status_read, status_write) = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .map_err(|e| SpawnError::Io {
+        what: "status pipe".to_owned(),
+        source: e.into(),
+    })?;
+    // Only the read end may be non-blocking: bwrap writes its records with plain writes.
+    rustix::fs::fcntl_setfl(&status_write, rustix::fs::OFlags::empty()).map_err(|e| {
+        SpawnError::Io {
+            what: "status pipe".to_owned(),
+            source: e.into(),
+        }
+    })?;
     let passwd = memfd("passwd", passwd.as_bytes())?;
     let group = memfd("group", group.as_bytes())?;
     let hosts = memfd("hosts", hosts.as_bytes())?;
@@ -365,6 +452,7 @@ pub fn spawn(
         hosts: hosts.as_raw_fd(),
         seccomp_main: main.as_raw_fd(),
         seccomp_enosys: enosys.as_raw_fd(),
+        status: status_write.as_raw_fd(),
     };
     let mut args_bytes = Vec::new();
     for arg in bwrap_args(plan, &numbers) {
@@ -380,6 +468,7 @@ pub fn spawn(
         numbers.hosts,
         numbers.seccomp_main,
         numbers.seccomp_enosys,
+        numbers.status,
         args.as_raw_fd(),
     ];
     keep.extend(numbers.venv);
@@ -402,9 +491,13 @@ pub fn spawn(
         .stderr(Stdio::piped())
         .kill_on_drop(false);
     let child = setup.spawn(cmd)?;
-    // The parent's copies of the descriptors close here; the child has its own.
-    drop((passwd, group, hosts, main, enosys, args));
-    Ok(child)
+    // The parent's copies of the descriptors close here; the child has its own (so the status
+    // pipe reaches its end when bwrap exits).
+    drop((passwd, group, hosts, main, enosys, args, status_write));
+    Ok(Sandbox {
+        child,
+        status: StatusPipe(status_read),
+    })
 }
 
 #[cfg(test)]
@@ -433,6 +526,7 @@ mod tests {
         hosts: 15,
         seccomp_main: 16,
         seccomp_enosys: 17,
+        status: 18,
     };
 
     fn strings(a: &[OsString]) -> Vec<String> {
@@ -476,6 +570,7 @@ mod tests {
                 "/home/agent",
             ],
             &["--add-seccomp-fd", "16", "--add-seccomp-fd", "17"],
+            &["--json-status-fd", "18"],
             &["--setenv", "ANTHROPIC_UNIX_SOCKET", "/run/gw/llm.sock"],
         ] {
             assert!(has_seq(&a, seq), "{seq:?} missing in {a:?}");
@@ -522,6 +617,26 @@ mod tests {
         let env = environment(&allowed, false, Some(&token), false);
         assert!(!env.contains_key("ANTHROPIC_AUTH_TOKEN"));
         assert!(!env.contains_key("VIRTUAL_ENV"));
+    }
+
+    #[test]
+    fn status_records() {
+        // What bwrap 0.8-0.11 write: the child record (with namespace ids), then the exit.
+        let ran = parse_status(
+            b"{ \"child-pid\": 4242, \"cgroup-namespace\": 4026531835, \"ipc-namespace\": 1 }\n\
+              { \"exit-code\": 3 }\n",
+        );
+        assert_eq!(
+            ran,
+            BwrapStatus {
+                child_pid: Some(4242),
+                exit_code: Some(3)
+            }
+        );
+        let failed = parse_status(b"{ \"child-pid\": 4242 }\n");
+        assert_eq!(failed.exit_code, None);
+        assert_eq!(parse_status(b""), BwrapStatus::default());
+        assert_eq!(parse_status(b"{ \"exit-co").exit_code, None);
     }
 
     #[test]

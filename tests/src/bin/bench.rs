@@ -558,7 +558,8 @@ impl Floor {
             &procs,
             run_as,
             Path::new(sandbox::BWRAP),
-        )?;
+        )?
+        .child;
         let out = child.wait_with_output().await?;
         if let Some(cg) = cgroup {
             cg.kill_all().await?;
