@@ -25,6 +25,12 @@ use serde::{Deserialize, Serialize};
 /// to the agent as `ANTHROPIC_AUTH_TOKEN` (the env allowlist refuses every `ANTHROPIC_*` key in
 /// `env`, so the token needs a field of its own). The launcher keeps it in memory only, never
 /// persisted or logged.
+///
+/// `stdin` is what the agent reads on its standard input (default: nothing): **the place for
+/// the prompt** (`claude -p` with no prompt argument reads it from stdin). Everything in `cmd`
+/// ends up in the host-visible argv of the agent process (`ps`, `/proc/<pid>/cmdline`), so a
+/// prompt there is readable by every local user while the run lasts; `stdin` is delivered
+/// through a sealed in-memory file that only the sandbox can read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentRequest {
@@ -38,6 +44,8 @@ pub struct AgentRequest {
     pub timeout_s: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
 }
 
 /// `POST /checks`.

@@ -104,9 +104,11 @@ fn launcher_requests() {
         venv: Some("/v/x".into()),
         timeout_s: 60,
         token: Some("tok".into()),
+        stdin: Some("Fix the tests".into()),
     };
     let full = json!({"tid": "t1", "model": "m1", "cmd": ["claude", "-p"],
-        "env": {"MAX_THINKING_TOKENS": "1"}, "venv": "/v/x", "timeout_s": 60, "token": "tok"});
+        "env": {"MAX_THINKING_TOKENS": "1"}, "venv": "/v/x", "timeout_s": 60, "token": "tok",
+        "stdin": "Fix the tests"});
     strict_round_trip(&agent, &full);
     // The seed's minimal form: env, venv and token default.
     let minimal: AgentRequest = serde_json::from_value(
@@ -114,8 +116,13 @@ fn launcher_requests() {
     )
     .unwrap();
     assert_eq!(
-        (minimal.env.len(), minimal.venv, minimal.token),
-        (0, None, None)
+        (
+            minimal.env.len(),
+            minimal.venv,
+            minimal.token,
+            minimal.stdin
+        ),
+        (0, None, None, None)
     );
     let check = CheckRequest {
         tid: "t1".into(),

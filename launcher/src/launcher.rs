@@ -168,6 +168,8 @@ struct RunSpec {
     venv: Option<OwnedFd>,
     gateway: Option<OwnedFd>,
     timeout: Duration,
+    /// The agent's standard input (the prompt); never in an argument list.
+    stdin: Option<String>,
 }
 
 /// Refuses an agent range that holds the service identity or a user of the host.
@@ -381,6 +383,7 @@ impl Launcher {
             self.config.launcher.limits.max_agent_timeout_s,
         )?;
         let token = validate::token(req.token.as_deref())?;
+        let stdin = validate::stdin(req.stdin.as_deref())?.map(str::to_owned);
         let venv = req
             .venv
             .as_deref()
@@ -397,6 +400,7 @@ impl Launcher {
             venv,
             gateway: Some(gateway),
             timeout,
+            stdin,
         };
         self.start(spec).await?;
         self.status_of(&tid)
@@ -431,6 +435,7 @@ impl Launcher {
             venv,
             gateway: None,
             timeout,
+            stdin: None,
         };
         let mut rx = self.start(spec).await?;
         // An error means the entry was dropped, which only a replaced run can do.
@@ -645,14 +650,20 @@ impl Launcher {
             uid: agent.uid,
             gid: agent.gid,
         };
-        let mut sandbox =
-            match bwrap::spawn(&plan, &mounts, &cgroup.join_files(), run_as, &self.bwrap) {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = cgroup.remove();
-                    return Err(e.into());
-                }
-            };
+        let mut sandbox = match bwrap::spawn(
+            &plan,
+            &mounts,
+            &cgroup.join_files(),
+            run_as,
+            &self.bwrap,
+            spec.stdin.as_deref().map(str::as_bytes),
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cgroup.remove();
+                return Err(e.into());
+            }
+        };
         let cap = self.output_cap();
         let mut captures = Vec::new();
         if let Some(out) = sandbox.child.stdout.take() {

@@ -35,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use agentbox_policy::secret::Secret;
-use rustix::fs::MemfdFlags;
+use rustix::fs::{MemfdFlags, OFlags, SealFlags};
 use rustix::process::Resource;
 
 use crate::proc::{self, ChildSetup};
@@ -325,6 +325,35 @@ fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, SpawnError> {
     Ok(OwnedFd::from(file))
 }
 
+/// The sandbox's standard input: a sealed in-memory file holding `data` (no write, grow,
+/// shrink or further seal), opened read-only afresh so it starts at offset 0. The prompt travels
+/// this way, never through an argument list (which every local user can read in
+/// `/proc/<pid>/cmdline` while the run lasts).
+fn stdin_file(data: &[u8]) -> Result<OwnedFd, SpawnError> {
+    let fd = rustix::fs::memfd_create("stdin", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| SpawnError::Io {
+            what: "memfd stdin".to_owned(),
+            source: e.into(),
+        })?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(data).map_err(io("writing memfd stdin"))?;
+    let seals = SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL;
+    rustix::fs::fcntl_add_seals(&file, seals).map_err(|e| SpawnError::Io {
+        what: "sealing memfd stdin".to_owned(),
+        source: e.into(),
+    })?;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    rustix::fs::open(
+        path.as_str(),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| SpawnError::Io {
+        what: "reopening memfd stdin".to_owned(),
+        source: e.into(),
+    })
+}
+
 /// The read end of bwrap's `--json-status-fd`. bwrap (its monitor process, outside the
 /// sandbox) writes `{"child-pid": N, ...}` once the sandbox process exists and
 /// `{"exit-code": N}` when the command ends, but only if the command was executed: a setup
@@ -408,7 +437,8 @@ pub struct RunAs {
 
 /// Starts bwrap for `plan` as `run_as`, inside the cgroup whose join files are given
 /// ([`TaskCgroup::join_files`](crate::cgroup::TaskCgroup::join_files); none: no cgroup),
-/// with stdin from `/dev/null` and stdout/stderr piped; returns it with its [`StatusPipe`].
+/// with stdin from `stdin` (through [`stdin_file`]; none: `/dev/null`) and stdout/stderr
+/// piped; returns it with its [`StatusPipe`].
 ///
 /// Must be called from a long-lived thread (an async task on a runtime worker, not
 /// `spawn_blocking`): the parent-death signal set in the child fires when the *thread* that
@@ -419,7 +449,12 @@ pub fn spawn(
     cgroup_join: &[PathBuf],
     run_as: RunAs,
     bwrap: &Path,
+    stdin: Option<&[u8]>,
 ) -> Result<Sandbox, SpawnError> {
+    let stdin = match stdin {
+        Some(data) => Stdio::from(stdin_file(data)?),
+        None => Stdio::null(),
+    };
     let (passwd, group, hosts) = identity_files(run_as.uid, run_as.gid);
     let (status_read, status_write) = rustix::pipe::pipe_with(
         rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
@@ -486,7 +521,7 @@ pub fn spawn(
         .args(command_args(plan))
         .env_clear()
         .current_dir("/")
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);

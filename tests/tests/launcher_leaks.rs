@@ -3,7 +3,7 @@
 //! as root against the real launcher and bwrap.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentbox_tests::harness::launcher::{Launcher, Options};
+use agentbox_tests::harness::launcher::{Launcher, Options, cmdlines_containing};
 use serde_json::{Value, json};
 
 fn start_agent(l: &Launcher, tid: &str, body: Value) -> Value {
@@ -65,4 +65,57 @@ fn a_failed_sandbox_setup_is_not_the_command_exiting_1() {
     assert_eq!(v["setup_failed"], false, "{v}");
     assert_eq!(v["exit_code"], 1, "{v}");
     assert_eq!(v["error"], Value::Null, "{v}");
+}
+
+/// Hole 10a: the prompt travels in the request's `stdin`, never in an argument list: while the
+/// agent runs, no process on the host has it in its `/proc/<pid>/cmdline`, and the agent
+/// reads it on its standard input.
+#[test]
+fn the_prompt_is_in_no_host_visible_command_line() {
+    let l = Launcher::start(Options::default());
+    let ws = l.workspace("prompt1");
+    let _gw = l.gateway_socket("prompt1");
+    let prompt = "Fix the tests; the secret plan is prompt-marker-19c4.\nSecond line.";
+    // The stand-in claude runs its argument as a script: it saves its stdin, then waits long
+    // enough to be looked at.
+    start_agent(
+        &l,
+        "prompt1",
+        json!({"cmd": ["claude", "cat > got-prompt; sleep 2.5"], "stdin": prompt}),
+    );
+    let mut seen = Vec::new();
+    for _ in 0..40 {
+        seen.extend(cmdlines_containing("prompt-marker-19c4"));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let v = wait_agent(&l, "prompt1");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert!(seen.is_empty(), "the prompt in a command line: {seen:?}");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("got-prompt")).unwrap(),
+        prompt
+    );
+
+    // Without `stdin` the agent reads an empty stdin, as before.
+    l.workspace("prompt2");
+    let _gw2 = l.gateway_socket("prompt2");
+    start_agent(&l, "prompt2", json!({"cmd": ["claude", "wc -c"]}));
+    let v = wait_agent(&l, "prompt2");
+    assert_eq!(v["stdout"].as_str().unwrap().trim(), "0", "{v}");
+    // The sealed stdin cannot be written through, even by reopening it.
+    let r = l.post(
+        "/agents",
+        &json!({"tid": "prompt2", "model": "m1", "timeout_s": 60, "stdin": "x",
+                "cmd": ["claude", "echo y >> /proc/self/fd/0 && echo wrote || echo refused"]}),
+    );
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let v = wait_agent(&l, "prompt2");
+    assert!(v["stdout"].as_str().unwrap().contains("refused"), "{v}");
+    let r = l.post(
+        "/agents",
+        &json!({"tid": "prompt3", "model": "m1", "timeout_s": 60, "cmd": ["claude"],
+                "stdin": "x".repeat((1 << 20) + 1)}),
+    );
+    // Over the bound: refused (by the body limit first).
+    assert!(r.status == 400 || r.status == 413, "{}", r.raw);
 }

@@ -558,6 +558,7 @@ impl Floor {
             &procs,
             run_as,
             Path::new(sandbox::BWRAP),
+            None,
         )?
         .child;
         let out = child.wait_with_output().await?;
@@ -589,6 +590,7 @@ async fn launcher_once(l: &LauncherProcess, tid: &str, ws: &Path) -> Result<(i12
         venv: None,
         timeout_s: 60,
         token: None,
+        stdin: None,
     };
     let tid = Tid::parse(tid)?;
     let t0 = monotonic_ns();

@@ -461,6 +461,26 @@ pub fn processes_with(prefix: &str) -> Vec<String> {
     out
 }
 
+/// Every process on the host whose command line (argv joined by spaces) contains `needle`
+/// (this test process excepted), as `pid: cmdline`.
+pub fn cmdlines_containing(needle: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy() == me {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
+            out.push(format!("{}: {cmd}", e.file_name().to_string_lossy()));
+        }
+    }
+    out
+}
+
 /// The owner uid of `p` itself (not following a symlink).
 pub fn owner_of(p: &Path) -> u32 {
     use std::os::unix::fs::MetadataExt;
