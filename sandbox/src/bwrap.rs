@@ -94,6 +94,8 @@ pub struct FdNumbers {
     pub seccomp_enosys: RawFd,
     /// The write end of the `--json-status-fd` pipe.
     pub status: RawFd,
+    /// The host's `/etc/localtime`, copied (none: the host has none).
+    pub localtime: Option<RawFd>,
 }
 
 /// The sandbox environment: fixed launcher variables, then the request's allowlisted ones (the
@@ -184,9 +186,6 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         "--ro-bind-try",
         "/etc/ld.so.cache",
         "/etc/ld.so.cache",
-        "--ro-bind-try",
-        "/etc/localtime",
-        "/etc/localtime",
         "--proc",
         "/proc",
         "--dev",
@@ -224,6 +223,16 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         fd(fds.workspace),
         "/workspace".into(),
     ]);
+    // A copy, not a bind: a bind's mount root in the sandbox's mountinfo would be the zone
+    // file's host path (`/usr/share/zoneinfo/...`); bwrap's data files show a neutral
+    // `/bindfileXXXXXX`.
+    if let Some(t) = fds.localtime {
+        push_owned(vec![
+            "--ro-bind-data".into(),
+            fd(t),
+            "/etc/localtime".into(),
+        ]);
+    }
     if let Some(v) = fds.venv.filter(|_| plan.with_venv) {
         push_owned(vec!["--ro-bind-fd".into(), fd(v), "/opt/venv".into()]);
     }
@@ -279,6 +288,18 @@ pub fn command_args(plan: &Plan) -> Vec<OsString> {
         }
     }
     a
+}
+
+/// The largest `/etc/localtime` copied into a sandbox (zone files are a few KiB).
+const LOCALTIME_CAP: u64 = 256 * 1024;
+
+/// The host's `/etc/localtime` (a root-owned system file), if it has one of a plausible size.
+fn read_localtime() -> Option<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open("/etc/localtime").ok()?;
+    let mut data = Vec::new();
+    file.take(LOCALTIME_CAP + 1).read_to_end(&mut data).ok()?;
+    (data.len() as u64 <= LOCALTIME_CAP).then_some(data)
 }
 
 /// The synthetic `/etc/passwd`, `/etc/group` and `/etc/hosts` (Node and many tools want an
@@ -473,6 +494,10 @@ pub fn spawn(
     let passwd = memfd("passwd", passwd.as_bytes())?;
     let group = memfd("group", group.as_bytes())?;
     let hosts = memfd("hosts", hosts.as_bytes())?;
+    let localtime = match read_localtime() {
+        Some(data) => Some(memfd("localtime", &data)?),
+        None => None,
+    };
     let main = memfd("seccomp", &seccomp::to_bytes(&seccomp::main_filter()?))?;
     let enosys = memfd(
         "seccomp-enosys",
@@ -488,6 +513,7 @@ pub fn spawn(
         seccomp_main: main.as_raw_fd(),
         seccomp_enosys: enosys.as_raw_fd(),
         status: status_write.as_raw_fd(),
+        localtime: localtime.as_ref().map(AsRawFd::as_raw_fd),
     };
     let mut args_bytes = Vec::new();
     for arg in bwrap_args(plan, &numbers) {
@@ -508,6 +534,7 @@ pub fn spawn(
     ];
     keep.extend(numbers.venv);
     keep.extend(numbers.gateway);
+    keep.extend(numbers.localtime);
     let setup = ChildSetup::new(run_as.uid, run_as.gid)
         .join_cgroup(cgroup_join)?
         .rlimit(Resource::Nofile, NOFILE)
@@ -528,7 +555,16 @@ pub fn spawn(
     let child = setup.spawn(cmd)?;
     // The parent's copies of the descriptors close here; the child has its own (so the status
     // pipe reaches its end when bwrap exits).
-    drop((passwd, group, hosts, main, enosys, args, status_write));
+    drop((
+        passwd,
+        group,
+        hosts,
+        main,
+        enosys,
+        args,
+        status_write,
+        localtime,
+    ));
     Ok(Sandbox {
         child,
         status: StatusPipe(status_read),
@@ -562,6 +598,7 @@ mod tests {
         seccomp_main: 16,
         seccomp_enosys: 17,
         status: 18,
+        localtime: Some(19),
     };
 
     fn strings(a: &[OsString]) -> Vec<String> {
@@ -606,12 +643,15 @@ mod tests {
             ],
             &["--add-seccomp-fd", "16", "--add-seccomp-fd", "17"],
             &["--json-status-fd", "18"],
+            &["--ro-bind-data", "19", "/etc/localtime"],
             &["--setenv", "ANTHROPIC_UNIX_SOCKET", "/run/gw/llm.sock"],
         ] {
             assert!(has_seq(&a, seq), "{seq:?} missing in {a:?}");
         }
         assert!(has_seq(&a, &["--remount-ro", "/"]), "{a:?}");
         assert!(!has_seq(&a, &["--ro-bind", "/", "/"]));
+        // Copied, not bound: a bind's root would show the host's zone file path.
+        assert!(!has_seq(&a, &["--ro-bind-try", "/etc/localtime"]));
         assert!(!a.iter().any(|s| s == "--share-net"));
         assert_eq!(
             strings(&command_args(&p)),

@@ -119,3 +119,63 @@ fn the_prompt_is_in_no_host_visible_command_line() {
     // Over the bound: refused (by the body limit first).
     assert!(r.status == 400 || r.status == 413, "{}", r.raw);
 }
+
+/// Hole 10b: the sandbox's `/proc/self/mountinfo` names no host path but the roots of the binds
+/// that cannot have another: the kernel shows a bind mount's root as the bound directory's path
+/// *relative to the root of its filesystem*, whatever path it was mounted through (the staging
+/// mounts under `mnt/<tid>/` do not appear), so `/workspace`, `/run/gw`, `/opt/venv` and the
+/// claude binary show where they live on the host. Everything else is a fresh filesystem, a
+/// system directory bound to the same path, or one of bwrap's own neutral files; the data dir
+/// appears in the workspace and gateway lines only.
+#[test]
+fn mountinfo_names_no_host_path_but_the_unavoidable_bind_roots() {
+    let l = Launcher::start(Options::default());
+    let venv = l.venvs.join("v1");
+    std::fs::create_dir_all(venv.join("bin")).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
+    let ws = l.workspace("mi1");
+    let _gw = l.gateway_socket("mi1");
+    start_agent(
+        &l,
+        "mi1",
+        json!({"cmd": ["claude", "cat /proc/self/mountinfo"], "venv": venv.to_str().unwrap()}),
+    );
+    let v = wait_agent(&l, "mi1");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let text = v["stdout"].as_str().unwrap();
+    let data = l.data.to_str().unwrap();
+    let claude = l.base.join("fake-claude");
+    let gateway = l.data.join("sockets/mi1");
+    // Mount point -> the host path its root must be (the binds that cannot be renamed).
+    let documented = [
+        ("/workspace", ws.to_str().unwrap()),
+        ("/run/gw", gateway.to_str().unwrap()),
+        ("/opt/venv", venv.to_str().unwrap()),
+        ("/opt/agentbox/bin/claude", claude.to_str().unwrap()),
+    ];
+    let mut bad = Vec::new();
+    let mut seen = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        let (root, point) = (f[3], f[4]);
+        let ok = if let Some((_, host)) = documented.iter().find(|(p, _)| *p == point) {
+            seen += 1;
+            root == *host
+        } else {
+            root == "/"
+                || root == point
+                || root.starts_with("/newroot")
+                || root.starts_with("/bindfile")
+                || format!("/dev{root}") == point
+        };
+        let names_data = line.contains(data) && point != "/workspace" && point != "/run/gw";
+        if !ok || names_data || line.contains("/mnt/mi1") {
+            bad.push(line.to_owned());
+        }
+    }
+    assert_eq!(seen, documented.len(), "{text}");
+    assert!(
+        bad.is_empty(),
+        "host paths in the sandbox's mountinfo: {bad:#?}"
+    );
+}
