@@ -504,17 +504,8 @@ pub fn pause_after(took: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rustix::fs::Mode;
+    use crate::walk::tests::{nest, open_dir};
     use std::io::{Seek, SeekFrom, Write};
-
-    fn open_dir(p: &std::path::Path) -> OwnedFd {
-        rustix::fs::open(
-            p,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap()
-    }
 
     #[test]
     fn abi_sizes_match_the_kernel_headers() {
@@ -553,11 +544,7 @@ mod tests {
     fn depth_costs_no_evasion_and_entries_are_bounded() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = tmp.path().join("ws");
-        let mut deep = ws.clone();
-        for _ in 0..20 {
-            deep = deep.join("d");
-        }
-        std::fs::create_dir_all(&deep).unwrap();
+        let deep = nest(&ws, 20);
         std::fs::write(deep.join("hidden"), vec![1u8; 1 << 20]).unwrap();
         let fd = open_dir(&ws);
         let shallow = WalkLimits {

@@ -235,6 +235,18 @@ struct Frame {
     depth: usize,
 }
 
+impl Frame {
+    fn new(fd: OwnedFd, names: Vec<CString>, path: String, depth: usize) -> Frame {
+        Frame {
+            fd,
+            names,
+            next: 0,
+            path,
+            depth,
+        }
+    }
+}
+
 fn read_names(dir: BorrowedFd<'_>, path: &str) -> Result<Vec<CString>, WalkError> {
     let io = |op, source| WalkError::Io {
         path: path.to_owned(),
@@ -535,13 +547,7 @@ fn walk(
     w.report.visited = 1;
     w.apply(top_fd.as_fd(), &opened, true, ".")?;
     let names = read_names(top_fd.as_fd(), ".")?;
-    let mut stack = vec![Frame {
-        fd: top_fd,
-        names,
-        next: 0,
-        path: String::new(),
-        depth: 0,
-    }];
+    let mut stack = vec![Frame::new(top_fd, names, String::new(), 0)];
     while let Some(frame) = stack.last_mut() {
         let Some(name) = frame.names.get(frame.next).cloned() else {
             stack.pop();
@@ -583,13 +589,7 @@ fn walk(
                 )?;
                 w.apply(fd.as_fd(), &opened, true, &path)?;
                 let names = read_names(fd.as_fd(), &path)?;
-                stack.push(Frame {
-                    fd,
-                    names,
-                    next: 0,
-                    path,
-                    depth,
-                });
+                stack.push(Frame::new(fd, names, path, depth));
             }
             Kind::File | Kind::Symlink | Kind::Fifo | Kind::Socket => {
                 if st.nlink > 1 {
@@ -715,13 +715,7 @@ pub fn visit(
             None => report.skipped += 1,
             Some(names) => {
                 report.truncated |= listed >= limits.max_entries;
-                let mut stack = vec![Frame {
-                    fd,
-                    names,
-                    next: 0,
-                    path,
-                    depth: 0,
-                }];
+                let mut stack = vec![Frame::new(fd, names, path, 0)];
                 visit_stack(
                     &mut stack,
                     limits,
@@ -831,13 +825,7 @@ fn visit_stack(
             continue;
         };
         report.truncated |= *listed >= limits.max_entries;
-        stack.push(Frame {
-            fd,
-            names,
-            next: 0,
-            path,
-            depth,
-        });
+        stack.push(Frame::new(fd, names, path, depth));
     }
 }
 
@@ -928,7 +916,7 @@ fn read_names_bounded(dir: BorrowedFd<'_>, cap: u64, listed: &mut u64) -> Option
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
     use std::path::Path;
@@ -942,7 +930,8 @@ mod tests {
         gid: 64126,
     };
 
-    fn open_dir(p: &Path) -> OwnedFd {
+    /// An `O_PATH` handle of the directory `p`, as the walks take it.
+    pub(crate) fn open_dir(p: &Path) -> OwnedFd {
         fs::open(
             p,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -1044,15 +1033,18 @@ mod tests {
         assert!(err.to_string().contains("device node"), "{err}");
     }
 
+    /// `top/d/d/...` (`depth` times), created; returns the deepest.
+    pub(crate) fn nest(top: &Path, depth: usize) -> std::path::PathBuf {
+        let deep = (0..depth).fold(top.to_path_buf(), |p, _| p.join("d"));
+        std::fs::create_dir_all(&deep).unwrap();
+        deep
+    }
+
     #[test]
     fn bounds() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = tmp.path().join("ws");
-        let mut deep = ws.clone();
-        for _ in 0..5 {
-            deep = deep.join("d");
-        }
-        std::fs::create_dir_all(&deep).unwrap();
+        nest(&ws, 5);
         let fd = open_dir(&ws);
         let limits = WalkLimits {
             max_entries: 100,

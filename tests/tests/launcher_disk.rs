@@ -73,14 +73,8 @@ fn status_names_the_disk_enforcement_mode() {
 #[test]
 fn an_agent_writing_past_the_disk_limit_is_stopped() {
     let l = launcher();
-    let ws = l.workspace("disk1");
-    let _gw = l.gateway_socket("disk1");
-    let r = l.post(
-        "/agents",
-        &json!({"tid": "disk1", "model": "m1", "cmd": ["claude", FILL], "timeout_s": 300}),
-    );
-    assert_eq!(r.status, 201, "{}\n{}", r.raw, l.stderr());
-    let v = l.get("/agents/disk1?wait=1").body;
+    let v = l.run_agent("disk1", json!({"cmd": ["claude", FILL]}));
+    let ws = l.data.join("tasks/disk1/workspace");
     assert_eq!(v["disk_exceeded"], true, "{v}\n{}", l.stderr());
     let mode = l.get("/status").body["disk"]["mode"].clone();
     if mode == "watcher" {
@@ -94,13 +88,10 @@ fn an_agent_writing_past_the_disk_limit_is_stopped() {
 #[test]
 fn a_check_writing_past_the_disk_limit_is_stopped() {
     let l = launcher();
-    let ws = l.workspace("disk2");
-    let r = l.check("disk2", FILL);
-    assert_eq!(r.status, 200, "{}\n{}", r.raw, l.stderr());
-    let v = r.body;
+    let v = l.probe("disk2", FILL);
     assert_eq!(v["disk_exceeded"], true, "{v}\n{}", l.stderr());
     assert_ne!(v["exit_code"], 0, "{v}");
-    assert_bounded(&ws, &v);
+    assert_bounded(&l.data.join("tasks/disk2/workspace"), &v);
 }
 
 /// No single file grows past the limit (RLIMIT_FSIZE, or the quota), and a sparse file's

@@ -6,22 +6,6 @@
 use agentbox_tests::harness::launcher::{Launcher, Options, cmdlines_containing};
 use serde_json::{Value, json};
 
-fn start_agent(l: &Launcher, tid: &str, body: Value) -> Value {
-    let mut body = body;
-    body["tid"] = json!(tid);
-    body["model"] = json!("m1");
-    body["timeout_s"] = json!(120);
-    let r = l.post("/agents", &body);
-    assert_eq!(r.status, 201, "{}\n{}", r.raw, l.stderr());
-    r.body
-}
-
-fn wait_agent(l: &Launcher, tid: &str) -> Value {
-    let r = l.get(&format!("/agents/{tid}?wait=1"));
-    assert_eq!(r.status, 200, "{}", r.raw);
-    r.body
-}
-
 /// Hole 10c: a sandbox bwrap cannot set up (here: the cgroup allows bwrap too few processes to
 /// fork the command) is reported as such (`setup_failed`, no exit code, state `failed`), not
 /// as the command exiting 1, which stays an ordinary exit.
@@ -37,10 +21,7 @@ fn a_failed_sandbox_setup_is_not_the_command_exiting_1() {
     assert!(!v["stdout"].as_str().unwrap().contains("ran"), "{v}");
     assert!(v["stderr"].as_str().unwrap().contains("bwrap"), "{v}");
 
-    broken.workspace("setup2");
-    let _gw = broken.gateway_socket("setup2");
-    start_agent(&broken, "setup2", json!({"cmd": ["claude", "echo ran"]}));
-    let v = wait_agent(&broken, "setup2");
+    let v = broken.run_agent("setup2", json!({"cmd": ["claude", "echo ran"]}));
     assert_eq!(v["state"], "failed", "{v}");
     assert_eq!(v["setup_failed"], true, "{v}");
     assert_eq!(v["exit_code"], Value::Null, "{v}");
@@ -57,10 +38,7 @@ fn a_failed_sandbox_setup_is_not_the_command_exiting_1() {
     assert_eq!(v["setup_failed"], false, "{v}");
     assert_eq!(v["exit_code"], 1, "{v}");
     assert!(v["stdout"].as_str().unwrap().contains("ran"), "{v}");
-    fine.workspace("setup4");
-    let _gw = fine.gateway_socket("setup4");
-    start_agent(&fine, "setup4", json!({"cmd": ["claude", "exit 1"]}));
-    let v = wait_agent(&fine, "setup4");
+    let v = fine.run_agent("setup4", json!({"cmd": ["claude", "exit 1"]}));
     assert_eq!(v["state"], "exited", "{v}");
     assert_eq!(v["setup_failed"], false, "{v}");
     assert_eq!(v["exit_code"], 1, "{v}");
@@ -78,8 +56,7 @@ fn the_prompt_is_in_no_host_visible_command_line() {
     let prompt = "Fix the tests; the secret plan is prompt-marker-19c4.\nSecond line.";
     // The stand-in claude runs its argument as a script: it saves its stdin, then waits long
     // enough to be looked at.
-    start_agent(
-        &l,
+    l.start_agent(
         "prompt1",
         json!({"cmd": ["claude", "cat > got-prompt; sleep 2.5"], "stdin": prompt}),
     );
@@ -88,7 +65,7 @@ fn the_prompt_is_in_no_host_visible_command_line() {
         seen.extend(cmdlines_containing("prompt-marker-19c4"));
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let v = wait_agent(&l, "prompt1");
+    let v = l.wait_agent("prompt1");
     assert_eq!(v["exit_code"], 0, "{v}");
     assert!(seen.is_empty(), "the prompt in a command line: {seen:?}");
     assert_eq!(
@@ -97,10 +74,7 @@ fn the_prompt_is_in_no_host_visible_command_line() {
     );
 
     // Without `stdin` the agent reads an empty stdin, as before.
-    l.workspace("prompt2");
-    let _gw2 = l.gateway_socket("prompt2");
-    start_agent(&l, "prompt2", json!({"cmd": ["claude", "wc -c"]}));
-    let v = wait_agent(&l, "prompt2");
+    let v = l.run_agent("prompt2", json!({"cmd": ["claude", "wc -c"]}));
     assert_eq!(v["stdout"].as_str().unwrap().trim(), "0", "{v}");
     // The sealed stdin cannot be written through, even by reopening it.
     let r = l.post(
@@ -109,7 +83,7 @@ fn the_prompt_is_in_no_host_visible_command_line() {
                 "cmd": ["claude", "echo y >> /proc/self/fd/0 && echo wrote || echo refused"]}),
     );
     assert_eq!(r.status, 201, "{}", r.raw);
-    let v = wait_agent(&l, "prompt2");
+    let v = l.wait_agent("prompt2");
     assert!(v["stdout"].as_str().unwrap().contains("refused"), "{v}");
     let r = l.post(
         "/agents",
@@ -130,17 +104,12 @@ fn the_prompt_is_in_no_host_visible_command_line() {
 #[test]
 fn mountinfo_names_no_host_path_but_the_unavoidable_bind_roots() {
     let l = Launcher::start(Options::default());
-    let venv = l.venvs.join("v1");
-    std::fs::create_dir_all(venv.join("bin")).unwrap();
-    std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
-    let ws = l.workspace("mi1");
-    let _gw = l.gateway_socket("mi1");
-    start_agent(
-        &l,
+    let venv = l.venv("v1");
+    let v = l.run_agent(
         "mi1",
         json!({"cmd": ["claude", "cat /proc/self/mountinfo"], "venv": venv.to_str().unwrap()}),
     );
-    let v = wait_agent(&l, "mi1");
+    let ws = l.data.join("tasks/mi1/workspace");
     assert_eq!(v["exit_code"], 0, "{v}");
     let text = v["stdout"].as_str().unwrap();
     let data = l.data.to_str().unwrap();

@@ -349,6 +349,41 @@ impl Launcher {
         (self.workspace(tid), self.gateway_socket(tid))
     }
 
+    /// `POST /agents` for `tid` with model `m1`, `timeout_s` 300 and the fields of `body` (an
+    /// object: at least `cmd`), asserting it started; its answer.
+    pub fn start_agent(&self, tid: &str, body: Value) -> Value {
+        let mut req = serde_json::json!({"tid": tid, "model": "m1", "timeout_s": 300});
+        if let (Some(req), Value::Object(fields)) = (req.as_object_mut(), body) {
+            req.extend(fields);
+        }
+        let r = self.post("/agents", &req);
+        assert_eq!(r.status, 201, "{}\n{}", r.raw, self.stderr());
+        r.body
+    }
+
+    /// `GET /agents/{tid}?wait=1`: the agent's final status.
+    pub fn wait_agent(&self, tid: &str) -> Value {
+        let r = self.get(&format!("/agents/{tid}?wait=1"));
+        assert_eq!(r.status, 200, "{}", r.raw);
+        r.body
+    }
+
+    /// An agent run from start to end in a fresh [`Launcher::prepare_task`]: started with
+    /// [`Launcher::start_agent`], its final status.
+    pub fn run_agent(&self, tid: &str, body: Value) -> Value {
+        let _task = self.prepare_task(tid);
+        self.start_agent(tid, body);
+        self.wait_agent(tid)
+    }
+
+    /// `venvs/<name>`, a venv whose `bin/python` is the host's python3; returns its path.
+    pub fn venv(&self, name: &str) -> PathBuf {
+        let venv = self.venvs.join(name);
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
+        venv
+    }
+
     /// Runs a check to completion and returns its result.
     pub fn check(&self, tid: &str, command: &str) -> Resp {
         self.post(
