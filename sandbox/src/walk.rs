@@ -645,7 +645,8 @@ pub struct VisitReport {
     /// Entries shown to the visitor, the top included.
     pub visited: u64,
     /// Directories nested deeper than the depth limit that could not be visited later (their
-    /// filesystem gives no file handles): neither shown nor entered.
+    /// filesystem gives no file handles, or too many were waiting): neither shown nor
+    /// entered.
     pub too_deep: u64,
     /// Entries that changed or vanished between listing and looking, or could not be looked
     /// at (skipped; a later visit sees them as they are then).
@@ -655,7 +656,10 @@ pub struct VisitReport {
 }
 
 /// Where a path shown by [`visit`] stops growing (a tree may be nested without bound).
-const MAX_SHOWN_PATH: usize = 1024;
+const MAX_SHOWN_PATH: usize = 256;
+/// Most directories past the depth limit [`visit`] keeps for later; more are counted as
+/// `too_deep` (no legitimate tree has that many, and each costs the launcher memory).
+const MAX_DEFERRED: usize = 65_536;
 
 /// Visits every entry under `top` (a directory handle; `O_PATH` is fine) read-only, with the
 /// same rules as the hand-over (directories opened relative to their parent with `O_NOFOLLOW`
@@ -794,8 +798,8 @@ fn visit_stack(
         }
         if depth > limits.max_depth {
             match handle::of(frame.fd.as_fd(), &name) {
-                Ok(h) => deferred.push((h, st, path)),
-                Err(_) => report.too_deep += 1,
+                Ok(h) if deferred.len() < MAX_DEFERRED => deferred.push((h, st, path)),
+                Ok(_) | Err(_) => report.too_deep += 1,
             }
             continue;
         }
