@@ -25,6 +25,12 @@ use serde::{Deserialize, Serialize};
 /// to the agent as `ANTHROPIC_AUTH_TOKEN` (the env allowlist refuses every `ANTHROPIC_*` key in
 /// `env`, so the token needs a field of its own). The launcher keeps it in memory only, never
 /// persisted or logged.
+///
+/// `stdin` is what the agent reads on its standard input (default: nothing): **the place for
+/// the prompt** (`claude -p` with no prompt argument reads it from stdin). Everything in `cmd`
+/// ends up in the host-visible argv of the agent process (`ps`, `/proc/<pid>/cmdline`), so a
+/// prompt there is readable by every local user while the run lasts; `stdin` is delivered
+/// through a sealed in-memory file that only the sandbox can read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentRequest {
@@ -38,6 +44,8 @@ pub struct AgentRequest {
     pub timeout_s: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
 }
 
 /// `POST /checks`.
@@ -91,7 +99,11 @@ pub enum RunState {
     TimedOut,
     /// By `DELETE` or launcher shutdown.
     Killed,
-    /// Could not start.
+    /// Stopped because its workspace reached `launcher.limits.disk_mb` (the watcher's mode;
+    /// under a project quota writes fail with `EDQUOT` instead and the run goes on).
+    DiskExceeded,
+    /// Could not start: refused before the sandbox existed, or bwrap failed to set the
+    /// sandbox up (`setup_failed`), so the command never ran.
     Failed,
     /// The launcher died while it ran; found at restart.
     Lost,
@@ -108,6 +120,7 @@ impl RunState {
             RunState::Exited => "exited",
             RunState::TimedOut => "timed_out",
             RunState::Killed => "killed",
+            RunState::DiskExceeded => "disk_exceeded",
             RunState::Failed => "failed",
             RunState::Lost => "lost",
         }
@@ -119,6 +132,7 @@ impl RunState {
             RunState::Exited
             | RunState::TimedOut
             | RunState::Killed
+            | RunState::DiskExceeded
             | RunState::Failed
             | RunState::Lost => true,
             RunState::Starting | RunState::Running | RunState::Stopping | RunState::Finishing => {
@@ -150,6 +164,15 @@ pub struct AgentStatus {
     pub exit_code: Option<i32>,
     pub oom_killed: bool,
     pub timed_out: bool,
+    /// Whether the workspace reached `launcher.limits.disk_mb` (the run was then stopped, or
+    /// its writes failed under a project quota).
+    #[serde(default)]
+    pub disk_exceeded: bool,
+    /// bwrap failed to set the sandbox up (a mount, the seccomp filter, executing the
+    /// command): the command never ran, `exit_code` is `null`, bwrap's message is in `stderr`,
+    /// and `state` is `failed`. Without this, a setup failure looked like the command exiting 1.
+    #[serde(default)]
+    pub setup_failed: bool,
     pub stdout: String,
     pub stderr: String,
     /// Whether stdout or stderr hit `limits.output_cap_kb` and lost output.
@@ -167,6 +190,12 @@ pub struct CheckResult {
     pub exit_code: Option<i32>,
     pub oom_killed: bool,
     pub timed_out: bool,
+    /// As in [`AgentStatus`].
+    #[serde(default)]
+    pub disk_exceeded: bool,
+    /// As in [`AgentStatus`].
+    #[serde(default)]
+    pub setup_failed: bool,
     pub stdout: String,
     pub stderr: String,
     pub truncated: bool,
@@ -280,6 +309,35 @@ pub struct HostStatus {
     pub cgroups: HostCheck,
 }
 
+/// How `launcher.limits.disk_mb` is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskMode {
+    /// The data dir's filesystem enforces project quotas: writes past the limit fail.
+    ProjectQuota,
+    /// A watcher measures each workspace and stops the run past the limit.
+    Watcher,
+}
+
+impl DiskMode {
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DiskMode::ProjectQuota => "project_quota",
+            DiskMode::Watcher => "watcher",
+        }
+    }
+}
+
+/// The per-run disk limit, in `GET /status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskStatus {
+    pub mode: DiskMode,
+    pub limit_mb: u64,
+    /// Why this mode (what the kernel answered about the data dir's filesystem).
+    pub detail: String,
+}
+
 /// `GET /status`: the runs in progress (sorted by tid), how many finished runs are kept, the
 /// clients waiting on `?wait=1`, the backends, and host readiness (`ready` = `host.ready`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -295,4 +353,7 @@ pub struct LauncherStatus {
     /// read.
     #[serde(default)]
     pub capabilities: Option<crate::caps::Capabilities>,
+    /// How the per-run disk limit is enforced.
+    #[serde(default)]
+    pub disk: Option<DiskStatus>,
 }

@@ -12,8 +12,8 @@ use agentbox_api::gateway::{
 use agentbox_api::launcher::{
     AgentRequest, AgentStatus, BackendStartResult, BackendState, BackendStatus, BackendStopResult,
     CheckRequest, CheckResult, DeleteBranchRequest, DeleteBranchResult, DeliverRequest,
-    DeliverResult, HostCheck, HostStatus, LauncherStatus, RunState, RunSummary, SnapshotRequest,
-    SnapshotResult,
+    DeliverResult, DiskMode, DiskStatus, HostCheck, HostStatus, LauncherStatus, RunState,
+    RunSummary, SnapshotRequest, SnapshotResult,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -43,7 +43,7 @@ fn strict_round_trip<T: Serialize + DeserializeOwned + PartialEq + Debug>(value:
     refuses_unknown::<T>(wire);
 }
 
-const RUN_STATES: [(RunState, &str); 9] = [
+const RUN_STATES: [(RunState, &str); 10] = [
     (RunState::Starting, "starting"),
     (RunState::Running, "running"),
     (RunState::Stopping, "stopping"),
@@ -51,6 +51,7 @@ const RUN_STATES: [(RunState, &str); 9] = [
     (RunState::Exited, "exited"),
     (RunState::TimedOut, "timed_out"),
     (RunState::Killed, "killed"),
+    (RunState::DiskExceeded, "disk_exceeded"),
     (RunState::Failed, "failed"),
     (RunState::Lost, "lost"),
 ];
@@ -80,7 +81,17 @@ fn states_are_the_wire_strings() {
         .filter(|(s, _)| s.is_done())
         .map(|(_, t)| *t)
         .collect();
-    assert_eq!(done, ["exited", "timed_out", "killed", "failed", "lost"]);
+    assert_eq!(
+        done,
+        [
+            "exited",
+            "timed_out",
+            "killed",
+            "disk_exceeded",
+            "failed",
+            "lost"
+        ]
+    );
 }
 
 #[test]
@@ -93,9 +104,11 @@ fn launcher_requests() {
         venv: Some("/v/x".into()),
         timeout_s: 60,
         token: Some("tok".into()),
+        stdin: Some("Fix the tests".into()),
     };
     let full = json!({"tid": "t1", "model": "m1", "cmd": ["claude", "-p"],
-        "env": {"MAX_THINKING_TOKENS": "1"}, "venv": "/v/x", "timeout_s": 60, "token": "tok"});
+        "env": {"MAX_THINKING_TOKENS": "1"}, "venv": "/v/x", "timeout_s": 60, "token": "tok",
+        "stdin": "Fix the tests"});
     strict_round_trip(&agent, &full);
     // The seed's minimal form: env, venv and token default.
     let minimal: AgentRequest = serde_json::from_value(
@@ -103,8 +116,13 @@ fn launcher_requests() {
     )
     .unwrap();
     assert_eq!(
-        (minimal.env.len(), minimal.venv, minimal.token),
-        (0, None, None)
+        (
+            minimal.env.len(),
+            minimal.venv,
+            minimal.token,
+            minimal.stdin
+        ),
+        (0, None, None, None)
     );
     let check = CheckRequest {
         tid: "t1".into(),
@@ -165,6 +183,8 @@ fn launcher_answers() {
         exit_code: Some(137),
         oom_killed: false,
         timed_out: true,
+        disk_exceeded: false,
+        setup_failed: false,
         stdout: "out".into(),
         stderr: String::new(),
         truncated: false,
@@ -174,7 +194,7 @@ fn launcher_answers() {
     round_trip(
         &status,
         &json!({"tid": "t1", "state": "timed_out", "exit_code": 137, "oom_killed": false,
-            "timed_out": true, "stdout": "out", "stderr": "", "truncated": false,
+            "timed_out": true, "disk_exceeded": false, "setup_failed": false, "stdout": "out", "stderr": "", "truncated": false,
             "result_commit": null, "error": "e"}),
     );
     round_trip(
@@ -183,12 +203,14 @@ fn launcher_answers() {
             exit_code: None,
             oom_killed: true,
             timed_out: false,
+            disk_exceeded: true,
+            setup_failed: true,
             stdout: String::new(),
             stderr: "x".into(),
             truncated: true,
         },
         &json!({"tid": "c", "exit_code": null, "oom_killed": true, "timed_out": false,
-            "stdout": "", "stderr": "x", "truncated": true}),
+            "disk_exceeded": true, "setup_failed": true, "stdout": "", "stderr": "x", "truncated": true}),
     );
     round_trip(
         &SnapshotResult {
@@ -261,6 +283,11 @@ fn launcher_answers() {
                 ambient: vec![],
                 bounding: vec!["CAP_KILL".into()],
             }),
+            disk: Some(DiskStatus {
+                mode: DiskMode::Watcher,
+                limit_mb: 10240,
+                detail: "no project quota".into(),
+            }),
         },
         &json!({"agents": [{"tid": "a", "state": "running"}], "checks": [], "finished": 3,
             "waiters": 1, "backends": [bv], "ready": false,
@@ -269,7 +296,8 @@ fn launcher_answers() {
                 "user_namespaces": {"ok": true, "detail": "max 10"},
                 "cgroups": {"ok": false, "detail": "none"}},
             "capabilities": {"effective": ["CAP_KILL"], "permitted": ["CAP_KILL"],
-                "inheritable": [], "ambient": [], "bounding": ["CAP_KILL"]}}),
+                "inheritable": [], "ambient": [], "bounding": ["CAP_KILL"]},
+            "disk": {"mode": "watcher", "limit_mb": 10240, "detail": "no project quota"}}),
     );
 }
 

@@ -67,6 +67,9 @@ pub enum LauncherError {
     /// `token` is malformed.
     #[error("invalid token: {0}")]
     InvalidToken(String),
+    /// `stdin` is unacceptable (too large).
+    #[error("invalid stdin: {0}")]
+    InvalidStdin(String),
     /// `timeout_s` outside 1..=max.
     #[error("timeout_s {got} is outside 1..={max}")]
     InvalidTimeout {
@@ -174,6 +177,7 @@ impl LauncherError {
             LauncherError::InvalidCommand(_) => (StatusCode::BAD_REQUEST, "invalid_command"),
             LauncherError::InvalidEnv(_) => (StatusCode::BAD_REQUEST, "invalid_env"),
             LauncherError::InvalidToken(_) => (StatusCode::BAD_REQUEST, "invalid_token"),
+            LauncherError::InvalidStdin(_) => (StatusCode::BAD_REQUEST, "invalid_stdin"),
             LauncherError::InvalidTimeout { .. } => (StatusCode::BAD_REQUEST, "invalid_timeout"),
             LauncherError::InvalidVenv(_) => (StatusCode::BAD_REQUEST, "invalid_venv"),
             LauncherError::InvalidPath(_) => (StatusCode::BAD_REQUEST, "invalid_path"),

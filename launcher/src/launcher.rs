@@ -33,11 +33,12 @@ use tokio_util::task::TaskTracker;
 
 use crate::api::{
     AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
-    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, HostStatus,
-    LauncherStatus, RunSummary, SnapshotRequest, SnapshotResult,
+    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, DiskMode, DiskStatus,
+    HostStatus, LauncherStatus, RunSummary, SnapshotRequest, SnapshotResult,
 };
 use agentbox_sandbox::bwrap::{self, Mounts, Plan, Program, RunAs};
 use agentbox_sandbox::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
+use agentbox_sandbox::disk::{self, ProjectQuota};
 use agentbox_sandbox::proc;
 use agentbox_sandbox::stage::{Sources, Staged, Staging};
 use agentbox_sandbox::walk::{self, Owner, WalkLimits};
@@ -86,6 +87,28 @@ pub struct Launcher {
     walk_limits: WalkLimits,
     backends: Arc<Backends>,
     staging: Staging,
+    disk: DiskLimit,
+}
+
+/// `launcher.limits.disk_mb` and how this host enforces it.
+#[derive(Debug)]
+struct DiskLimit {
+    bytes: u64,
+    /// `Some` when the data dir's filesystem enforces project quotas.
+    quota: Option<Arc<ProjectQuota>>,
+    /// What the probe found, for `/status`.
+    detail: String,
+}
+
+/// How one run's disk is bounded. A run may not make its workspace larger than the limit or
+/// than it was when the run started, whichever is more (a workspace that came in over the
+/// limit can still be worked on, and cleaned up, but not grown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DiskGuard {
+    /// Its workspace is tagged with this project id, whose hard limit is `limit` bytes.
+    Quota { project: u32, limit: u64 },
+    /// A watcher stops the run once the workspace is over `allowance` bytes.
+    Watch { allowance: u64 },
 }
 
 /// Counts a waiting `GET ?wait=1` for as long as it waits (dropped when the client goes away).
@@ -107,12 +130,15 @@ impl Drop for WaiterGuard<'_> {
 /// What `start` hands to the supervisor.
 struct Running {
     child: tokio::process::Child,
+    /// What bwrap says about its setup ([`bwrap::StatusPipe`]).
+    status: bwrap::StatusPipe,
     cgroup: TaskCgroup,
     captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
     workspace: OwnedFd,
     workspace_gid: u32,
     staged: Staged,
     agent: Owner,
+    disk: DiskGuard,
 }
 
 /// A launch that failed, and whether the run's agent uid may be given back (nothing of the
@@ -142,6 +168,8 @@ struct RunSpec {
     venv: Option<OwnedFd>,
     gateway: Option<OwnedFd>,
     timeout: Duration,
+    /// The agent's standard input (the prompt); never in an argument list.
+    stdin: Option<String>,
 }
 
 /// Refuses an agent range that holds the service identity or a user of the host.
@@ -183,6 +211,18 @@ impl Launcher {
         let agents = AgentIds::new(&settings.config);
         check_agent_range(&agents, settings.service)?;
         let staging = Staging::new(settings.data.path().join("mnt"), settings.data.mnt_dir()?);
+        let probe = disk::probe(settings.data.tasks_dir()?.as_fd());
+        tracing::info!(mode = ?probe.mode(), detail = %probe.detail, "per-run disk limit");
+        let disk = DiskLimit {
+            bytes: settings
+                .config
+                .launcher
+                .limits
+                .disk_mb
+                .saturating_mul(1 << 20),
+            quota: probe.quota.map(Arc::new),
+            detail: probe.detail,
+        };
         let tracker = TaskTracker::new();
         let shutdown = CancellationToken::new();
         let backends = Backends::new(
@@ -217,6 +257,7 @@ impl Launcher {
             walk_limits: WalkLimits::default(),
             backends: Arc::new(backends),
             staging,
+            disk,
         }))
     }
 
@@ -342,6 +383,7 @@ impl Launcher {
             self.config.launcher.limits.max_agent_timeout_s,
         )?;
         let token = validate::token(req.token.as_deref())?;
+        let stdin = validate::stdin(req.stdin.as_deref())?.map(str::to_owned);
         let venv = req
             .venv
             .as_deref()
@@ -358,6 +400,7 @@ impl Launcher {
             venv,
             gateway: Some(gateway),
             timeout,
+            stdin,
         };
         self.start(spec).await?;
         self.status_of(&tid)
@@ -392,6 +435,7 @@ impl Launcher {
             venv,
             gateway: None,
             timeout,
+            stdin: None,
         };
         let mut rx = self.start(spec).await?;
         // An error means the entry was dropped, which only a replaced run can do.
@@ -410,6 +454,8 @@ impl Launcher {
             exit_code: outcome.exit_code,
             oom_killed: outcome.oom_killed,
             timed_out: phase == Phase::Done(Final::TimedOut),
+            disk_exceeded: outcome.disk_exceeded,
+            setup_failed: outcome.setup_failed,
             stdout: self
                 .data
                 .read_log(&tid, LogKind::Check, Stream::Stdout, cap),
@@ -520,6 +566,7 @@ impl Launcher {
                 agent_free,
             });
         }
+        let disk = self.limit_disk(tid, &workspace, agent).await;
         let started = async {
             let sources = Sources {
                 workspace: workspace.as_fd(),
@@ -527,23 +574,28 @@ impl Launcher {
                 venv: spec.venv.as_ref().map(AsFd::as_fd),
             };
             let staged = self.staging.stage(tid, sources)?;
-            let (child, cgroup, captures) = self
+            let (sandbox, cgroup, captures) = self
                 .spawn_sandbox(&spec, agent, cgroups, &staged.mounts)
                 .await?;
-            Ok::<_, LauncherError>((child, cgroup, captures, staged))
+            Ok::<_, LauncherError>((sandbox, cgroup, captures, staged))
         }
         .await;
         match started {
-            Ok((child, cgroup, captures, staged)) => Ok(Running {
-                child,
+            Ok((sandbox, cgroup, captures, staged)) => Ok(Running {
+                child: sandbox.child,
+                status: sandbox.status,
                 cgroup,
                 captures,
                 workspace,
                 workspace_gid,
                 staged,
                 agent,
+                disk,
             }),
             Err(error) => {
+                if let Err(e) = self.release_disk(&workspace, disk).await {
+                    tracing::error!(%tid, error = %e, "cannot remove the project quota after a failed start");
+                }
                 let back = self.hand_back(&workspace, workspace_gid).await;
                 if let Err(back) = &back {
                     tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed start");
@@ -564,7 +616,7 @@ impl Launcher {
         staged: &Mounts,
     ) -> Result<
         (
-            tokio::process::Child,
+            bwrap::Sandbox,
             TaskCgroup,
             Vec<tokio::task::JoinHandle<proc::Captured>>,
         ),
@@ -585,6 +637,7 @@ impl Launcher {
             with_gateway: spec.gateway.is_some(),
             tmp_bytes: limits.tmp_mb.saturating_mul(1 << 20),
             home_bytes: limits.home_mb.saturating_mul(1 << 20),
+            file_bytes: self.disk.bytes,
             claude_bin: self.config.launcher.claude_bin.clone(),
         };
         let dup = |fd: &OwnedFd| fd.try_clone().map_err(LauncherError::Dup);
@@ -597,25 +650,110 @@ impl Launcher {
             uid: agent.uid,
             gid: agent.gid,
         };
-        let mut child =
-            match bwrap::spawn(&plan, &mounts, &cgroup.join_files(), run_as, &self.bwrap) {
-                Ok(c) => c,
-                Err(e) => {
-                    let _ = cgroup.remove();
-                    return Err(e.into());
-                }
-            };
+        let mut sandbox = match bwrap::spawn(
+            &plan,
+            &mounts,
+            &cgroup.join_files(),
+            run_as,
+            &self.bwrap,
+            spec.stdin.as_deref().map(str::as_bytes),
+        ) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = cgroup.remove();
+                return Err(e.into());
+            }
+        };
         let cap = self.output_cap();
         let mut captures = Vec::new();
-        if let Some(out) = child.stdout.take() {
+        if let Some(out) = sandbox.child.stdout.take() {
             let sink = tokio::fs::File::from_std(out_file);
             captures.push(self.tracker.spawn(proc::capture(out, sink, Some(cap))));
         }
-        if let Some(err) = child.stderr.take() {
+        if let Some(err) = sandbox.child.stderr.take() {
             let sink = tokio::fs::File::from_std(err_file);
             captures.push(self.tracker.spawn(proc::capture(err, sink, Some(cap))));
         }
-        Ok((child, cgroup, captures))
+        Ok((sandbox, cgroup, captures))
+    }
+
+    /// Bounds the run's disk: under a project quota, tags the (handed-over) workspace with the
+    /// run's own agent uid as its project id; if that fails, or the filesystem has no quota,
+    /// the run gets the watcher, whose allowance is measured here, before anything runs.
+    async fn limit_disk(
+        self: &Arc<Self>,
+        tid: &Tid,
+        workspace: &OwnedFd,
+        agent: Owner,
+    ) -> DiskGuard {
+        let (bytes, limits) = (self.disk.bytes, self.walk_limits);
+        let dup = || workspace.try_clone().map_err(|e| e.to_string());
+        if let Some(quota) = &self.disk.quota {
+            let quota = Arc::clone(quota);
+            let project = agent.uid;
+            let assigned = match dup() {
+                Ok(fd) => tokio::task::spawn_blocking(move || {
+                    let r = quota.assign(fd.as_fd(), project, bytes, limits);
+                    if r.is_err() {
+                        // Whatever was tagged is untagged, so the run is not also counted
+                        // against the project.
+                        let _ = quota.release(fd.as_fd(), project, limits);
+                    }
+                    r.map_err(|e| e.to_string())
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string())),
+                Err(e) => Err(e),
+            };
+            match assigned {
+                Ok(limit) => return DiskGuard::Quota { project, limit },
+                Err(e) => {
+                    tracing::warn!(%tid, error = %e, "project quota: falling back to the watcher");
+                }
+            }
+        }
+        let measured = match dup() {
+            Ok(fd) => tokio::task::spawn_blocking(move || disk::measure(fd.as_fd(), limits))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string())),
+            Err(e) => Err(e),
+        };
+        let allowance = match measured {
+            Ok(usage) => bytes.max(usage.bytes),
+            Err(e) => {
+                tracing::warn!(%tid, error = %e, "cannot measure the workspace before the run");
+                bytes
+            }
+        };
+        DiskGuard::Watch { allowance }
+    }
+
+    /// After the sandbox is gone: whether the workspace reached its limit (the quota's usage, or
+    /// one last measurement), and the project's tags and limit removed.
+    async fn release_disk(&self, workspace: &OwnedFd, guard: DiskGuard) -> Result<bool, String> {
+        let fd = workspace.try_clone().map_err(|e| e.to_string())?;
+        let limits = self.walk_limits;
+        match guard {
+            DiskGuard::Quota { project, limit } => {
+                let Some(quota) = self.disk.quota.clone() else {
+                    return Err("the project quota vanished".to_owned());
+                };
+                let used =
+                    tokio::task::spawn_blocking(move || quota.release(fd.as_fd(), project, limits))
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .map_err(|e| format!("removing the project quota: {e}"))?;
+                Ok(disk::quota_reached(used, limit))
+            }
+            DiskGuard::Watch { allowance } => {
+                let usage = tokio::task::spawn_blocking(move || disk::measure(fd.as_fd(), limits))
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .map_err(|e| format!("measuring the workspace: {e}"))?;
+                Ok(usage.over(allowance, limits).is_some())
+            }
+        }
     }
 
     async fn hand_back(
@@ -644,12 +782,14 @@ impl Launcher {
     ) {
         let Running {
             mut child,
+            status: bwrap_status,
             cgroup,
             captures,
             workspace,
             workspace_gid,
             staged,
             agent,
+            disk,
         } = running;
         let kill = |cg: &TaskCgroup| {
             let cg = cg.clone();
@@ -660,8 +800,33 @@ impl Launcher {
                 }
             }
         };
+        let watched = match disk {
+            DiskGuard::Watch { allowance } => workspace.try_clone().ok().map(|fd| (fd, allowance)),
+            DiskGuard::Quota { .. } => None,
+        };
+        let walk_limits = self.walk_limits;
+        let watcher = async move {
+            match watched {
+                Some((fd, allowance)) => disk::watch(fd, allowance, walk_limits).await,
+                None => std::future::pending().await,
+            }
+        };
+        let mut disk_exceeded = false;
+        // Whether bwrap ended by itself (not killed by us): only then can it have failed to set
+        // the sandbox up.
+        let mut ended_alone = false;
         let status = tokio::select! {
-            s = child.wait() => s,
+            s = child.wait() => {
+                ended_alone = true;
+                s
+            }
+            exceeded = watcher => {
+                tracing::warn!(%tid, reason = %exceeded.reason, "disk limit reached: stopping the run");
+                disk_exceeded = true;
+                self.event(&tid, Event::Stop(StopReason::DiskExceeded));
+                kill(&cgroup).await;
+                child.wait().await
+            }
             () = tokio::time::sleep(timeout) => {
                 self.event(&tid, Event::Stop(StopReason::Timeout));
                 kill(&cgroup).await;
@@ -675,19 +840,31 @@ impl Launcher {
             }
         };
         let mut errors: Vec<String> = Vec::new();
-        let exit_code = match status {
+        let mut exit_code = match status {
             Ok(s) => proc::exit_code(s),
             Err(e) => {
                 errors.push(format!("waiting for the sandbox: {e}"));
                 None
             }
         };
+        let reported = bwrap_status.read();
         self.event(&tid, Event::ProcessGone);
         // Whatever outlived bwrap (a setsid'd daemon) dies before the workspace goes back.
         if let Err(e) = cgroup.kill_all().await {
             errors.push(format!("killing leftovers: {e}"));
         }
         let oom_killed = cgroup.oom_kills() > 0;
+        // bwrap reports the command's exit only if it executed the command; an OOM kill may
+        // take bwrap's monitor itself, so that one is not called a setup failure.
+        let setup_failed = ended_alone && reported.exit_code.is_none() && !oom_killed;
+        if setup_failed {
+            tracing::warn!(%tid, bwrap_exit = ?exit_code, "bwrap failed to set the sandbox up");
+            errors.push(format!(
+                "the sandbox could not be set up: bwrap exited {} before running the command (its message is in stderr)",
+                exit_code.map_or_else(|| "by a signal".to_owned(), |c| c.to_string())
+            ));
+            exit_code = None;
+        }
         if let Err(e) = cgroup.remove() {
             errors.push(format!("removing the cgroup: {e}"));
         }
@@ -701,6 +878,10 @@ impl Launcher {
                 Ok(Err(e)) => errors.push(format!("output capture: {e}")),
                 Err(_) => errors.push("output capture did not finish".to_owned()),
             }
+        }
+        match self.release_disk(&workspace, disk).await {
+            Ok(over) => disk_exceeded |= over,
+            Err(e) => errors.push(e),
         }
         let handed_back = match self.hand_back(&workspace, workspace_gid).await {
             Ok(report) => {
@@ -741,17 +922,24 @@ impl Launcher {
                 e.outcome = Outcome {
                     exit_code,
                     oom_killed,
+                    disk_exceeded,
+                    setup_failed,
                     truncated,
                     result_commit,
                     error: (!errors.is_empty()).then(|| errors.join("; ")),
                 };
-                if let Err(err) = e.apply(Event::Done) {
+                let done = if setup_failed {
+                    Event::SetupFailed
+                } else {
+                    Event::Done
+                };
+                if let Err(err) = e.apply(done) {
                     tracing::error!(%tid, error = %err, "invalid run transition");
                 }
             }
         }
         self.persist(&tid).await;
-        tracing::info!(%tid, ?kind, ?exit_code, oom_killed, "sandbox run finished");
+        tracing::info!(%tid, ?kind, ?exit_code, oom_killed, disk_exceeded, "sandbox run finished");
     }
 
     // === queries ===
@@ -771,6 +959,8 @@ impl Launcher {
             exit_code: outcome.exit_code,
             oom_killed: outcome.oom_killed,
             timed_out: phase == Phase::Done(Final::TimedOut),
+            disk_exceeded: outcome.disk_exceeded,
+            setup_failed: outcome.setup_failed,
             stdout: self.data.read_log(tid, LogKind::Agent, Stream::Stdout, cap),
             stderr: self.data.read_log(tid, LogKind::Agent, Stream::Stderr, cap),
             truncated: outcome.truncated,
@@ -870,6 +1060,14 @@ impl Launcher {
             ready: host.ready,
             host,
             capabilities: agentbox_http::privs::current().ok(),
+            disk: Some(DiskStatus {
+                mode: match self.disk.quota {
+                    Some(_) => DiskMode::ProjectQuota,
+                    None => DiskMode::Watcher,
+                },
+                limit_mb: self.config.launcher.limits.disk_mb,
+                detail: self.disk.detail.clone(),
+            }),
         }
     }
 
@@ -1035,10 +1233,19 @@ impl Launcher {
                         .data
                         .workspace_for_recovery(&tid, |uid| self.agents.contains_uid(uid))
                     {
-                        Ok(ws) => match self.hand_back(&ws, record.workspace_gid).await {
-                            Ok(_) => handed_back = true,
-                            Err(e) => why.push(e.to_string()),
-                        },
+                        Ok(ws) => {
+                            if let (Some(_), Some(project)) = (&self.disk.quota, record.agent_uid)
+                                && let Err(e) = self
+                                    .release_disk(&ws, DiskGuard::Quota { project, limit: 0 })
+                                    .await
+                            {
+                                why.push(e);
+                            }
+                            match self.hand_back(&ws, record.workspace_gid).await {
+                                Ok(_) => handed_back = true,
+                                Err(e) => why.push(e.to_string()),
+                            }
+                        }
                         Err(e) => why.push(format!("workspace: {e}")),
                     }
                     if !handed_back && let Some(uid) = record.agent_uid {

@@ -295,6 +295,11 @@ impl DataDir {
             .join("home"))
     }
 
+    /// `tasks/`, as a handle (to ask its filesystem about project quotas).
+    pub fn tasks_dir(&self) -> Result<OwnedFd, DataError> {
+        Ok(self.root.resolve_dir(&rel(&["tasks"])?)?.into_fd())
+    }
+
     /// `tasks/<tid>/workspace`: a directory owned by the service uid, reached without a
     /// symlink or mount crossing.
     pub fn workspace(&self, tid: &Tid) -> Result<Resolved, DataError> {

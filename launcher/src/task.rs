@@ -5,8 +5,9 @@
 //!    │                     │                                                 
 //!    │ StartFailed         │ Stop(r)                                         
 //!    ▼                     ▼                                                 
-//! Done(Failed)        Stopping(r) ──ProcessGone──► Finishing(Some(r)) ──Done──► Done(TimedOut | Killed)
+//! Done(Failed)        Stopping(r) ──ProcessGone──► Finishing(Some(r)) ──Done──► Done(TimedOut | Killed | DiskExceeded)
 //! ```
+//! `Finishing ──SetupFailed──► Done(Failed)`: bwrap ended without ever running the command.
 //! A stop that arrives while starting is remembered (`Starting → Stopping`) and honoured as
 //! soon as the process exists. The first stop reason wins. `Done` is terminal; a restarted
 //! launcher that finds a run it did not finish marks it `Done(Lost)`.
@@ -32,6 +33,8 @@ pub enum StopReason {
     Timeout,
     Deleted,
     Shutdown,
+    /// The disk watcher found the workspace over `launcher.limits.disk_mb`.
+    DiskExceeded,
 }
 
 /// How a run ended.
@@ -41,6 +44,7 @@ pub enum Final {
     Exited,
     TimedOut,
     Killed,
+    DiskExceeded,
     Failed,
     Lost,
 }
@@ -63,6 +67,8 @@ pub enum Event {
     Stop(StopReason),
     ProcessGone,
     Done,
+    /// Done, but the sandbox was never set up: the command did not run.
+    SetupFailed,
 }
 
 /// An event that makes no sense in the current phase (a bug in the caller).
@@ -78,6 +84,7 @@ fn final_for(reason: Option<StopReason>) -> Final {
         None => Final::Exited,
         Some(StopReason::Timeout) => Final::TimedOut,
         Some(StopReason::Deleted | StopReason::Shutdown) => Final::Killed,
+        Some(StopReason::DiskExceeded) => Final::DiskExceeded,
     }
 }
 
@@ -96,14 +103,22 @@ impl Phase {
             (Phase::Stopping(r), Event::ProcessGone) => Ok(Phase::Finishing(Some(r))),
             (Phase::Finishing(r), Event::Stop(_)) => Ok(Phase::Finishing(r)),
             (Phase::Finishing(r), Event::Done) => Ok(Phase::Done(final_for(r))),
+            (Phase::Finishing(_), Event::SetupFailed) => Ok(Phase::Done(Final::Failed)),
             (Phase::Done(f), Event::Stop(_)) => Ok(Phase::Done(f)),
-            (Phase::Starting, Event::ProcessGone | Event::Done)
-            | (Phase::Running, Event::Spawned | Event::StartFailed | Event::Done)
-            | (Phase::Stopping(_), Event::Done)
+            (Phase::Starting, Event::ProcessGone | Event::Done | Event::SetupFailed)
+            | (
+                Phase::Running,
+                Event::Spawned | Event::StartFailed | Event::Done | Event::SetupFailed,
+            )
+            | (Phase::Stopping(_), Event::Done | Event::SetupFailed)
             | (Phase::Finishing(_), Event::Spawned | Event::StartFailed | Event::ProcessGone)
             | (
                 Phase::Done(_),
-                Event::Spawned | Event::StartFailed | Event::ProcessGone | Event::Done,
+                Event::Spawned
+                | Event::StartFailed
+                | Event::ProcessGone
+                | Event::Done
+                | Event::SetupFailed,
             ) => bad,
         }
     }
@@ -131,6 +146,7 @@ impl Phase {
             Phase::Done(Final::Exited) => RunState::Exited,
             Phase::Done(Final::TimedOut) => RunState::TimedOut,
             Phase::Done(Final::Killed) => RunState::Killed,
+            Phase::Done(Final::DiskExceeded) => RunState::DiskExceeded,
             Phase::Done(Final::Failed) => RunState::Failed,
             Phase::Done(Final::Lost) => RunState::Lost,
         }
@@ -162,6 +178,12 @@ pub enum RunKind {
 pub struct Outcome {
     pub exit_code: Option<i32>,
     pub oom_killed: bool,
+    /// The workspace reached the disk limit (stopped by the watcher, or full under a quota).
+    #[serde(default)]
+    pub disk_exceeded: bool,
+    /// bwrap failed to set the sandbox up; the command never ran (`exit_code` is `None`).
+    #[serde(default)]
+    pub setup_failed: bool,
     pub truncated: bool,
     pub result_commit: Option<String>,
     pub error: Option<String>,
@@ -311,6 +333,11 @@ mod tests {
             Phase::Starting.next(Event::StartFailed).unwrap(),
             Phase::Done(Final::Failed)
         );
+        assert_eq!(
+            Phase::Finishing(None).next(Event::SetupFailed).unwrap(),
+            Phase::Done(Final::Failed)
+        );
+        assert!(Phase::Running.next(Event::SetupFailed).is_err());
     }
 
     #[test]

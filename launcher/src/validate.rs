@@ -23,6 +23,8 @@ pub const MAX_ARGV_BYTES: usize = 256 * 1024;
 pub const MAX_COMMAND_BYTES: usize = 64 * 1024;
 /// Bound on the task token.
 pub const MAX_TOKEN_BYTES: usize = 512;
+/// Bound on an agent's `stdin` (the prompt); the request body limit is the same.
+pub const MAX_STDIN_BYTES: usize = 1 << 20;
 
 pub fn tid(input: &str) -> Result<Tid, LauncherError> {
     Tid::parse(input).map_err(|e| LauncherError::InvalidTid(e.to_string()))
@@ -98,6 +100,16 @@ pub fn env(
     } else {
         let reasons: Vec<String> = filtered.dropped.iter().map(ToString::to_string).collect();
         Err(LauncherError::InvalidEnv(reasons.join("; ")))
+    }
+}
+
+/// An agent's `stdin`: any text up to [`MAX_STDIN_BYTES`].
+pub fn stdin(input: Option<&str>) -> Result<Option<&str>, LauncherError> {
+    match input {
+        Some(s) if s.len() > MAX_STDIN_BYTES => Err(LauncherError::InvalidStdin(format!(
+            "exceeds {MAX_STDIN_BYTES} bytes"
+        ))),
+        other => Ok(other),
     }
 }
 
@@ -218,6 +230,17 @@ mod tests {
         }
         let nul = BTreeMap::from([("MAX_THINKING_TOKENS".to_owned(), "a\0".to_owned())]);
         assert!(env(&c, &nul).is_err());
+    }
+
+    #[test]
+    fn stdin_rule() {
+        assert_eq!(stdin(None).unwrap(), None);
+        assert_eq!(stdin(Some("a\0b")).unwrap(), Some("a\0b"));
+        let big = "x".repeat(MAX_STDIN_BYTES + 1);
+        assert!(matches!(
+            stdin(Some(&big)),
+            Err(LauncherError::InvalidStdin(_))
+        ));
     }
 
     #[test]

@@ -219,6 +219,10 @@ pub struct Limits {
     pub tmp_mb: u64,
     /// Size cap of the sandbox's home tmpfs, MiB.
     pub home_mb: u64,
+    /// Disk a run may occupy in its workspace, MiB (blocks, not apparent sizes): enforced by a
+    /// project quota where the data dir's filesystem has one, else by a watcher that stops the
+    /// run (`disk_exceeded`). Also each sandboxed process's largest file (`RLIMIT_FSIZE`).
+    pub disk_mb: u64,
     /// Largest `timeout_s` an agent request may ask for.
     pub max_agent_timeout_s: u64,
     /// Largest `timeout_s` a check request may ask for.
@@ -235,6 +239,7 @@ impl Default for Limits {
             cpus: 4,
             tmp_mb: 2048,
             home_mb: 1024,
+            disk_mb: 10240,
             max_agent_timeout_s: 14400,
             max_check_timeout_s: 3600,
             output_cap_kb: 20480,
@@ -817,6 +822,7 @@ fn validate_launcher(
         ("cpus", u64::from(l.cpus)),
         ("tmp_mb", l.tmp_mb),
         ("home_mb", l.home_mb),
+        ("disk_mb", l.disk_mb),
         ("max_agent_timeout_s", l.max_agent_timeout_s),
         ("max_check_timeout_s", l.max_check_timeout_s),
         ("output_cap_kb", l.output_cap_kb),
@@ -829,7 +835,10 @@ fn validate_launcher(
             ));
         }
     }
-    if l.memory_mb > (1 << 24) || l.tmp_mb > (1 << 24) || l.home_mb > (1 << 24) {
+    if [l.memory_mb, l.tmp_mb, l.home_mb, l.disk_mb]
+        .iter()
+        .any(|&mb| mb > (1 << 24))
+    {
         return Err(invalid(
             "launcher.limits",
             "sizes above 16 TiB are not plausible".to_owned(),
@@ -1393,6 +1402,7 @@ mod tests {
                 ),
                 ("service_user = \"Root Admin\"", "service_user"),
                 ("[launcher.limits]\npids = 0", "launcher.limits.pids"),
+                ("[launcher.limits]\ndisk_mb = 0", "launcher.limits.disk_mb"),
                 ("[gateway]\nmax_body_mb = 0", "gateway.max_body_mb"),
                 (
                     "[gateway]\nmax_inflight_body_mb_per_task = 16",

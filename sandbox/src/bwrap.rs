@@ -11,7 +11,8 @@
 //! Descriptors: every inherited descriptor above 2 is marked close-on-exec, then exactly the
 //! ones bwrap consumes are kept: the `--args` memfd (so the argument list, environment and task
 //! token never appear in `/proc/<pid>/cmdline`), the synthetic `/etc/passwd`, `/etc/group` and
-//! `/etc/hosts`, the two seccomp programs, and `O_PATH` handles of the workspace, venv and
+//! `/etc/hosts`, the two seccomp programs, the write end of the `--json-status-fd` pipe (how
+//! a setup failure is told from the command exiting 1: [`StatusPipe`]), and `O_PATH` handles of the workspace, venv and
 //! gateway directory for `--bind-fd`. bwrap reads such a handle back as a path and mounts the
 //! path (checking device and inode afterwards), so the handles the launcher passes are those of
 //! its staging mounts under root-only `mnt/<tid>/` ([`crate::stage`]), whose paths nobody else
@@ -34,7 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use agentbox_policy::secret::Secret;
-use rustix::fs::MemfdFlags;
+use rustix::fs::{MemfdFlags, OFlags, SealFlags};
 use rustix::process::Resource;
 
 use crate::proc::{self, ChildSetup};
@@ -74,6 +75,9 @@ pub struct Plan {
     pub with_gateway: bool,
     pub tmp_bytes: u64,
     pub home_bytes: u64,
+    /// `RLIMIT_FSIZE` of sandboxed processes: no file they write grows past it (the disk
+    /// limit, so a single write cannot outrun the disk watcher by more).
+    pub file_bytes: u64,
     pub claude_bin: PathBuf,
 }
 
@@ -88,6 +92,10 @@ pub struct FdNumbers {
     pub hosts: RawFd,
     pub seccomp_main: RawFd,
     pub seccomp_enosys: RawFd,
+    /// The write end of the `--json-status-fd` pipe.
+    pub status: RawFd,
+    /// The host's `/etc/localtime`, copied (none: the host has none).
+    pub localtime: Option<RawFd>,
 }
 
 /// The sandbox environment: fixed launcher variables, then the request's allowlisted ones (the
@@ -178,9 +186,6 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         "--ro-bind-try",
         "/etc/ld.so.cache",
         "/etc/ld.so.cache",
-        "--ro-bind-try",
-        "/etc/localtime",
-        "/etc/localtime",
         "--proc",
         "/proc",
         "--dev",
@@ -218,6 +223,16 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         fd(fds.workspace),
         "/workspace".into(),
     ]);
+    // A copy, not a bind: a bind's mount root in the sandbox's mountinfo would be the zone
+    // file's host path (`/usr/share/zoneinfo/...`); bwrap's data files show a neutral
+    // `/bindfileXXXXXX`.
+    if let Some(t) = fds.localtime {
+        push_owned(vec![
+            "--ro-bind-data".into(),
+            fd(t),
+            "/etc/localtime".into(),
+        ]);
+    }
     if let Some(v) = fds.venv.filter(|_| plan.with_venv) {
         push_owned(vec!["--ro-bind-fd".into(), fd(v), "/opt/venv".into()]);
     }
@@ -249,6 +264,10 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         fd(fds.seccomp_main),
         "--add-seccomp-fd".into(),
         fd(fds.seccomp_enosys),
+        // bwrap writes `{"exit-code": N}` here only once the command was executed, which is
+        // how a setup failure is told from the command's own exit status ([`StatusPipe`]).
+        "--json-status-fd".into(),
+        fd(fds.status),
     ]);
     a
 }
@@ -269,6 +288,18 @@ pub fn command_args(plan: &Plan) -> Vec<OsString> {
         }
     }
     a
+}
+
+/// The largest `/etc/localtime` copied into a sandbox (zone files are a few KiB).
+const LOCALTIME_CAP: u64 = 256 * 1024;
+
+/// The host's `/etc/localtime` (a root-owned system file), if it has one of a plausible size.
+fn read_localtime() -> Option<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open("/etc/localtime").ok()?;
+    let mut data = Vec::new();
+    file.take(LOCALTIME_CAP + 1).read_to_end(&mut data).ok()?;
+    (data.len() as u64 <= LOCALTIME_CAP).then_some(data)
 }
 
 /// The synthetic `/etc/passwd`, `/etc/group` and `/etc/hosts` (Node and many tools want an
@@ -315,6 +346,101 @@ fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, SpawnError> {
     Ok(OwnedFd::from(file))
 }
 
+/// The sandbox's standard input: a sealed in-memory file holding `data` (no write, grow,
+/// shrink or further seal), opened read-only afresh so it starts at offset 0. The prompt travels
+/// this way, never through an argument list (which every local user can read in
+/// `/proc/<pid>/cmdline` while the run lasts).
+fn stdin_file(data: &[u8]) -> Result<OwnedFd, SpawnError> {
+    let fd = rustix::fs::memfd_create("stdin", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| SpawnError::Io {
+            what: "memfd stdin".to_owned(),
+            source: e.into(),
+        })?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(data).map_err(io("writing memfd stdin"))?;
+    let seals = SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE | SealFlags::SEAL;
+    rustix::fs::fcntl_add_seals(&file, seals).map_err(|e| SpawnError::Io {
+        what: "sealing memfd stdin".to_owned(),
+        source: e.into(),
+    })?;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    rustix::fs::open(
+        path.as_str(),
+        OFlags::RDONLY | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(|e| SpawnError::Io {
+        what: "reopening memfd stdin".to_owned(),
+        source: e.into(),
+    })
+}
+
+/// The read end of bwrap's `--json-status-fd`. bwrap (its monitor process, outside the
+/// sandbox) writes `{"child-pid": N, ...}` once the sandbox process exists and
+/// `{"exit-code": N}` when the command ends, but only if the command was executed: a setup
+/// failure (a mount, the seccomp filter, `execvp`) makes bwrap exit 1 without the second
+/// record, just as the command exiting 1 would make it exit 1 with it. The sandboxed side
+/// never holds the write end (bwrap closes it before any of its own setup).
+#[derive(Debug)]
+pub struct StatusPipe(OwnedFd);
+
+/// What bwrap reported on its status descriptor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BwrapStatus {
+    /// The sandbox's first process, as the host sees it.
+    pub child_pid: Option<i64>,
+    /// The command's exit status; `None` if it never ran (or bwrap was killed before it could
+    /// say).
+    pub exit_code: Option<i32>,
+}
+
+/// The most the status pipe is read (bwrap writes two short records).
+const STATUS_CAP: usize = 64 * 1024;
+
+impl StatusPipe {
+    /// Reads what bwrap wrote, without blocking (call after bwrap exited).
+    pub fn read(&self) -> BwrapStatus {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        while buf.len() < STATUS_CAP {
+            match rustix::io::read(&self.0, &mut chunk) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        parse_status(&buf)
+    }
+}
+
+/// The records of a `--json-status-fd` stream (concatenated JSON objects); anything that does
+/// not parse ends the reading.
+pub fn parse_status(bytes: &[u8]) -> BwrapStatus {
+    let mut status = BwrapStatus::default();
+    for record in serde_json::Deserializer::from_slice(bytes).into_iter::<serde_json::Value>() {
+        let Ok(record) = record else {
+            break;
+        };
+        if let Some(pid) = record.get("child-pid").and_then(serde_json::Value::as_i64) {
+            status.child_pid = Some(pid);
+        }
+        if let Some(code) = record
+            .get("exit-code")
+            .and_then(serde_json::Value::as_i64)
+            .and_then(|c| i32::try_from(c).ok())
+        {
+            status.exit_code = Some(code);
+        }
+    }
+    status
+}
+
+/// A started sandbox.
+#[derive(Debug)]
+pub struct Sandbox {
+    pub child: tokio::process::Child,
+    pub status: StatusPipe,
+}
+
 /// The descriptors of the directories bwrap mounts.
 #[derive(Debug)]
 pub struct Mounts {
@@ -332,7 +458,8 @@ pub struct RunAs {
 
 /// Starts bwrap for `plan` as `run_as`, inside the cgroup whose join files are given
 /// ([`TaskCgroup::join_files`](crate::cgroup::TaskCgroup::join_files); none: no cgroup),
-/// with stdin from `/dev/null` and stdout/stderr piped.
+/// with stdin from `stdin` (through [`stdin_file`]; none: `/dev/null`) and stdout/stderr
+/// piped; returns it with its [`StatusPipe`].
 ///
 /// Must be called from a long-lived thread (an async task on a runtime worker, not
 /// `spawn_blocking`): the parent-death signal set in the child fires when the *thread* that
@@ -343,11 +470,34 @@ pub fn spawn(
     cgroup_join: &[PathBuf],
     run_as: RunAs,
     bwrap: &Path,
-) -> Result<tokio::process::Child, SpawnError> {
+    stdin: Option<&[u8]>,
+) -> Result<Sandbox, SpawnError> {
+    let stdin = match stdin {
+        Some(data) => Stdio::from(stdin_file(data)?),
+        None => Stdio::null(),
+    };
     let (passwd, group, hosts) = identity_files(run_as.uid, run_as.gid);
+    let (status_read, status_write) = rustix::pipe::pipe_with(
+        rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK,
+    )
+    .map_err(|e| SpawnError::Io {
+        what: "status pipe".to_owned(),
+        source: e.into(),
+    })?;
+    // Only the read end may be non-blocking: bwrap writes its records with plain writes.
+    rustix::fs::fcntl_setfl(&status_write, rustix::fs::OFlags::empty()).map_err(|e| {
+        SpawnError::Io {
+            what: "status pipe".to_owned(),
+            source: e.into(),
+        }
+    })?;
     let passwd = memfd("passwd", passwd.as_bytes())?;
     let group = memfd("group", group.as_bytes())?;
     let hosts = memfd("hosts", hosts.as_bytes())?;
+    let localtime = match read_localtime() {
+        Some(data) => Some(memfd("localtime", &data)?),
+        None => None,
+    };
     let main = memfd("seccomp", &seccomp::to_bytes(&seccomp::main_filter()?))?;
     let enosys = memfd(
         "seccomp-enosys",
@@ -362,6 +512,8 @@ pub fn spawn(
         hosts: hosts.as_raw_fd(),
         seccomp_main: main.as_raw_fd(),
         seccomp_enosys: enosys.as_raw_fd(),
+        status: status_write.as_raw_fd(),
+        localtime: localtime.as_ref().map(AsRawFd::as_raw_fd),
     };
     let mut args_bytes = Vec::new();
     for arg in bwrap_args(plan, &numbers) {
@@ -377,14 +529,17 @@ pub fn spawn(
         numbers.hosts,
         numbers.seccomp_main,
         numbers.seccomp_enosys,
+        numbers.status,
         args.as_raw_fd(),
     ];
     keep.extend(numbers.venv);
     keep.extend(numbers.gateway);
+    keep.extend(numbers.localtime);
     let setup = ChildSetup::new(run_as.uid, run_as.gid)
         .join_cgroup(cgroup_join)?
         .rlimit(Resource::Nofile, NOFILE)
         .rlimit(Resource::Core, 0)
+        .rlimit(Resource::Fsize, plan.file_bytes)
         .keep(&keep);
 
     let mut cmd = tokio::process::Command::new(bwrap);
@@ -393,14 +548,27 @@ pub fn spawn(
         .args(command_args(plan))
         .env_clear()
         .current_dir("/")
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
     let child = setup.spawn(cmd)?;
-    // The parent's copies of the descriptors close here; the child has its own.
-    drop((passwd, group, hosts, main, enosys, args));
-    Ok(child)
+    // The parent's copies of the descriptors close here; the child has its own (so the status
+    // pipe reaches its end when bwrap exits).
+    drop((
+        passwd,
+        group,
+        hosts,
+        main,
+        enosys,
+        args,
+        status_write,
+        localtime,
+    ));
+    Ok(Sandbox {
+        child,
+        status: StatusPipe(status_read),
+    })
 }
 
 #[cfg(test)]
@@ -415,6 +583,7 @@ mod tests {
             with_gateway: gateway,
             tmp_bytes: 1 << 20,
             home_bytes: 2 << 20,
+            file_bytes: 3 << 20,
             claude_bin: PathBuf::from("/opt/claude/bin/claude"),
         }
     }
@@ -428,6 +597,8 @@ mod tests {
         hosts: 15,
         seccomp_main: 16,
         seccomp_enosys: 17,
+        status: 18,
+        localtime: Some(19),
     };
 
     fn strings(a: &[OsString]) -> Vec<String> {
@@ -471,12 +642,16 @@ mod tests {
                 "/home/agent",
             ],
             &["--add-seccomp-fd", "16", "--add-seccomp-fd", "17"],
+            &["--json-status-fd", "18"],
+            &["--ro-bind-data", "19", "/etc/localtime"],
             &["--setenv", "ANTHROPIC_UNIX_SOCKET", "/run/gw/llm.sock"],
         ] {
             assert!(has_seq(&a, seq), "{seq:?} missing in {a:?}");
         }
         assert!(has_seq(&a, &["--remount-ro", "/"]), "{a:?}");
         assert!(!has_seq(&a, &["--ro-bind", "/", "/"]));
+        // Copied, not bound: a bind's root would show the host's zone file path.
+        assert!(!has_seq(&a, &["--ro-bind-try", "/etc/localtime"]));
         assert!(!a.iter().any(|s| s == "--share-net"));
         assert_eq!(
             strings(&command_args(&p)),
@@ -517,6 +692,26 @@ mod tests {
         let env = environment(&allowed, false, Some(&token), false);
         assert!(!env.contains_key("ANTHROPIC_AUTH_TOKEN"));
         assert!(!env.contains_key("VIRTUAL_ENV"));
+    }
+
+    #[test]
+    fn status_records() {
+        // What bwrap 0.8-0.11 write: the child record (with namespace ids), then the exit.
+        let ran = parse_status(
+            b"{ \"child-pid\": 4242, \"cgroup-namespace\": 4026531835, \"ipc-namespace\": 1 }\n\
+              { \"exit-code\": 3 }\n",
+        );
+        assert_eq!(
+            ran,
+            BwrapStatus {
+                child_pid: Some(4242),
+                exit_code: Some(3)
+            }
+        );
+        let failed = parse_status(b"{ \"child-pid\": 4242 }\n");
+        assert_eq!(failed.exit_code, None);
+        assert_eq!(parse_status(b""), BwrapStatus::default());
+        assert_eq!(parse_status(b"{ \"exit-co").exit_code, None);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - [`stage`]: mount by descriptor: validated directories bind-mounted onto root-only paths
 //!   for bwrap.
 //! - [`bwrap`]: the bubblewrap argument list, the sandbox environment, and the spawn.
+//! - [`disk`]: per-run disk limits: project quotas where the filesystem enforces them, else a
+//!   watcher that measures the tree by descriptor.
 //! - [`seccomp`]: the BPF filters.
 //! - [`cgroup`]: per-run cgroups (v1 and v2): limits, kill, OOM.
 //! - [`proc`]: child processes: the one `pre_exec` setup (cgroup join, identity drop,
@@ -18,6 +20,7 @@
 
 pub mod bwrap;
 pub mod cgroup;
+pub mod disk;
 pub mod proc;
 pub mod seccomp;
 pub mod stage;

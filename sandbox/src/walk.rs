@@ -28,6 +28,10 @@
 //! hoisting their subdirectories up into the parent held at the limit). Only entries on another
 //! filesystem, which the walk never touches, are left alone. The report lists at most
 //! [`MAX_LISTED`] entries and counts the rest.
+//!
+//! [`visit`] is the read-only walk for measuring a tree its owner is still changing (the disk
+//! watcher, the quota tagging): same descriptor rules, but what changes under it is skipped,
+//! not an error, and depth is followed through file handles instead of descriptors.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -168,15 +172,19 @@ pub fn hand_back(
     walk(top, to, limits, Pass::Apply, OnBad::Skip)
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Stat {
-    dev: u64,
-    ino: u64,
-    kind: Kind,
-    nlink: u64,
-    uid: u32,
-    gid: u32,
-    mode: u32,
+/// What the walk knows of an entry: one `statx`, never following a symlink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    pub kind: Kind,
+    pub nlink: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    /// Allocated 512-byte blocks (what the entry occupies on disk; a sparse file's holes take
+    /// none).
+    pub blocks: u64,
 }
 
 fn stat_of(stx: &fs::Statx) -> Result<Stat, Errno> {
@@ -199,6 +207,7 @@ fn stat_of(stx: &fs::Statx) -> Result<Stat, Errno> {
         uid: stx.stx_uid,
         gid: stx.stx_gid,
         mode: raw & 0o7777,
+        blocks: stx.stx_blocks,
     })
 }
 
@@ -224,6 +233,18 @@ struct Frame {
     next: usize,
     path: String,
     depth: usize,
+}
+
+impl Frame {
+    fn new(fd: OwnedFd, names: Vec<CString>, path: String, depth: usize) -> Frame {
+        Frame {
+            fd,
+            names,
+            next: 0,
+            path,
+            depth,
+        }
+    }
 }
 
 /// `op` failed at `path`.
@@ -445,7 +466,7 @@ impl Walker {
 /// Opens `name` in `dir` (never following a symlink) and checks it is still the entry listed
 /// as `listed`. An entry that vanished or turned into a symlink or a non-directory since it was
 /// listed is `Changed`: the walk must not act on something other than what it judged.
-fn open_listed(
+pub(crate) fn open_listed(
     dir: BorrowedFd<'_>,
     name: &CStr,
     flags: OFlags,
@@ -510,13 +531,7 @@ fn walk(
     w.report.visited = 1;
     w.apply(top_fd.as_fd(), &opened, true, ".")?;
     let names = read_names(top_fd.as_fd(), ".")?;
-    let mut stack = vec![Frame {
-        fd: top_fd,
-        names,
-        next: 0,
-        path: String::new(),
-        depth: 0,
-    }];
+    let mut stack = vec![Frame::new(top_fd, names, String::new(), 0)];
     while let Some(frame) = stack.last_mut() {
         let Some(name) = frame.names.get(frame.next).cloned() else {
             stack.pop();
@@ -556,13 +571,7 @@ fn walk(
                 )?;
                 w.apply(fd.as_fd(), &opened, true, &path)?;
                 let names = read_names(fd.as_fd(), &path)?;
-                stack.push(Frame {
-                    fd,
-                    names,
-                    next: 0,
-                    path,
-                    depth,
-                });
+                stack.push(Frame::new(fd, names, path, depth));
             }
             Kind::File | Kind::Symlink | Kind::Fifo | Kind::Socket => {
                 if st.nlink > 1 {
@@ -589,8 +598,303 @@ fn walk(
     Ok(w.report)
 }
 
+/// One entry met by [`visit`].
+#[derive(Debug)]
+pub struct Seen<'a> {
+    /// The directory holding the entry (for the top directory, the top itself).
+    pub parent: BorrowedFd<'a>,
+    /// Its name in `parent` (`.` for the top).
+    pub name: &'a CStr,
+    /// For a directory: the descriptor the walk lists it through (opened `O_RDONLY`, checked
+    /// to be the entry listed).
+    pub dir: Option<BorrowedFd<'a>>,
+    /// Escaped, relative to the top (`.` for the top).
+    pub path: &'a str,
+    pub stat: Stat,
+}
+
+/// What [`visit`] could not see.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VisitReport {
+    /// Entries shown to the visitor, the top included.
+    pub visited: u64,
+    /// Directories nested deeper than the depth limit that could not be visited later (their
+    /// filesystem gives no file handles, or too many were waiting): neither shown nor
+    /// entered.
+    pub too_deep: u64,
+    /// Entries that changed or vanished between listing and looking, or could not be looked
+    /// at (skipped; a later visit sees them as they are then).
+    pub skipped: u64,
+    /// The walk stopped at `max_entries`: what is left was not seen.
+    pub truncated: bool,
+}
+
+/// Where a path shown by [`visit`] stops growing (a tree may be nested without bound).
+const MAX_SHOWN_PATH: usize = 256;
+/// Most directories past the depth limit [`visit`] keeps for later; more are counted as
+/// `too_deep` (no legitimate tree has that many, and each costs the launcher memory).
+const MAX_DEFERRED: usize = 65_536;
+
+/// Visits every entry under `top` (a directory handle; `O_PATH` is fine) read-only, with the
+/// same rules as the hand-over (directories opened relative to their parent with `O_NOFOLLOW`
+/// and checked by `(dev, ino, type)`, no symlink followed, nothing on another filesystem
+/// entered), but made for a tree that its owner is changing meanwhile: an entry that vanished,
+/// changed or cannot be looked at is skipped and counted, never an error. The cost is bounded:
+/// at most `max_entries` entries are listed, after which the walk stops and says so, and at
+/// most `max_depth` directory descriptors are open at once. A directory deeper than that is
+/// not lost: its file handle is kept (`name_to_handle_at`, no descriptor) and it is visited
+/// afterwards as a new top, reopened with `open_by_handle_at` and checked by `(dev, ino)`, so
+/// depth costs neither descriptors nor a path lookup. Only a top that is not a directory or
+/// cannot be opened is an error.
+pub fn visit(
+    top: BorrowedFd<'_>,
+    limits: WalkLimits,
+    mut visitor: impl FnMut(&Seen<'_>),
+) -> Result<VisitReport, WalkError> {
+    let io = |op, source| WalkError::Io {
+        path: ".".to_owned(),
+        op,
+        source,
+    };
+    let top_stat = stat_fd(top).map_err(|e| io("stat", e))?;
+    if top_stat.kind != Kind::Dir {
+        return Err(WalkError::Refused {
+            path: ".".to_owned(),
+            reason: "not a directory",
+        });
+    }
+    let (top_fd, top_stat) = open_listed(
+        top,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY,
+        &top_stat,
+        ".",
+    )?;
+    let mut report = VisitReport {
+        visited: 1,
+        ..VisitReport::default()
+    };
+    visitor(&Seen {
+        parent: top_fd.as_fd(),
+        name: c".",
+        dir: Some(top_fd.as_fd()),
+        path: ".",
+        stat: top_stat,
+    });
+    let mut listed: u64 = 0;
+    // Directories past the depth limit, to visit as tops of their own: handle, identity, path.
+    let mut deferred: Vec<(handle::Handle, Stat, String)> = Vec::new();
+    let first = top_fd
+        .try_clone()
+        .map_err(|e| io("dup", Errno::from_io_error(&e).unwrap_or(Errno::IO)))?;
+    let mut next: Option<(OwnedFd, String)> = Some((first, String::new()));
+    while let Some((fd, path)) = next.take() {
+        match read_names_bounded(fd.as_fd(), limits.max_entries, &mut listed) {
+            None => report.skipped += 1,
+            Some(names) => {
+                report.truncated |= listed >= limits.max_entries;
+                let mut stack = vec![Frame::new(fd, names, path, 0)];
+                visit_stack(
+                    &mut stack,
+                    limits,
+                    top_stat.dev,
+                    &mut listed,
+                    &mut report,
+                    &mut deferred,
+                    &mut visitor,
+                );
+            }
+        }
+        while next.is_none() && !report.truncated {
+            let Some((mut h, want, path)) = deferred.pop() else {
+                break;
+            };
+            match handle::open_dir(top_fd.as_fd(), &mut h) {
+                Ok(fd) if stat_fd(fd.as_fd()).is_ok_and(|st| Walker::same(&st, &want)) => {
+                    report.visited += 1;
+                    visitor(&Seen {
+                        parent: fd.as_fd(),
+                        name: c".",
+                        dir: Some(fd.as_fd()),
+                        path: &path,
+                        stat: want,
+                    });
+                    next = Some((fd, path));
+                }
+                // Gone, or no longer that directory.
+                Ok(_) | Err(_) => report.skipped += 1,
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The depth-first part of [`visit`], from one top.
+fn visit_stack(
+    stack: &mut Vec<Frame>,
+    limits: WalkLimits,
+    dev: u64,
+    listed: &mut u64,
+    report: &mut VisitReport,
+    deferred: &mut Vec<(handle::Handle, Stat, String)>,
+    visitor: &mut impl FnMut(&Seen<'_>),
+) {
+    while let Some(frame) = stack.last_mut() {
+        let Some(name) = frame.names.get(frame.next).cloned() else {
+            stack.pop();
+            continue;
+        };
+        frame.next += 1;
+        let path = if frame.path.len() > MAX_SHOWN_PATH {
+            frame.path.clone()
+        } else {
+            child_path(&frame.path, &name)
+        };
+        let depth = frame.depth + 1;
+        let Ok(st) = stat_at(frame.fd.as_fd(), &name) else {
+            report.skipped += 1;
+            continue;
+        };
+        if st.dev != dev {
+            report.skipped += 1;
+            continue;
+        }
+        if st.kind != Kind::Dir {
+            report.visited += 1;
+            visitor(&Seen {
+                parent: frame.fd.as_fd(),
+                name: &name,
+                dir: None,
+                path: &path,
+                stat: st,
+            });
+            continue;
+        }
+        if depth > limits.max_depth {
+            match handle::of(frame.fd.as_fd(), &name) {
+                Ok(h) if deferred.len() < MAX_DEFERRED => deferred.push((h, st, path)),
+                Ok(_) | Err(_) => report.too_deep += 1,
+            }
+            continue;
+        }
+        let Ok((fd, opened)) = open_listed(
+            frame.fd.as_fd(),
+            &name,
+            OFlags::RDONLY | OFlags::DIRECTORY,
+            &st,
+            &path,
+        ) else {
+            report.skipped += 1;
+            continue;
+        };
+        report.visited += 1;
+        visitor(&Seen {
+            parent: frame.fd.as_fd(),
+            name: &name,
+            dir: Some(fd.as_fd()),
+            path: &path,
+            stat: opened,
+        });
+        if report.truncated {
+            continue;
+        }
+        let Some(names) = read_names_bounded(fd.as_fd(), limits.max_entries, listed) else {
+            report.skipped += 1;
+            continue;
+        };
+        report.truncated |= *listed >= limits.max_entries;
+        stack.push(Frame::new(fd, names, path, depth));
+    }
+}
+
+/// File handles (`name_to_handle_at`/`open_by_handle_at`): a directory kept without a
+/// descriptor and reopened later without a path. Reopening needs `CAP_DAC_READ_SEARCH`, which
+/// the launcher keeps.
+mod handle {
+    use std::ffi::CStr;
+    use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+    use rustix::io::Errno;
+
+    /// `MAX_HANDLE_SZ` of `linux/exportfs.h`.
+    const MAX_HANDLE_SZ: usize = 128;
+
+    /// `struct file_handle` with room for the largest handle.
+    #[repr(C)]
+    pub struct Handle {
+        bytes: u32,
+        kind: i32,
+        data: [u8; MAX_HANDLE_SZ],
+    }
+
+    fn last_errno() -> Errno {
+        Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+
+    /// The handle of `name` in `dir` (a symlink is not followed).
+    pub fn of(dir: BorrowedFd<'_>, name: &CStr) -> Result<Handle, Errno> {
+        let mut h = Handle {
+            bytes: MAX_HANDLE_SZ as u32,
+            kind: 0,
+            data: [0; MAX_HANDLE_SZ],
+        };
+        let mut mount_id: libc::c_int = 0;
+        // SAFETY: `h` is a `struct file_handle` whose `handle_bytes` says how much room follows
+        // the header (exactly what the array holds); `name` is NUL-terminated; both outlive the
+        // call.
+        let r = unsafe {
+            libc::name_to_handle_at(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                std::ptr::from_mut(&mut h).cast::<libc::file_handle>(),
+                &raw mut mount_id,
+                0,
+            )
+        };
+        if r < 0 { Err(last_errno()) } else { Ok(h) }
+    }
+
+    /// Opens the directory `h` names on the filesystem of `mount` (`O_RDONLY`, never a
+    /// symlink).
+    pub fn open_dir(mount: BorrowedFd<'_>, h: &mut Handle) -> Result<OwnedFd, Errno> {
+        // SAFETY: `h` is a handle filled by `name_to_handle_at`, alive for the call.
+        let fd = unsafe {
+            libc::open_by_handle_at(
+                mount.as_raw_fd(),
+                std::ptr::from_mut(h).cast::<libc::file_handle>(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(last_errno());
+        }
+        // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// The names in `dir`, adding to `listed` and stopping once it reaches `cap`; `None` if the
+/// directory cannot be read.
+fn read_names_bounded(dir: BorrowedFd<'_>, cap: u64, listed: &mut u64) -> Option<Vec<CString>> {
+    let mut reader = fs::Dir::read_from(dir).ok()?;
+    let mut names = Vec::new();
+    while *listed < cap {
+        let Some(entry) = reader.read() else {
+            break;
+        };
+        let entry = entry.ok()?;
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        *listed += 1;
+        names.push(name.to_owned());
+    }
+    Some(names)
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
     use std::path::Path;
@@ -604,7 +908,8 @@ mod tests {
         gid: 64126,
     };
 
-    fn open_dir(p: &Path) -> OwnedFd {
+    /// An `O_PATH` handle of the directory `p`, as the walks take it.
+    pub(crate) fn open_dir(p: &Path) -> OwnedFd {
         fs::open(
             p,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -706,15 +1011,18 @@ mod tests {
         assert!(err.to_string().contains("device node"), "{err}");
     }
 
+    /// `top/d/d/...` (`depth` times), created; returns the deepest.
+    pub(crate) fn nest(top: &Path, depth: usize) -> std::path::PathBuf {
+        let deep = (0..depth).fold(top.to_path_buf(), |p, _| p.join("d"));
+        std::fs::create_dir_all(&deep).unwrap();
+        deep
+    }
+
     #[test]
     fn bounds() {
         let tmp = tempfile::tempdir().unwrap();
         let ws = tmp.path().join("ws");
-        let mut deep = ws.clone();
-        for _ in 0..5 {
-            deep = deep.join("d");
-        }
-        std::fs::create_dir_all(&deep).unwrap();
+        nest(&ws, 5);
         let fd = open_dir(&ws);
         let limits = WalkLimits {
             max_entries: 100,

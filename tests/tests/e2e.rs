@@ -142,7 +142,8 @@ async fn claude_in_the_sandbox_through_the_gateway_delivers_its_change() {
         .start_agent(&AgentRequest {
             tid: tid.into(),
             model: "local".into(),
-            cmd: claude_print_cmd("Edit README.md."),
+            cmd: claude_print_cmd(),
+            stdin: Some("Edit README.md.".into()),
             env: Default::default(),
             venv: None,
             timeout_s: 300,

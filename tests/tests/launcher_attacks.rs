@@ -20,19 +20,10 @@ fn every_entry(top: &Path) -> Vec<(PathBuf, std::fs::Metadata)> {
 }
 
 fn start_agent(l: &Launcher, tid: &str, script: &str) -> Value {
-    let r = l.post(
-        "/agents",
-        &json!({"tid": tid, "model": "m1", "cmd": ["claude", script], "timeout_s": 300,
-                "token": "task-token-123"}),
-    );
-    assert_eq!(r.status, 201, "{}\n{}", r.raw, l.stderr());
-    r.body
-}
-
-fn wait_agent(l: &Launcher, tid: &str) -> Value {
-    let r = l.get(&format!("/agents/{tid}?wait=1"));
-    assert_eq!(r.status, 200, "{}", r.raw);
-    r.body
+    l.start_agent(
+        tid,
+        json!({"cmd": ["claude", script], "token": "task-token-123"}),
+    )
 }
 
 /// Hole 1: an agent plants a setuid file, a hard-linked setuid file, a world-writable
@@ -54,7 +45,7 @@ mkdir many
 perl -e 'for $i (1..50000) { open F, ">many/$i" or die; close F; chmod 04755, "many/$i"; link "many/$i", "many/$i-b" or die }'
 echo planted"#;
     start_agent(&l, "suid1", script);
-    let v = wait_agent(&l, "suid1");
+    let v = l.wait_agent("suid1");
     assert_eq!(v["exit_code"], 0, "{v}");
     assert!(v["stdout"].as_str().unwrap().contains("planted"), "{v}");
     let mut bad = Vec::new();

@@ -11,11 +11,14 @@ use std::time::Duration;
 use agentbox_api::LauncherClient;
 use agentbox_api::launcher::{AgentRequest, RunState};
 use agentbox_policy::id::Tid;
-use agentbox_tests::harness::launcher::{SERVICE_UID, chown, temp_dir};
+use agentbox_tests::harness::launcher::{SERVICE_UID, chown, cmdlines_containing, temp_dir};
 use agentbox_tests::harness::{
     LauncherProcess, Service, claude_print_cmd, readable_client, stream_json_result,
 };
 use serde_json::{Value, json};
+
+/// The prompt, passed in the request's `stdin` (never in `cmd`, which `ps` shows).
+const PROMPT: &str = "Create hello.txt in the current directory (prompt-marker-7f3a).";
 
 #[tokio::test]
 async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
@@ -70,15 +73,35 @@ async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
     let agent = AgentRequest {
         tid: tid.into(),
         model: "sonnet".into(),
-        cmd: claude_print_cmd("Create hello.txt in the current directory."),
+        cmd: claude_print_cmd(),
+        stdin: Some(PROMPT.into()),
         env: Default::default(),
         venv: None,
         timeout_s: 300,
         token: Some("test-token".into()),
     };
+    // While the agent runs, no process on the host shows the prompt in its command line.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                seen.extend(cmdlines_containing("prompt-marker-7f3a"));
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            seen
+        })
+    };
     let started = client.start_agent(&agent).await;
     assert!(started.is_ok(), "{started:?}\n{}", launcher.describe());
     let v = client.wait_agent(&Tid::parse(tid).unwrap()).await.unwrap();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let leaked = watcher.join().unwrap();
+    assert!(
+        leaked.is_empty(),
+        "the prompt in a command line: {leaked:?}"
+    );
     let requests = std::fs::read_to_string(&log).unwrap_or_default();
     let diag = format!(
         "{v:#?}\n--- fakellm log ---\n{requests}\n{}",
@@ -98,6 +121,8 @@ async fn real_claude_code_writes_a_file_from_inside_the_sandbox() {
         SERVICE_UID,
         "handed back"
     );
+    // Claude Code read the prompt from its stdin and sent it to the model.
+    assert!(requests.contains("prompt-marker-7f3a"), "{diag}");
     let first: Value = serde_json::from_str(requests.lines().next().unwrap()).unwrap();
     assert_eq!(
         first["headers"]["authorization"], "Bearer test-token",

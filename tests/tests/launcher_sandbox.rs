@@ -258,9 +258,7 @@ fn output_is_capped_and_workspace_handed_back() {
 #[test]
 fn venv_is_mounted_read_only() {
     let l = Launcher::start(Options::default());
-    let venv = l.venvs.join("py");
-    std::fs::create_dir_all(venv.join("bin")).unwrap();
-    std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
+    let venv = l.venv("py");
     l.workspace("venv1");
     let r = l.post(
         "/checks",

@@ -558,7 +558,9 @@ impl Floor {
             &procs,
             run_as,
             Path::new(sandbox::BWRAP),
-        )?;
+            None,
+        )?
+        .child;
         let out = child.wait_with_output().await?;
         if let Some(cg) = cgroup {
             cg.kill_all().await?;
@@ -588,6 +590,7 @@ async fn launcher_once(l: &LauncherProcess, tid: &str, ws: &Path) -> Result<(i12
         venv: None,
         timeout_s: 60,
         token: None,
+        stdin: None,
     };
     let tid = Tid::parse(tid)?;
     let t0 = monotonic_ns();
@@ -676,6 +679,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
             with_gateway: true,
             tmp_bytes: limits.tmp_mb << 20,
             home_bytes: limits.home_mb << 20,
+            file_bytes: limits.disk_mb << 20,
             claude_bin: stamp.clone(),
         },
         gateway: open_dir(&gw_dir)?,

@@ -110,14 +110,14 @@ pub fn readable_client(name: &str, dir: &Path) -> Result<PathBuf, HarnessError> 
     Ok(target)
 }
 
-/// The `cmd` of a one-shot Claude Code agent: `-p prompt`, stream-json output (so the
-/// `result` event can be read back), the model fakellm scripts answer, permissions bypassed.
+/// The `cmd` of a one-shot Claude Code agent: `-p` (the prompt goes in the request's `stdin`,
+/// never in `cmd`, which the host's process list shows), stream-json output (so the `result`
+/// event can be read back), the model fakellm scripts answer, permissions bypassed.
 #[must_use]
-pub fn claude_print_cmd(prompt: &str) -> Vec<String> {
+pub fn claude_print_cmd() -> Vec<String> {
     [
         "claude",
         "-p",
-        prompt,
         "--output-format",
         "stream-json",
         "--verbose",

@@ -42,6 +42,8 @@ pub struct Options {
     pub memory_mb: u64,
     pub pids: u64,
     pub tmp_mb: u64,
+    /// `launcher.limits.disk_mb`.
+    pub disk_mb: u64,
     pub output_cap_kb: u64,
     pub max_agent_timeout_s: u64,
     pub claude_bin: Option<PathBuf>,
@@ -58,6 +60,7 @@ impl Default for Options {
             memory_mb: 256,
             pids: 64,
             tmp_mb: 8,
+            disk_mb: 10240,
             output_cap_kb: 64,
             max_agent_timeout_s: 600,
             claude_bin: None,
@@ -198,13 +201,14 @@ impl Launcher {
                 "data_dir = {data:?}\nservice_user = \"nobody-here\"\nagent_uid_count = {AGENT_UID_COUNT}\n\
                  [launcher]\nrepo_roots = [{repos:?}]\nvenv_root = {venvs:?}\nclaude_bin = {claude:?}\n\
                  env_allowlist = [{allow}]\n\
-                 [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\n\
+                 [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\ndisk_mb = {disk}\n\
                  max_agent_timeout_s = {maxt}\nmax_check_timeout_s = 600\noutput_cap_kb = {cap}\n\
                  [models.m1]\nbackend = \"ollama\"\nupstream_model = \"x\"\n{extra}",
                 allow = allow.join(", "),
                 mem = opts.memory_mb,
                 pids = opts.pids,
                 tmp = opts.tmp_mb,
+                disk = opts.disk_mb,
                 maxt = opts.max_agent_timeout_s,
                 cap = opts.output_cap_kb,
                 extra = opts.extra_config,
@@ -363,6 +367,41 @@ impl Launcher {
         (self.workspace(tid), self.gateway_socket(tid))
     }
 
+    /// `POST /agents` for `tid` with model `m1`, `timeout_s` 300 and the fields of `body` (an
+    /// object: at least `cmd`), asserting it started; its answer.
+    pub fn start_agent(&self, tid: &str, body: Value) -> Value {
+        let mut req = serde_json::json!({"tid": tid, "model": "m1", "timeout_s": 300});
+        if let (Some(req), Value::Object(fields)) = (req.as_object_mut(), body) {
+            req.extend(fields);
+        }
+        let r = self.post("/agents", &req);
+        assert_eq!(r.status, 201, "{}\n{}", r.raw, self.stderr());
+        r.body
+    }
+
+    /// `GET /agents/{tid}?wait=1`: the agent's final status.
+    pub fn wait_agent(&self, tid: &str) -> Value {
+        let r = self.get(&format!("/agents/{tid}?wait=1"));
+        assert_eq!(r.status, 200, "{}", r.raw);
+        r.body
+    }
+
+    /// An agent run from start to end in a fresh [`Launcher::prepare_task`]: started with
+    /// [`Launcher::start_agent`], its final status.
+    pub fn run_agent(&self, tid: &str, body: Value) -> Value {
+        let _task = self.prepare_task(tid);
+        self.start_agent(tid, body);
+        self.wait_agent(tid)
+    }
+
+    /// `venvs/<name>`, a venv whose `bin/python` is the host's python3; returns its path.
+    pub fn venv(&self, name: &str) -> PathBuf {
+        let venv = self.venvs.join(name);
+        std::fs::create_dir_all(venv.join("bin")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3", venv.join("bin/python")).unwrap();
+        venv
+    }
+
     /// Runs a check to completion and returns its result.
     pub fn check(&self, tid: &str, command: &str) -> Resp {
         self.post(
@@ -469,6 +508,26 @@ pub fn processes_with(prefix: &str) -> Vec<String> {
             {
                 continue;
             }
+            out.push(format!("{}: {cmd}", e.file_name().to_string_lossy()));
+        }
+    }
+    out
+}
+
+/// Every process on the host whose command line (argv joined by spaces) contains `needle`
+/// (this test process excepted), as `pid: cmdline`.
+pub fn cmdlines_containing(needle: &str) -> Vec<String> {
+    let me = std::process::id().to_string();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if e.file_name().to_string_lossy() == me {
+            continue;
+        }
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains(needle) {
             out.push(format!("{}: {cmd}", e.file_name().to_string_lossy()));
         }
     }
