@@ -75,9 +75,14 @@ impl ChatToAnthropic {
     }
 }
 
-fn write_events(events: &[StreamEvent], out: &mut Vec<u8>) {
+/// Frames `events` (Anthropic or Responses events, each with its `write_sse`).
+fn write_events<E>(
+    events: &[E],
+    out: &mut Vec<u8>,
+    write: impl Fn(&E, &mut Vec<u8>) -> Result<(), serde_json::Error>,
+) {
     for e in events {
-        if let Err(err) = e.write_sse(out) {
+        if let Err(err) = write(e, out) {
             tracing::error!(error = %err, "cannot serialize a stream event");
         }
     }
@@ -85,16 +90,20 @@ fn write_events(events: &[StreamEvent], out: &mut Vec<u8>) {
 
 impl StreamTranslator for ChatToAnthropic {
     fn start(&mut self, out: &mut Vec<u8>) {
-        write_events(&self.0.start(), out);
+        write_events(&self.0.start(), out, StreamEvent::write_sse);
     }
     fn push(&mut self, data: &str, out: &mut Vec<u8>) {
-        write_events(&self.0.push_data(data), out);
+        write_events(&self.0.push_data(data), out, StreamEvent::write_sse);
     }
     fn finish(&mut self, out: &mut Vec<u8>) {
-        write_events(&self.0.finish(), out);
+        write_events(&self.0.finish(), out, StreamEvent::write_sse);
     }
     fn fail(&mut self, message: &str, out: &mut Vec<u8>) {
-        write_events(&[StreamEvent::error(ErrorType::ApiError, message)], out);
+        write_events(
+            &[StreamEvent::error(ErrorType::ApiError, message)],
+            out,
+            StreamEvent::write_sse,
+        );
     }
     fn is_done(&self) -> bool {
         self.0.is_done()
@@ -112,29 +121,21 @@ impl ChatToResponses {
     }
 }
 
-fn write_responses_events(events: &[ResponseStreamEvent], out: &mut Vec<u8>) {
-    for e in events {
-        if let Err(err) = e.write_sse(out) {
-            tracing::error!(error = %err, "cannot serialize a stream event");
-        }
-    }
-}
-
 impl StreamTranslator for ChatToResponses {
     fn start(&mut self, out: &mut Vec<u8>) {
-        write_responses_events(&self.0.start(), out);
+        write_events(&self.0.start(), out, ResponseStreamEvent::write_sse);
     }
     fn push(&mut self, data: &str, out: &mut Vec<u8>) {
-        write_responses_events(&self.0.push_data(data), out);
+        write_events(&self.0.push_data(data), out, ResponseStreamEvent::write_sse);
     }
     fn finish(&mut self, out: &mut Vec<u8>) {
-        write_responses_events(&self.0.finish(), out);
+        write_events(&self.0.finish(), out, ResponseStreamEvent::write_sse);
     }
     fn fail(&mut self, _message: &str, out: &mut Vec<u8>) {
         // Ending the translation early is the protocol's failure: `response.failed` unless the
         // answer was already whole (its finish reason arrived), in which case it completes with
         // what it has. Either way it is the last event.
-        write_responses_events(&self.0.finish(), out);
+        write_events(&self.0.finish(), out, ResponseStreamEvent::write_sse);
     }
     fn is_done(&self) -> bool {
         self.0.is_done()

@@ -22,6 +22,21 @@ fn start(script: &Value, args: &[&str]) -> (FakeLlm, BlackboxProxy) {
     (fake, proxy)
 }
 
+/// The `type` of each object in the array at `v[key]`.
+fn types<'a>(v: &'a Value, key: &str) -> Vec<&'a str> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key} in {v}"))
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect()
+}
+
+/// The `event:` names of an SSE body's frames.
+fn event_names(frames: &[agentbox_tests::harness::SseFrame]) -> Vec<&str> {
+    frames.iter().filter_map(|f| f.event.as_deref()).collect()
+}
+
 struct Reply {
     status: u16,
     headers: reqwest::header::HeaderMap,
@@ -251,18 +266,16 @@ async fn anthropic_is_sent_as_chat_and_answered_as_anthropic() {
     let v = r.json();
     assert_eq!(v["type"], "message");
     assert_eq!(v["stop_reason"], "tool_use");
-    let kinds: Vec<&str> = v["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["type"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["thinking", "text", "tool_use"], "{v}");
+    assert_eq!(
+        types(&v, "content"),
+        ["thinking", "text", "tool_use"],
+        "{v}"
+    );
     assert_eq!(v["content"][2]["input"], json!({"cmd": "ls"}));
     let r = post(&proxy, "/v1/messages", &anthropic(true), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let frames = parse_sse(&r.text);
-    let names: Vec<&str> = frames.iter().filter_map(|f| f.event.as_deref()).collect();
+    let names = event_names(&frames);
     assert_eq!(names.first(), Some(&"message_start"), "{}", r.text);
     assert_eq!(names.last(), Some(&"message_stop"), "{}", r.text);
     let text: String = frames
@@ -312,20 +325,18 @@ async fn responses_are_sent_as_chat_and_answered_as_responses() {
     let v = r.json();
     assert_eq!(v["object"], "response");
     assert_eq!(v["status"], "completed");
-    let kinds: Vec<&str> = v["output"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| i["type"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["reasoning", "message", "function_call"], "{v}");
+    assert_eq!(
+        types(&v, "output"),
+        ["reasoning", "message", "function_call"],
+        "{v}"
+    );
     assert_eq!(v["output"][2]["name"], "shell");
     assert_eq!(v["usage"]["input_tokens"], 5);
     assert_eq!(v["usage"]["output_tokens"], 7);
     let r = post(&proxy, "/v1/responses", &responses(true), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let frames = parse_sse(&r.text);
-    let names: Vec<&str> = frames.iter().filter_map(|f| f.event.as_deref()).collect();
+    let names = event_names(&frames);
     assert_eq!(names.first(), Some(&"response.created"), "{}", r.text);
     assert_eq!(names.last(), Some(&"response.completed"), "{}", r.text);
     assert!(

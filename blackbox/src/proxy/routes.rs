@@ -13,12 +13,12 @@ use agentbox_llm::body::{
 };
 use agentbox_llm::client::{MAX_ANSWER_BODY, MAX_ERROR_BODY, read_capped};
 use agentbox_llm::{ErrorReply, LlmError, Protocol};
-use agentbox_wire::anthropic::{ErrorType, MessagesRequest};
+use agentbox_wire::anthropic::ErrorType;
 use agentbox_wire::chat::{ChatRequest, ChatResponse};
-use agentbox_wire::responses::ResponsesRequest;
 use agentbox_wire::translate::{
-    ChatOptions, MaxTokensField, ResponseOptions, ResponsesOptions, anthropic_into_chat,
-    chat_to_anthropic_response, chat_to_responses_response, responses_into_chat,
+    ChatOptions, MaxTokensField, ResponseOptions, ResponsesOptions, TranslateError,
+    anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
+    responses_into_chat,
 };
 use axum::Router;
 use axum::body::Body;
@@ -28,7 +28,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
 
 use super::headers::{self, CallKind};
 use super::meter::{ChatMeter, Metered};
@@ -230,39 +231,43 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
             Ok((out, Back::Chat, stream))
         }
         Api::Anthropic => {
-            let req: MessagesRequest = serde_json::from_value(Value::Object(map))
-                .map_err(|e| CallError::Invalid(e.to_string()))?;
-            let opts = ResponseOptions::for_request(&req);
-            let chat = anthropic_into_chat(req, &chat_options())
-                .map_err(|e| CallError::Invalid(e.to_string()))?;
-            Ok((
-                encode_chat(&chat, policy)?,
-                Back::Anthropic(Box::new(opts)),
-                stream,
-            ))
+            let (body, opts) = to_chat(
+                map,
+                policy,
+                ResponseOptions::for_request,
+                anthropic_into_chat,
+            )?;
+            Ok((body, Back::Anthropic(Box::new(opts)), stream))
         }
         Api::Responses => {
-            let req: ResponsesRequest = serde_json::from_value(Value::Object(map))
-                .map_err(|e| CallError::Invalid(e.to_string()))?;
-            let opts = ResponsesOptions::for_request(&req);
-            let chat = responses_into_chat(req, &chat_options())
-                .map_err(|e| CallError::Invalid(e.to_string()))?;
-            Ok((
-                encode_chat(&chat, policy)?,
-                Back::Responses(Box::new(opts)),
-                stream,
-            ))
+            let (body, opts) = to_chat(
+                map,
+                policy,
+                ResponsesOptions::for_request,
+                responses_into_chat,
+            )?;
+            Ok((body, Back::Responses(Box::new(opts)), stream))
         }
     }
 }
 
-/// A translated chat request with the policy applied, as bytes.
-fn encode_chat(chat: &ChatRequest, policy: &rewrite::Policy) -> Result<Bytes, CallError> {
-    let Ok(Value::Object(mut map)) = serde_json::to_value(chat) else {
+/// A client request of protocol `R` as the chat body sent upstream (policy applied), and the
+/// options for translating the answer back.
+fn to_chat<R: DeserializeOwned, O>(
+    map: Map<String, Value>,
+    policy: &rewrite::Policy,
+    answer_options: impl FnOnce(&R) -> O,
+    into_chat: impl FnOnce(R, &ChatOptions) -> Result<ChatRequest, TranslateError>,
+) -> Result<(Bytes, O), CallError> {
+    let invalid = |e: &dyn std::fmt::Display| CallError::Invalid(e.to_string());
+    let req: R = serde_json::from_value(Value::Object(map)).map_err(|e| invalid(&e))?;
+    let opts = answer_options(&req);
+    let chat = into_chat(req, &chat_options()).map_err(|e| invalid(&e))?;
+    let Ok(Value::Object(mut chat)) = serde_json::to_value(&chat) else {
         return Err(CallError::Invalid("cannot encode the chat request".into()));
     };
-    rewrite::apply(&mut map, policy);
-    Ok(Bytes::from(Value::Object(map).to_string()))
+    rewrite::apply(&mut chat, policy);
+    Ok((Bytes::from(Value::Object(chat).to_string()), opts))
 }
 
 async fn model_call(
