@@ -315,7 +315,7 @@ async fn model_call(
     let resp = match core
         .upstream
         .client()
-        .post(url)
+        .post(core.settings.chat_target.clone())
         .headers(headers)
         .body(body)
         .send()
