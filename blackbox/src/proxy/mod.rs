@@ -23,10 +23,10 @@
 //! `{upstream_origin}{path}`, untagged, as the reference does. `GET /__proxy_health` answers
 //! `{"ok": true}`.
 //!
-//! Modules: [`state`] (turn scope, pause, in-flight marks and waits), [`headers`],
-//! [`rewrite`] (request policy), [`meter`] (usage counts from chat answers), [`upstream`]
-//! (classifying and answering upstream failures, the keepalive prelude), [`routes`] (the
-//! handler), [`control`] (a loopback control API for running the proxy alone: tests, bench).
+//! Modules: `state` (turn scope, pause, in-flight marks and waits), `headers`, `rewrite`
+//! (request policy), `meter` (usage counts from chat answers), `upstream` (classifying and
+//! answering upstream failures, the keepalive prelude), `routes` (the handler), `control` (a
+//! loopback control API for running the proxy alone: tests, bench).
 
 mod control;
 mod headers;
