@@ -4,3 +4,5 @@
 //! Empty until its issue lands it.
 
 #![forbid(unsafe_code)]
+
+pub mod proxy;

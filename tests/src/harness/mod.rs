@@ -26,6 +26,7 @@ mod fake;
 mod http;
 pub mod launcher;
 mod process;
+mod proxy;
 
 pub use clients::{
     claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
@@ -34,6 +35,7 @@ pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, cargo, workspa
 pub use fake::FakeLlm;
 pub use http::{SseFrame, UnixResponse, parse_sse, strs, unix_json, unix_request};
 pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
+pub use proxy::BlackboxProxy;
 
 use std::path::PathBuf;
 use std::time::Duration;
