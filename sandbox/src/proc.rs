@@ -68,6 +68,8 @@ struct Plan {
     uid: Uid,
     gid: Gid,
     groups: Vec<Gid>,
+    /// Whether the child switches to `uid`/`gid`/`groups` (false: it keeps the parent's).
+    change_identity: bool,
     new_session: bool,
     limits: Vec<(Resource, Rlimit)>,
     keep: Vec<RawFd>,
@@ -83,11 +85,24 @@ impl ChildSetup {
                 uid: Uid::from_raw(uid),
                 gid: Gid::from_raw(gid),
                 groups: Vec::new(),
+                change_identity: true,
                 new_session: false,
                 limits: Vec::new(),
                 keep: Vec::new(),
             },
         }
+    }
+
+    /// A child that keeps this process's uid, gid and groups (a daemon that is not root, such
+    /// as blackbox-server in its sandbox, cannot set groups), with everything else as
+    /// [`ChildSetup::new`].
+    pub fn same_identity() -> ChildSetup {
+        let mut setup = ChildSetup::new(
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        );
+        setup.plan.change_identity = false;
+        setup
     }
 
     /// Supplementary groups.
@@ -187,9 +202,11 @@ impl Hook {
         if plan.new_session {
             rustix::process::setsid().map_err(errno)?;
         }
-        rustix::thread::set_thread_groups(&plan.groups).map_err(errno)?;
-        rustix::thread::set_thread_res_gid(plan.gid, plan.gid, plan.gid).map_err(errno)?;
-        rustix::thread::set_thread_res_uid(plan.uid, plan.uid, plan.uid).map_err(errno)?;
+        if plan.change_identity {
+            rustix::thread::set_thread_groups(&plan.groups).map_err(errno)?;
+            rustix::thread::set_thread_res_gid(plan.gid, plan.gid, plan.gid).map_err(errno)?;
+            rustix::thread::set_thread_res_uid(plan.uid, plan.uid, plan.uid).map_err(errno)?;
+        }
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(errno)?;
         if rustix::process::getppid() != Some(self.parent) {
             // The parent died between fork and here; nobody would supervise this child.
@@ -544,6 +561,29 @@ mod tests {
                 String::from_utf8_lossy(&out.stdout),
                 "64123\n64124\n64124 64125\nkept\nclosed\n"
             );
+        });
+    }
+
+    /// `same_identity` changes nothing of who the child is: it keeps the caller's uid, gid and
+    /// supplementary groups (`new` would have replaced the groups), so no step needs
+    /// CAP_SETGID and an unprivileged daemon can use it.
+    #[test]
+    fn same_identity_keeps_uid_and_groups() {
+        let rt = rt();
+        rt.block_on(async {
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args(["-c", "id -u; id -g; cat /proc/self/status | grep ^Groups:"])
+                .stdout(Stdio::piped());
+            let child = ChildSetup::same_identity().new_session().spawn(cmd).unwrap();
+            let out = child.wait_with_output().await.unwrap();
+            let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+            let groups = ours.lines().find(|l| l.starts_with("Groups:")).unwrap();
+            let expected = format!(
+                "{}\n{}\n{groups}\n",
+                rustix::process::getuid().as_raw(),
+                rustix::process::getgid().as_raw()
+            );
+            assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
         });
     }
 }
