@@ -574,7 +574,10 @@ mod tests {
             let mut cmd = tokio::process::Command::new("/bin/sh");
             cmd.args(["-c", "id -u; id -g; cat /proc/self/status | grep ^Groups:"])
                 .stdout(Stdio::piped());
-            let child = ChildSetup::same_identity().new_session().spawn(cmd).unwrap();
+            let child = ChildSetup::same_identity()
+                .new_session()
+                .spawn(cmd)
+                .unwrap();
             let out = child.wait_with_output().await.unwrap();
             let ours = std::fs::read_to_string("/proc/self/status").unwrap();
             let groups = ours.lines().find(|l| l.starts_with("Groups:")).unwrap();

@@ -59,7 +59,10 @@ fn proxy_options(backend_options: &crate::model::Object) -> Result<ProxyOptions,
             "Invalid proxy config: max_steps: Input should be greater than 0",
         ));
     }
-    if options.default_temperature.is_some_and(|t| t < 0.0 || t.is_nan()) {
+    if options
+        .default_temperature
+        .is_some_and(|t| t < 0.0 || t.is_nan())
+    {
         return Err(ApiError::request(
             "Invalid proxy config: default_temperature: Input should be greater than or equal to 0",
         ));
