@@ -226,8 +226,8 @@ impl LlmBody {
                     Poll::Ready(Some(Err(e))) => {
                         tracing::warn!(error = %agentbox_http::error_chain(e.as_ref()), "upstream broke mid-response");
                         Poll::Ready(match sse {
-                            Some(Protocol::Anthropic) => Step::Failure(Bytes::from(
-                                StreamEvent::failure_frame(!*at_boundary, BROKEN_STREAM),
+                            Some(protocol) => Step::Failure(Bytes::from(
+                                protocol.failure_frame(!*at_boundary, BROKEN_STREAM),
                             )),
                             None => Step::Abort(std::io::Error::other(BROKEN_STREAM)),
                         })

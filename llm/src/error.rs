@@ -10,17 +10,57 @@
 //!   port, upstream-supplied text or a reqwest error chain. The details go to the log.
 //! - unreachable is 502 `api_error`, a timeout 504 `timeout_error`.
 
-use agentbox_wire::anthropic::{ErrorBody, ErrorType};
+use agentbox_wire::anthropic::{ErrorBody, ErrorType, StreamEvent};
 use agentbox_wire::error::client_error_for_upstream;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
 /// The wire protocol the client speaks: the shape of error bodies and of the frame that ends a
-/// broken stream. Chat-shaped bodies join when a daemon serves chat clients.
+/// broken stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
     /// Anthropic Messages: `{"type":"error","error":{"type","message"}}`, `event: error`.
     Anthropic,
+    /// OpenAI (chat completions, and Responses error bodies): `{"error":{"message","type",
+    /// "code"}}`; a broken chat stream ends with that object as a `data:` frame, which is how
+    /// OpenAI-compatible servers report a failure after the 200.
+    OpenAi,
+}
+
+impl Protocol {
+    /// The body of `body` in this protocol's shape.
+    pub fn error_body(self, body: &ErrorBody) -> serde_json::Value {
+        match self {
+            Protocol::Anthropic => serde_json::to_value(body).unwrap_or_default(),
+            Protocol::OpenAi => serde_json::json!({
+                "error": {
+                    "message": body.error.message,
+                    "type": body.error.kind,
+                    "code": serde_json::Value::Null,
+                }
+            }),
+        }
+    }
+
+    /// The bytes that end a passthrough event stream whose upstream broke, after a blank line
+    /// when the bytes forwarded so far stopped mid-frame.
+    pub fn failure_frame(self, mid_frame: bool, message: &str) -> Vec<u8> {
+        match self {
+            Protocol::Anthropic => StreamEvent::failure_frame(mid_frame, message),
+            Protocol::OpenAi => {
+                let mut out = if mid_frame {
+                    b"\n\n".to_vec()
+                } else {
+                    Vec::new()
+                };
+                let body = ErrorBody::new(ErrorType::ApiError, message);
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(Protocol::OpenAi.error_body(&body).to_string().as_bytes());
+                out.extend_from_slice(b"\n\n");
+                out
+            }
+        }
+    }
 }
 
 /// What a client is told about a failed request, before it is rendered in a protocol.
@@ -46,10 +86,8 @@ impl ErrorReply {
 
     /// The response in `protocol`'s shape.
     pub fn into_response(self, protocol: Protocol) -> Response {
-        let bytes = match protocol {
-            // Plain strings and enums: serializing cannot fail; an empty body beats a panic.
-            Protocol::Anthropic => serde_json::to_vec(&self.body).unwrap_or_default(),
-        };
+        // Plain strings and enums: serializing cannot fail; an empty body beats a panic.
+        let bytes = serde_json::to_vec(&protocol.error_body(&self.body)).unwrap_or_default();
         let mut resp = (self.status, bytes).into_response();
         let headers = resp.headers_mut();
         headers.insert(
@@ -255,5 +293,20 @@ mod tests {
         assert_eq!(resp.status(), StatusCode::FORBIDDEN);
         assert_eq!(resp.headers()[header::RETRY_AFTER], "3");
         assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
+    }
+
+    #[test]
+    fn replies_and_failure_frames_render_in_openai_shape() {
+        let r = ErrorReply::new(StatusCode::BAD_GATEWAY, ErrorType::ApiError, "down");
+        let v = Protocol::OpenAi.error_body(&r.body);
+        assert_eq!(
+            v,
+            serde_json::json!({"error": {"message": "down", "type": "api_error", "code": null}})
+        );
+        let frame = String::from_utf8(Protocol::OpenAi.failure_frame(true, "cut")).unwrap();
+        assert!(frame.starts_with("\n\ndata: {\"error\":"), "{frame}");
+        assert!(frame.ends_with("}\n\n"), "{frame}");
+        let frame = String::from_utf8(Protocol::OpenAi.failure_frame(false, "cut")).unwrap();
+        assert!(frame.starts_with("data: "), "{frame}");
     }
 }

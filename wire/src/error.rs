@@ -1,7 +1,8 @@
 //! Anthropic error bodies for the gateway's own refusals and for upstream failures translated
 //! by the bridge: HTTP status → Anthropic error type, OpenAI-style error bodies (and the looser
 //! shapes compatible servers send) → `{"type":"error","error":{"type","message"}}`, and
-//! mid-stream errors → an `error` event.
+//! mid-stream errors → an `error` event (or, for the Responses API, the code and message of a
+//! `response.failed` event).
 //!
 //! Status map (Anthropic's documented types): 400 `invalid_request_error`, 401
 //! `authentication_error`, 402 `billing_error`, 403 `permission_error` (never
@@ -106,6 +107,23 @@ pub fn stream_error_from_openai(error: &Value) -> StreamEvent {
         .and_then(|c| error_type_for_openai_code(&c))
         .unwrap_or(ErrorType::ApiError);
     StreamEvent::error(kind, finish_message(&message))
+}
+
+/// The `code` and `message` of a Responses `response.failed` error for the `error` object of a
+/// chat chunk (an error reported mid-stream). A context overflow gets the code
+/// `context_length_exceeded` whatever the upstream called it, since that code is what makes
+/// Codex compact its history instead of retrying.
+pub fn responses_error_from_openai(error: &Value) -> (String, String) {
+    let wrapped = serde_json::json!({ "error": error });
+    let message = message_from_value(&wrapped)
+        .unwrap_or_else(|| "upstream reported an error mid-stream".to_owned());
+    let code = code_from_value(&wrapped);
+    let code = if is_context_overflow(code.as_deref(), &message) {
+        "context_length_exceeded".to_owned()
+    } else {
+        code.unwrap_or_else(|| "server_error".to_owned())
+    };
+    (code, finish_message(&message))
 }
 
 /// The Anthropic error type for an OpenAI error `type` or `code` string, when one fits.

@@ -9,7 +9,8 @@
 //! - [`usage`]: [`usage::UsageMeter`], which meters an Anthropic response (streamed or not) from
 //!   its raw bytes as they are forwarded.
 //! - [`translate`]: Anthropic request → chat request, chat response and chat stream → Anthropic
-//!   response and stream.
+//!   response and stream; the same for OpenAI Responses ([`translate::responses`]), which Codex
+//!   speaks.
 //! - [`error`]: HTTP status and upstream error bodies → Anthropic error bodies and events.
 //! - [`normalize`]: Anthropic → Anthropic fixes for local backends (Claude Code's billing header,
 //!   mid-conversation system messages).

@@ -427,6 +427,33 @@ pub enum ResponseStreamEvent {
         #[serde(flatten)]
         extra: Extra,
     },
+    #[serde(rename = "response.reasoning_summary_text.done")]
+    ReasoningSummaryTextDone {
+        item_id: String,
+        output_index: u32,
+        summary_index: u32,
+        text: String,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.reasoning_summary_part.added")]
+    ReasoningSummaryPartAdded {
+        item_id: String,
+        output_index: u32,
+        summary_index: u32,
+        part: ContentPart,
+        #[serde(flatten)]
+        extra: Extra,
+    },
+    #[serde(rename = "response.reasoning_summary_part.done")]
+    ReasoningSummaryPartDone {
+        item_id: String,
+        output_index: u32,
+        summary_index: u32,
+        part: ContentPart,
+        #[serde(flatten)]
+        extra: Extra,
+    },
     #[serde(rename = "response.reasoning_text.delta")]
     ReasoningTextDelta {
         item_id: String,
@@ -447,7 +474,7 @@ pub enum ResponseStreamEvent {
         #[serde(flatten)]
         extra: Extra,
     },
-    /// `response.reasoning_summary_part.added`, `response.refusal.delta`, ... and anything
+    /// `response.refusal.delta`, `response.custom_tool_call_input.delta`, ... and anything
     /// newer.
     #[serde(untagged)]
     Other(Extra),
@@ -476,6 +503,15 @@ impl ResponseStreamEvent {
             }
             ResponseStreamEvent::ReasoningSummaryTextDelta { .. } => {
                 "response.reasoning_summary_text.delta"
+            }
+            ResponseStreamEvent::ReasoningSummaryTextDone { .. } => {
+                "response.reasoning_summary_text.done"
+            }
+            ResponseStreamEvent::ReasoningSummaryPartAdded { .. } => {
+                "response.reasoning_summary_part.added"
+            }
+            ResponseStreamEvent::ReasoningSummaryPartDone { .. } => {
+                "response.reasoning_summary_part.done"
             }
             ResponseStreamEvent::ReasoningTextDelta { .. } => "response.reasoning_text.delta",
             ResponseStreamEvent::Error { .. } => "error",

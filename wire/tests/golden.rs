@@ -6,7 +6,10 @@
 //! Kinds: `request` (Anthropic request → chat request), `response` (chat response → Anthropic
 //! response), `stream` (chat chunks → Anthropic events; strings in the input array are raw SSE
 //! data such as `"[DONE]"`; the stream is always ended after the last one), `error` (status and
-//! upstream body → Anthropic error body), `meter` (Anthropic body → usage report).
+//! upstream body → Anthropic error body), `meter` (Anthropic body → usage report),
+//! `responses_request` (Responses request → chat request), `responses_response` (chat response
+//! → Responses response), `responses_stream` (chat chunks → Responses events, fed like
+//! `stream`).
 //!
 //! `AGENTBOX_BLESS=1 cargo test -p agentbox-wire --test golden` rewrites every
 //! `expected.json` from the current output; review the diff before keeping it.
@@ -21,9 +24,10 @@ use std::path::{Path, PathBuf};
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::chat::ChatResponse;
 use agentbox_wire::error::anthropic_error_from_openai;
+use agentbox_wire::responses::ResponsesRequest;
 use agentbox_wire::translate::{
-    ChatOptions, InlineSystem, MaxTokensField, ResponseOptions, ToolNames, anthropic_to_chat,
-    chat_to_anthropic_response,
+    ChatOptions, InlineSystem, MaxTokensField, ResponseOptions, ResponsesOptions, ToolNames,
+    anthropic_to_chat, chat_to_anthropic_response, chat_to_responses_response, responses_to_chat,
 };
 use agentbox_wire::usage::{BodyKind, MeterReport, UsageMeter};
 use serde_json::{Value, json};
@@ -104,6 +108,23 @@ fn response_options(v: &Value) -> ResponseOptions {
     o
 }
 
+fn responses_options(v: &Value) -> ResponsesOptions {
+    ResponsesOptions {
+        model: v.get("model").and_then(Value::as_str).map(str::to_owned),
+        response_id: v
+            .get("response_id")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        // Every fixture names `created` or sets this, so expected files do not depend on the
+        // clock.
+        created_at: v.get("created_at").and_then(Value::as_u64),
+        input_tokens_estimate: v
+            .get("input_tokens_estimate")
+            .and_then(Value::as_u64)
+            .unwrap_or(0),
+    }
+}
+
 fn report_json(r: &MeterReport) -> Value {
     json!({
         "input_tokens": r.usage.input_tokens,
@@ -142,6 +163,31 @@ fn actual(kind: &str, dir: &Path) -> Value {
             if events.iter().all(|e| e.event_name() != "error") {
                 common::accumulate(&events);
             }
+            serde_json::to_value(events).unwrap()
+        }
+        "responses_request" => {
+            let req: ResponsesRequest =
+                serde_json::from_value(read_json(&dir.join("input.json"))).unwrap();
+            match responses_to_chat(&req, &chat_options(&opts)) {
+                Ok(chat) => serde_json::to_value(chat).unwrap(),
+                Err(e) => json!({"error": e.to_string()}),
+            }
+        }
+        "responses_response" => {
+            let resp: ChatResponse =
+                serde_json::from_value(read_json(&dir.join("input.json"))).unwrap();
+            let out = chat_to_responses_response(resp, &responses_options(&opts)).unwrap();
+            serde_json::to_value(out).unwrap()
+        }
+        "responses_stream" => {
+            let input = read_json(&dir.join("input.json"));
+            let events = common::translate_responses_stream(
+                input.as_array().unwrap(),
+                responses_options(&opts),
+                opts.get("start_early").and_then(Value::as_bool) == Some(true),
+            );
+            // Every stream, failed or not, must satisfy the event order Codex parses.
+            common::check_responses_stream(&events);
             serde_json::to_value(events).unwrap()
         }
         "error" => {
@@ -318,6 +364,90 @@ golden!(meter:
     data_only_frames,
 );
 
+golden!(responses_request:
+    assistant_message_and_call_merged,
+    calls_not_merged_across_boundaries,
+    codex_shaped_turn,
+    consecutive_calls_merged_in_order,
+    dressage_bridge_request,
+    function_output_parts_and_images_moved,
+    image_by_file_id_refused,
+    input_file_data_to_file_part,
+    input_string_is_one_user_message,
+    max_output_tokens_clamped_to_model_limit,
+    max_output_tokens_field_both,
+    model_override,
+    no_max_tokens_invented,
+    pending_reasoning_cleared_on_boundaries,
+    reasoning_attached_to_standalone_call_group,
+    reasoning_content_text_when_no_summary,
+    reasoning_dropped_without_passback,
+    reasoning_effort_forwarded_when_asked,
+    reasoning_round_trip_to_reasoning_content,
+    responses_only_fields_not_forwarded,
+    standalone_calls_merged,
+    stream_requests_include_usage,
+    stream_without_include_usage_when_off,
+    text_format_json_schema_to_response_format,
+    text_parts_joined_by_newline,
+    tool_choice_forms,
+    tool_choice_unknown_object_left_to_upstream,
+    tool_choice_without_tools_dropped,
+    tools_function_kept_others_dropped,
+    user_images_become_parts,
+    user_system_and_unknown_items_end_a_call_group,
+);
+
+golden!(responses_response:
+    content_parts_and_refusal_joined,
+    dressage_bridge_response,
+    empty_content_still_has_a_message,
+    empty_tool_calls_keep_text,
+    first_choice_by_index,
+    length_is_still_completed,
+    missing_call_id_numbered,
+    missing_usage_uses_estimate,
+    only_tool_calls_no_message_item,
+    reasoning_field_is_reasoning_item,
+    reasoning_message_and_call,
+    requested_model_and_id_reported,
+    text_only,
+    total_tokens_missing_is_sum,
+    usage_details_cached_and_reasoning,
+);
+
+golden!(responses_stream:
+    arguments_before_name,
+    chunks_after_completed_dropped,
+    completed_waits_for_usage_chunk,
+    content_parts_list_deltas,
+    context_overflow_error_chunk_is_context_length_exceeded,
+    continuous_usage_stats,
+    dressage_text_stream,
+    dressage_text_then_tool_call,
+    empty_deltas_open_no_item,
+    empty_response_has_an_empty_message,
+    eof_without_any_chunk_fails,
+    eof_without_finish_reason_fails,
+    error_chunk_fails,
+    length_still_completes,
+    missing_call_id_generated,
+    no_usage_is_estimated,
+    parallel_tool_calls_interleaved,
+    parallel_tool_calls_sequential,
+    reasoning_field_deltas,
+    reasoning_only_gets_an_empty_message,
+    reasoning_then_text_with_usage_chunk,
+    reasoning_then_tool_call_only,
+    refusal_delta_is_text,
+    requested_model_and_id_reported,
+    text_after_tool_call_is_a_new_message,
+    tool_call_in_one_chunk,
+    tool_call_without_index,
+    tool_call_without_name_fails,
+    unreadable_chunk_fails,
+);
+
 #[test]
 fn every_golden_dir_has_a_test() {
     let declared: BTreeSet<String> = [
@@ -326,6 +456,9 @@ fn every_golden_dir_has_a_test() {
         ("stream", stream::RULES),
         ("error", error::RULES),
         ("meter", meter::RULES),
+        ("responses_request", responses_request::RULES),
+        ("responses_response", responses_response::RULES),
+        ("responses_stream", responses_stream::RULES),
     ]
     .iter()
     .flat_map(|(k, rules)| rules.iter().map(move |r| format!("{k}/{r}")))

@@ -1,7 +1,10 @@
 //! Property tests: unknown fields survive parse and re-serialize; the SSE codec round-trips
 //! under any chunking and line-ending style; streaming translation of any chunk split equals
 //! the non-streamed translation of the same completion; the meter reads any chunking of a
-//! stream the same; translated conversations keep OpenAI's tool-message ordering.
+//! stream the same; translated conversations keep OpenAI's tool-message ordering. The same for
+//! the Responses translation: any content split of a stream completes with the non-streamed
+//! response, any byte split of the upstream SSE gives the same events (which parse back from
+//! the SSE we write), and translated Responses conversations keep every call and output.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,10 +12,12 @@ mod common;
 
 use agentbox_wire::anthropic::{MessagesRequest, StreamEvent};
 use agentbox_wire::chat::{ChatChunk, ChatMessage, ChatRequest, ChatResponse};
+use agentbox_wire::responses::{ResponseStreamEvent, ResponsesRequest};
 use agentbox_wire::sse::{self, Event};
 use agentbox_wire::translate::{
-    ChatOptions, ChatStreamTranslator, ResponseOptions, anthropic_to_chat,
-    chat_to_anthropic_response,
+    ChatOptions, ChatStreamTranslator, ResponseOptions, ResponsesOptions,
+    ResponsesStreamTranslator, anthropic_to_chat, chat_to_anthropic_response,
+    chat_to_responses_response, responses_to_chat,
 };
 use agentbox_wire::usage::UsageMeter;
 use proptest::collection::{btree_map, vec};
@@ -399,6 +404,78 @@ fn stream_chunks(
         .collect()
 }
 
+// ---- a Responses conversation ---------------------------------------------------------------
+
+fn responses_item() -> impl Strategy<Value = Value> {
+    let part = prop_oneof![
+        text().prop_map(|t| json!({"type": "input_text", "text": t})),
+        text().prop_map(|t| json!({"type": "output_text", "text": t, "annotations": []})),
+        Just(json!({"type": "input_image", "image_url": "data:image/png;base64,AAAA"})),
+    ];
+    let content = prop_oneof![
+        text().prop_map(Value::from),
+        vec(part, 0..3).prop_map(Value::Array)
+    ];
+    prop_oneof![
+        (
+            prop_oneof![
+                Just("user"),
+                Just("assistant"),
+                Just("developer"),
+                Just("system"),
+                Just("critic")
+            ],
+            content.clone()
+        )
+            .prop_map(|(role, content)| json!({"type": "message", "role": role, "content": content})),
+        ("[a-z]{1,6}", object()).prop_map(|(name, args)| {
+            json!({"type": "function_call", "call_id": "", "name": name, "arguments": args.to_string()})
+        }),
+        content.prop_map(|output| json!({"type": "function_call_output", "call_id": "", "output": output})),
+        text().prop_map(|t| json!({"type": "reasoning", "summary": [{"type": "summary_text", "text": t}]})),
+        text().prop_map(|t| json!({"type": "custom_tool_call", "call_id": "c", "name": "apply_patch", "input": t})),
+    ]
+}
+
+/// A Responses request whose calls and outputs have distinct call ids (`call_<n>`, `out_<n>`).
+fn responses_request() -> impl Strategy<Value = Value> {
+    (option::of(text()), vec(responses_item(), 0..12)).prop_map(|(instructions, mut items)| {
+        for (i, item) in items.iter_mut().enumerate() {
+            match item["type"].as_str() {
+                Some("function_call") => item["call_id"] = json!(format!("call_{i}")),
+                Some("function_call_output") => item["call_id"] = json!(format!("out_{i}")),
+                Some(_) | None => {}
+            }
+        }
+        let mut req = json!({"model": "m", "input": items});
+        if let Some(text) = instructions {
+            req["instructions"] = json!(text);
+        }
+        req
+    })
+}
+
+fn responses_opts() -> ResponsesOptions {
+    ResponsesOptions {
+        created_at: Some(1_700_000_000),
+        ..ResponsesOptions::default()
+    }
+}
+
+/// The chunks as the upstream's SSE bytes.
+fn chunks_as_sse(chunks: &[ChatChunk], done_marker: bool) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for c in chunks {
+        bytes.extend_from_slice(b"data: ");
+        bytes.extend_from_slice(&serde_json::to_vec(c).unwrap());
+        bytes.extend_from_slice(b"\n\n");
+    }
+    if done_marker {
+        bytes.extend_from_slice(b"data: [DONE]\n\n");
+    }
+    bytes
+}
+
 // ---- SSE events ----------------------------------------------------------------------------
 
 fn sse_event() -> impl Strategy<Value = Event> {
@@ -514,6 +591,125 @@ proptest! {
         events.extend(t.finish());
         let streamed = common::accumulate(&events);
         prop_assert_eq!(streamed, whole);
+    }
+
+    #[test]
+    fn responses_streaming_of_any_split_equals_non_streaming(
+        c in completion(),
+        cuts in vec(any::<u8>(), 0..6),
+        finish_with_last in any::<bool>(),
+        usage_with_finish in any::<bool>(),
+        done_marker in any::<bool>(),
+        start_early in any::<bool>(),
+    ) {
+        let whole = chat_to_responses_response(whole_response(&c), &responses_opts()).unwrap();
+        let mut t = ResponsesStreamTranslator::new(responses_opts());
+        let mut events = Vec::new();
+        if start_early {
+            // Started before any chunk: the id is a fresh one, so compare without it.
+            events.extend(t.start());
+        }
+        for chunk in stream_chunks(&c, &cuts, finish_with_last, usage_with_finish) {
+            events.extend(t.push_chunk(chunk));
+        }
+        if done_marker {
+            events.extend(t.push_data("[DONE]"));
+        }
+        events.extend(t.finish());
+        let mut streamed = common::check_responses_stream(&events);
+        prop_assert_eq!(t.final_usage(), streamed.usage.as_ref());
+        if start_early {
+            let fresh = streamed.id.clone();
+            prop_assert!(fresh.starts_with("resp_"));
+            let v = serde_json::to_string(&streamed).unwrap();
+            let base = fresh.trim_start_matches("resp_");
+            streamed = serde_json::from_str(&v.replace(base, "chatcmpl-p")).unwrap();
+            streamed.id = whole.id.clone();
+        }
+        prop_assert_eq!(streamed, whole);
+    }
+
+    #[test]
+    fn responses_events_are_the_same_for_any_byte_split_of_the_upstream_sse(
+        c in completion(),
+        cuts in vec(any::<u16>(), 0..16),
+        done_marker in any::<bool>(),
+    ) {
+        let chunks = stream_chunks(&c, &[60, 190], false, false);
+        let mut direct = ResponsesStreamTranslator::new(responses_opts());
+        let mut expected: Vec<ResponseStreamEvent> = Vec::new();
+        for chunk in chunks.clone() {
+            expected.extend(direct.push_chunk(chunk));
+        }
+        if done_marker {
+            expected.extend(direct.push_data("[DONE]"));
+        }
+        expected.extend(direct.finish());
+
+        let bytes = chunks_as_sse(&chunks, done_marker);
+        let mut decoder = sse::Decoder::new();
+        let mut t = ResponsesStreamTranslator::new(responses_opts());
+        let mut got = Vec::new();
+        for piece in split_at_cuts(&bytes, &cuts) {
+            let mut frames = Vec::new();
+            decoder.feed(&piece, &mut frames).unwrap();
+            for f in frames {
+                got.extend(t.push_data(&f.data));
+            }
+        }
+        got.extend(t.finish());
+        prop_assert_eq!(&got, &expected);
+
+        // What we write parses back, event for event, under the name it says.
+        let mut out = Vec::new();
+        for e in &got {
+            e.write_sse(&mut out).unwrap();
+        }
+        let mut frames = Vec::new();
+        let mut decoder = sse::Decoder::new();
+        for piece in split_at_cuts(&out, &cuts) {
+            decoder.feed(&piece, &mut frames).unwrap();
+        }
+        prop_assert_eq!(frames.len(), got.len());
+        for (f, e) in frames.iter().zip(&got) {
+            let back: ResponseStreamEvent = serde_json::from_str(&f.data).unwrap();
+            prop_assert_eq!(&back, e);
+            prop_assert_eq!(f.event.as_str(), e.event_name());
+        }
+    }
+
+    #[test]
+    fn translated_responses_requests_keep_every_call_and_output(v in responses_request()) {
+        let req: ResponsesRequest = serde_json::from_value(v.clone()).unwrap();
+        let chat = responses_to_chat(&req, &ChatOptions::default()).unwrap();
+        let items = v["input"].as_array().unwrap();
+        let ids_of = |kind: &str| -> Vec<String> {
+            items.iter().filter(|i| i["type"] == kind)
+                .map(|i| i["call_id"].as_str().unwrap().to_owned()).collect()
+        };
+        let mut calls = Vec::new();
+        let mut outputs = Vec::new();
+        for (i, m) in chat.messages.iter().enumerate() {
+            match m {
+                ChatMessage::System { .. } => prop_assert_eq!(i, 0, "one leading system message"),
+                ChatMessage::Assistant { tool_calls, content, .. } => {
+                    let tool_calls = tool_calls.as_deref().unwrap_or_default();
+                    prop_assert!(content.is_some() || !tool_calls.is_empty());
+                    calls.extend(tool_calls.iter().map(|c| c.id.clone()));
+                }
+                ChatMessage::Tool { tool_call_id, .. } => outputs.push(tool_call_id.clone()),
+                ChatMessage::User { .. } => {}
+                ChatMessage::Developer { .. } | ChatMessage::Other(_) => {
+                    prop_assert!(false, "unexpected message {m:?}");
+                }
+            }
+        }
+        prop_assert_eq!(calls, ids_of("function_call"));
+        prop_assert_eq!(outputs, ids_of("function_call_output"));
+        let may_have_system = v.get("instructions").is_some()
+            || items.iter().any(|i| i["role"] == "developer" || i["role"] == "system");
+        let starts_with_system = matches!(chat.messages.first(), Some(ChatMessage::System { .. }));
+        prop_assert!(may_have_system || !starts_with_system);
     }
 
     #[test]

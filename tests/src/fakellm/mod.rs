@@ -30,6 +30,10 @@
 //!   so either SDK can parse it.
 //! - `GET /health`: 200 `{"status": "ok"}`, without a key even when `api_key` is set (as
 //!   vLLM's), so fakellm can stand in for a vLLM server under the launcher's supervision.
+//! - `POST /v1/rollout/pause` and `POST /v1/rollout/resume` (also without `/v1`): a rollout
+//!   router's control endpoints, as blackbox-server's proxy calls them. Pause answers
+//!   `{"quiesced": true}`, resume `{}`; neither touches the script. Logged like every request
+//!   (`served_by: "control"`), so a test sees the session and instance headers and the body.
 //! - Anything else: 404; a known path with the wrong method: 405. Error bodies are
 //!   OpenAI-shaped (`{"error":{"message","type","param","code"}}`) for paths under `/v1/chat`,
 //!   `/chat`, `/v1/completions`, `/completions`, `/v1/responses`, `/responses` and
@@ -86,7 +90,9 @@
 //!   "headers": {"retry-after": "1"},   // extra response headers
 //!   "error": {"status": 429, "type": "rate_limit_error", "message": "…", "body": {…}},
 //!   "disconnect_after_events": 3,      // abort the connection after N frames
-//!   "error_event": {"after_events": 3, "type": "overloaded_error", "message": "…"}
+//!   "error_event": {"after_events": 3, "type": "overloaded_error", "message": "…"},
+//!   "heartbeats": 2,                   // streams: `: dressage-heartbeat` frames first
+//!   "garbage_after_events": 3          // streams: a non-JSON `data:` frame after N frames
 //! }
 //! ```
 //! - Ids are generated from the request number: `msg_fakellm_000007` / `chatcmpl-fakellm-000007`,
@@ -108,7 +114,15 @@
 //! - `error_event` keeps the first `after_events` frames, then sends an in-stream error
 //!   (Anthropic `event: error`, OpenAI `data: {"error":{…}}`) and ends the stream (no
 //!   `message_stop` / `[DONE]`).
-//! - `count_tokens`, `/v1/models`, `/health` and refused requests never consume steps or rules.
+//! - `heartbeats` on a streamed reply sends N SSE comment frames before the first frame (a
+//!   pseudo-streaming router's keepalives). With `error` on a streamed request, the reply is a
+//!   200 event stream instead: the heartbeats, then `data: {"error": {…, "status_code":
+//!   <status>}}` (the error body's `error` object, or the whole `body`, plus the status), then
+//!   `data: [DONE]`: how such a router reports a failure after committing to 200.
+//! - `garbage_after_events` on a streamed reply keeps the first N frames, then sends
+//!   `data: fakellm-garbage{` and ends the stream.
+//! - `count_tokens`, `/v1/models`, `/health`, the rollout control calls and refused requests
+//!   never consume steps or rules.
 
 mod log;
 pub mod render;

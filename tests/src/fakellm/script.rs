@@ -86,6 +86,14 @@ pub struct Entry {
     pub disconnect_after_events: Option<usize>,
     /// Emit an in-stream error event after this many events and end the stream there.
     pub error_event: Option<ErrorEvent>,
+    /// Streamed replies: SSE comment frames (`: dressage-heartbeat`) sent before the first
+    /// frame, as a pseudo-streaming router does while it generates. With `error`, the error
+    /// comes after them as the first real frame of a 200 stream (`data: {"error": {…,
+    /// "status_code": N}}`), the way such a router reports a late failure.
+    pub heartbeats: usize,
+    /// Streamed replies: after this many frames, send one `data:` frame that is not JSON and
+    /// end the stream there.
+    pub garbage_after_events: Option<usize>,
 }
 
 /// A scripted tool call; its id is generated unless given.

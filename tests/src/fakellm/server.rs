@@ -204,10 +204,14 @@ enum Route {
     Chat,
     Models,
     Health,
+    Pause,
+    Resume,
 }
 
 fn route(path: &str) -> Option<(Route, Method)> {
     match path {
+        "/v1/rollout/pause" | "/rollout/pause" => Some((Route::Pause, Method::POST)),
+        "/v1/rollout/resume" | "/rollout/resume" => Some((Route::Resume, Method::POST)),
         "/v1/messages" => Some((Route::Messages, Method::POST)),
         "/v1/messages/count_tokens" => Some((Route::CountTokens, Method::POST)),
         "/v1/chat/completions" | "/chat/completions" => Some((Route::Chat, Method::POST)),
@@ -226,6 +230,8 @@ enum Plan {
     CountTokens(u64),
     Models,
     Health,
+    /// A router control call (pause, resume): answered with this body.
+    Control(Value),
     Reply {
         api: Api,
         source: Source,
@@ -244,6 +250,7 @@ impl Plan {
             Self::CountTokens(_) => "count_tokens".to_owned(),
             Self::Models => "models".to_owned(),
             Self::Health => "health".to_owned(),
+            Self::Control(_) => "control".to_owned(),
             Self::Reply { source, .. } => source.to_string(),
         }
     }
@@ -355,6 +362,11 @@ impl AppState {
         if route == Route::Models {
             return Plan::Models;
         }
+        match route {
+            Route::Pause => return Plan::Control(json!({"quiesced": true})),
+            Route::Resume => return Plan::Control(json!({})),
+            Route::Messages | Route::CountTokens | Route::Chat | Route::Models | Route::Health => {}
+        }
         let api = if route == Route::Chat {
             Api::Openai
         } else {
@@ -370,9 +382,12 @@ impl AppState {
         };
         let required: &[&'static str] = match route {
             Route::Messages => &["model", "messages", "max_tokens"],
-            Route::CountTokens | Route::Chat | Route::Models | Route::Health => {
-                &["model", "messages"]
-            }
+            Route::CountTokens
+            | Route::Chat
+            | Route::Models
+            | Route::Health
+            | Route::Pause
+            | Route::Resume => &["model", "messages"],
         };
         if let Some((msg, field)) = missing_field(api, body, required) {
             let status = StatusCode::BAD_REQUEST;
@@ -513,6 +528,7 @@ async fn respond(st: &AppState, seq: u64, plan: Plan) -> Response {
         Plan::CountTokens(n) => json_response(StatusCode::OK, seq, &json!({"input_tokens": n})),
         Plan::Models => json_response(StatusCode::OK, seq, &st.models_body()),
         Plan::Health => json_response(StatusCode::OK, seq, &json!({"status": "ok"})),
+        Plan::Control(body) => json_response(StatusCode::OK, seq, &body),
         Plan::Reply {
             api,
             source,
@@ -583,7 +599,11 @@ async fn scripted(
                 .unwrap_or_else(|| format!("fakellm: scripted error {}", err.status));
             error_body(api, status, err.kind.as_deref(), &message, None)
         });
-        json_response(status, seq, &body)
+        if stream && entry.heartbeats > 0 {
+            late_error_response(seq, notice, entry, status, body)
+        } else {
+            json_response(status, seq, &body)
+        }
     } else {
         let (prefix, tool_prefix) = match api {
             Api::Anthropic => ("msg_fakellm_", "toolu_fakellm_"),
@@ -670,6 +690,10 @@ fn stream_response(
             Api::Openai => render::openai_error_event(kind, message),
         });
     }
+    if let Some(n) = entry.garbage_after_events {
+        frames.truncate(n);
+        frames.push(Bytes::from_static(b"data: fakellm-garbage{\n\n"));
+    }
     let abort = match entry.disconnect_after_events {
         Some(n) => {
             frames.truncate(n);
@@ -677,6 +701,44 @@ fn stream_response(
         }
         None => false,
     };
+    frames.splice(0..0, heartbeat_frames(entry.heartbeats));
+    event_stream(seq, notice, entry, frames, abort)
+}
+
+fn heartbeat_frames(n: usize) -> Vec<Bytes> {
+    vec![Bytes::from_static(b": dressage-heartbeat\n\n"); n]
+}
+
+/// A failure reported after the 200 was committed: heartbeats, then the error (with its status
+/// inside) as the first real frame, then `[DONE]`.
+fn late_error_response(
+    seq: u64,
+    notice: DropNotice,
+    entry: &Entry,
+    status: StatusCode,
+    body: Value,
+) -> Response {
+    let mut error = match body.get("error") {
+        Some(Value::Object(e)) => e.clone(),
+        Some(_) | None => body.as_object().cloned().unwrap_or_default(),
+    };
+    error.insert("status_code".into(), json!(status.as_u16()));
+    let mut frames = heartbeat_frames(entry.heartbeats);
+    frames.push(Bytes::from(format!(
+        "data: {}\n\n",
+        json!({ "error": error })
+    )));
+    frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+    event_stream(seq, notice, entry, frames, false)
+}
+
+fn event_stream(
+    seq: u64,
+    notice: DropNotice,
+    entry: &Entry,
+    frames: Vec<Bytes>,
+    abort: bool,
+) -> Response {
     let mut resp = Response::new(frames_body(
         frames,
         Duration::from_millis(entry.event_delay_ms),

@@ -27,6 +27,7 @@ mod fake;
 mod http;
 pub mod launcher;
 mod process;
+mod proxy;
 
 pub use blackbox::{BlackboxProcess, Reply, opencode_registration, processes_with};
 pub use clients::{
@@ -36,6 +37,7 @@ pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, workspace_bin}
 pub use fake::FakeLlm;
 pub use http::{SseFrame, UnixResponse, parse_sse, unix_json, unix_request};
 pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
+pub use proxy::BlackboxProxy;
 
 use std::path::PathBuf;
 use std::time::Duration;

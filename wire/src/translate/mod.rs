@@ -6,6 +6,10 @@
 //! - [`ChatStreamTranslator`]: a streamed response, chunk by chunk.
 //! - [`crate::error::anthropic_error_from_openai`]: an error response.
 //!
+//! OpenAI Responses ⇄ chat completions (for Codex, through the blackbox proxy) lives in
+//! [`responses`]: [`responses_to_chat`], [`chat_to_responses_response`],
+//! [`ResponsesStreamTranslator`].
+//!
 //! The rules, each pinned by a golden test under `wire/tests/golden/`:
 //!
 //! **Request.** `system` (string or text blocks, Claude Code's billing-header block removed)
@@ -40,11 +44,19 @@
 
 mod request;
 mod response;
+pub mod responses;
+mod responses_request;
+mod responses_response;
+mod responses_stream;
 mod stream;
 mod tool_names;
 
 pub use request::{anthropic_into_chat, anthropic_to_chat};
 pub use response::chat_to_anthropic_response;
+pub use responses::{ResponsesOptions, responses_usage_from_chat};
+pub use responses_request::{responses_into_chat, responses_to_chat};
+pub use responses_response::chat_to_responses_response;
+pub use responses_stream::ResponsesStreamTranslator;
 pub use stream::ChatStreamTranslator;
 pub use tool_names::{MAX_TOOL_NAME_LEN, ToolNames, upstream_tool_name};
 
@@ -75,7 +87,9 @@ pub enum InlineSystem {
     Keep,
 }
 
-/// Settings of a request translation, from the bridge's model catalogue entry.
+/// Settings of a request translation, from the bridge's model catalogue entry. A Responses
+/// request ([`responses_to_chat`]) reads `model`, `max_output_tokens`, `max_tokens_field`,
+/// `include_usage`, `reasoning_passback` and `reasoning_effort_from_thinking`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatOptions {
     /// The upstream model name; `None` keeps the request's `model`.
@@ -94,8 +108,8 @@ pub struct ChatOptions {
     /// message fields.
     pub reasoning_passback: bool,
     /// Map `thinking` to `reasoning_effort` (budget < 4096 → low, < 16384 → medium, else high;
-    /// adaptive uses `output_config.effort`). Only for reasoning models: others reject the
-    /// field.
+    /// adaptive uses `output_config.effort`); for a Responses request, forward
+    /// `reasoning.effort`. Only for reasoning models: others reject the field.
     pub reasoning_effort_from_thinking: bool,
     /// Forward `top_k` (vLLM, SGLang and Ollama accept it; OpenAI does not).
     pub forward_top_k: bool,

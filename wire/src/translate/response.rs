@@ -7,7 +7,7 @@ use super::{
     usage_from_chat,
 };
 use crate::anthropic::{ContentBlock, Extra, MessagesResponse};
-use crate::chat::{ChatContent, ChatResponse, ContentPart};
+use crate::chat::{ChatContent, ChatResponse, Choice, ContentPart, ResponseMessage};
 
 /// Translates a response, consuming it. Only the first choice is used (the bridge never asks
 /// for `n > 1`).
@@ -22,37 +22,18 @@ pub fn chat_to_anthropic_response(
         usage,
         ..
     } = resp;
-    let choice = choices
-        .into_iter()
-        .min_by_key(|c| c.index)
-        .ok_or(TranslateError::NoChoices)?;
+    let choice = first_choice(choices)?;
     let matched_stop = choice.matched_stop().map(str::to_owned);
-    let message = choice.message;
+    let mut message = choice.message;
 
     let mut content = Vec::new();
-    let reasoning = message.reasoning_content.or(message.reasoning);
-    if let Some(thinking) = reasoning.filter(|r| !r.is_empty()) {
+    let (reasoning, text) = reasoning_and_text(&mut message);
+    if let Some(thinking) = reasoning {
         content.push(ContentBlock::Thinking {
             thinking,
             signature: Some(String::new()),
             extra: Extra::new(),
         });
-    }
-    let mut text = match message.content {
-        Some(ChatContent::Text(t)) => t,
-        Some(ChatContent::List(parts)) => parts
-            .into_iter()
-            .filter_map(|p| match p {
-                ContentPart::Text { text, .. } => Some(text),
-                ContentPart::ImageUrl { .. } | ContentPart::File { .. } | ContentPart::Other(_) => {
-                    None
-                }
-            })
-            .collect(),
-        None => String::new(),
-    };
-    if let Some(refusal) = message.refusal.filter(|r| !r.is_empty()) {
-        text.push_str(&refusal);
     }
     if !text.is_empty() {
         content.push(ContentBlock::text(text));
@@ -107,4 +88,40 @@ fn output_bytes(content: &[ContentBlock]) -> usize {
             | ContentBlock::Other(_) => 0,
         })
         .sum()
+}
+
+/// The choice to translate: the first by index (the bridge and the proxy never ask for
+/// `n > 1`).
+pub(super) fn first_choice(choices: Vec<Choice>) -> Result<Choice, TranslateError> {
+    choices
+        .into_iter()
+        .min_by_key(|c| c.index)
+        .ok_or(TranslateError::NoChoices)
+}
+
+/// Takes a message's reasoning (from whichever field the server uses; `None` when empty) and
+/// its visible text: the text parts joined, then any refusal.
+pub(super) fn reasoning_and_text(message: &mut ResponseMessage) -> (Option<String>, String) {
+    let reasoning = message
+        .reasoning_content
+        .take()
+        .or(message.reasoning.take())
+        .filter(|r| !r.is_empty());
+    let mut text = match message.content.take() {
+        Some(ChatContent::Text(t)) => t,
+        Some(ChatContent::List(parts)) => parts
+            .into_iter()
+            .filter_map(|p| match p {
+                ContentPart::Text { text, .. } => Some(text),
+                ContentPart::ImageUrl { .. } | ContentPart::File { .. } | ContentPart::Other(_) => {
+                    None
+                }
+            })
+            .collect(),
+        None => String::new(),
+    };
+    if let Some(refusal) = message.refusal.take().filter(|r| !r.is_empty()) {
+        text.push_str(&refusal);
+    }
+    (reasoning, text)
 }

@@ -31,11 +31,13 @@ use crate::anthropic::{
     BlockDelta, ContentBlock, DeltaUsage, ErrorType, Extra, MessageDeltaBody, MessagesResponse,
     StreamEvent, Usage,
 };
-use crate::chat::{ChatChunk, ChatContent, ChatUsage, ContentPart, FinishReason, ToolCallDelta};
+use crate::chat::{
+    ChatChunk, ChatContent, ChatUsage, ChunkDelta, ContentPart, FinishReason, ToolCallDelta,
+};
 use crate::error::stream_error_from_openai;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Prose {
+pub(super) enum Prose {
     Thinking,
     Text,
 }
@@ -97,23 +99,12 @@ impl JsonProgress {
     }
 }
 
-#[derive(Debug)]
-struct ToolSlot {
-    /// The upstream's `index` for this call.
-    key: u32,
-    id: Option<String>,
-    name: Option<String>,
-    /// Arguments received before the block could be opened.
-    pending: String,
+/// What this translator keeps about a tool call's `tool_use` block.
+#[derive(Debug, Default)]
+struct Block {
     json: JsonProgress,
-    block: Option<u32>,
+    index: Option<u32>,
     closed: bool,
-}
-
-impl ToolSlot {
-    fn is_empty(&self) -> bool {
-        self.id.is_none() && self.name.is_none() && self.pending.is_empty()
-    }
 }
 
 /// Translates one streamed chat completion into Anthropic stream events.
@@ -129,11 +120,9 @@ pub struct ChatStreamTranslator {
     done: bool,
     next_index: u32,
     prose: Option<(Prose, u32)>,
-    tools: Vec<ToolSlot>,
-    finish: Option<FinishReason>,
+    tools: Vec<ToolSlot<Block>>,
+    end: EndGate,
     matched_stop: Option<String>,
-    usage: Option<ChatUsage>,
-    usage_after_finish: bool,
     output_bytes: usize,
     final_usage: Option<Usage>,
 }
@@ -147,10 +136,8 @@ impl ChatStreamTranslator {
             next_index: 0,
             prose: None,
             tools: Vec::new(),
-            finish: None,
+            end: EndGate::default(),
             matched_stop: None,
-            usage: None,
-            usage_after_finish: false,
             output_bytes: 0,
             final_usage: None,
         }
@@ -185,16 +172,10 @@ impl ChatStreamTranslator {
     /// Translates one SSE `data:` payload: `[DONE]` ends the stream, JSON is a chunk, anything
     /// else is an upstream failure reported as an `error` event.
     pub fn push_data(&mut self, data: &str) -> Vec<StreamEvent> {
-        let data = data.trim();
-        if data == "[DONE]" {
-            return self.finish();
-        }
-        match serde_json::from_str::<ChatChunk>(data) {
-            Ok(chunk) => self.push_chunk(chunk),
-            Err(e) => self.fail(
-                ErrorType::ApiError,
-                format!("upstream sent an unreadable stream chunk: {e}"),
-            ),
+        match read_data(data) {
+            Data::Done => self.finish(),
+            Data::Chunk(chunk) => self.push_chunk(*chunk),
+            Data::Unreadable(message) => self.fail(ErrorType::ApiError, message),
         }
     }
 
@@ -226,34 +207,12 @@ impl ChatStreamTranslator {
                 .unwrap_or_else(|| message_id_from(&id));
             self.emit_start(id, model, &mut out);
         }
-        let had_usage = usage.is_some();
-        if usage.is_some() {
-            self.usage = usage;
-        }
+        let mut finish = None;
         if let Some(choice) = choices.into_iter().find(|c| c.index == 0) {
             let matched = choice.matched_stop().map(str::to_owned);
-            let delta = choice.delta;
-            if let Some(r) = delta.reasoning_content.or(delta.reasoning) {
-                self.prose_delta(Prose::Thinking, r, &mut out);
-            }
-            match delta.content {
-                Some(ChatContent::Text(t)) => self.prose_delta(Prose::Text, t, &mut out),
-                Some(ChatContent::List(parts)) => {
-                    for p in parts {
-                        match p {
-                            ContentPart::Text { text, .. } => {
-                                self.prose_delta(Prose::Text, text, &mut out);
-                            }
-                            ContentPart::ImageUrl { .. }
-                            | ContentPart::File { .. }
-                            | ContentPart::Other(_) => {}
-                        }
-                    }
-                }
-                None => {}
-            }
-            if let Some(r) = delta.refusal {
-                self.prose_delta(Prose::Text, r, &mut out);
+            let mut delta = choice.delta;
+            for (kind, text) in prose_pieces(&mut delta) {
+                self.prose_delta(kind, text, &mut out);
             }
             for call in delta.tool_calls.unwrap_or_default() {
                 if let Err(message) = self.tool_delta(call, &mut out) {
@@ -261,17 +220,12 @@ impl ChatStreamTranslator {
                     return out;
                 }
             }
-            if choice.finish_reason.is_some() {
-                self.finish = choice.finish_reason;
-                if matched.is_some() {
-                    self.matched_stop = matched;
-                }
+            if choice.finish_reason.is_some() && matched.is_some() {
+                self.matched_stop = matched;
             }
+            finish = choice.finish_reason;
         }
-        if had_usage && self.finish.is_some() {
-            self.usage_after_finish = true;
-        }
-        if self.finish.is_some() && self.usage_after_finish {
+        if self.end.record(usage, finish) {
             self.emit_tail(&mut out);
         }
         out
@@ -290,7 +244,7 @@ impl ChatStreamTranslator {
                 "upstream ended the stream without sending a response".to_owned(),
             );
         }
-        if self.finish.is_none() {
+        if self.end.finish.is_none() {
             return self.fail(
                 ErrorType::ApiError,
                 "upstream ended the stream before the response was complete".to_owned(),
@@ -346,13 +300,13 @@ impl ChatStreamTranslator {
     /// Closes open tool blocks whose arguments are complete, except `keep`.
     fn close_complete_tools(&mut self, keep: Option<usize>, out: &mut Vec<StreamEvent>) {
         for (i, slot) in self.tools.iter_mut().enumerate() {
-            if Some(i) == keep || slot.closed {
+            if Some(i) == keep || slot.state.closed {
                 continue;
             }
-            if let Some(index) = slot.block
-                && slot.json.complete()
+            if let Some(index) = slot.state.index
+                && slot.state.json.complete()
             {
-                slot.closed = true;
+                slot.state.closed = true;
                 out.push(stop(index));
             }
         }
@@ -398,71 +352,28 @@ impl ChatStreamTranslator {
         });
     }
 
-    /// Which slot a tool-call piece belongs to: by `index`, or, for servers that omit it, a new
-    /// slot when a new id appears and the latest slot otherwise.
-    fn slot_for(&mut self, call: &ToolCallDelta) -> usize {
-        let key = match call.index {
-            Some(key) => key,
-            None => {
-                let new_id = call.id.as_deref().filter(|s| !s.is_empty());
-                match self.tools.last() {
-                    Some(last) if new_id.is_none() || new_id == last.id.as_deref() => last.key,
-                    Some(_) | None => self.tools.iter().map(|s| s.key + 1).max().unwrap_or(0),
-                }
-            }
-        };
-        if let Some(pos) = self.tools.iter().position(|s| s.key == key) {
-            return pos;
-        }
-        self.tools.push(ToolSlot {
-            key,
-            id: None,
-            name: None,
-            pending: String::new(),
-            json: JsonProgress::default(),
-            block: None,
-            closed: false,
-        });
-        self.tools.len() - 1
-    }
-
     fn tool_delta(
         &mut self,
         call: ToolCallDelta,
         out: &mut Vec<StreamEvent>,
     ) -> Result<(), String> {
-        let pos = self.slot_for(&call);
-        let ToolCallDelta { id, function, .. } = call;
-        let (name, arguments) = match function {
-            Some(f) => (f.name, f.arguments),
-            None => (None, None),
-        };
-        {
-            let slot = &mut self.tools[pos];
-            if slot.id.is_none() {
-                slot.id = id.filter(|s| !s.is_empty());
-            }
-            if slot.name.is_none() {
-                slot.name = name.filter(|s| !s.is_empty());
-            }
-        }
-        let args = arguments.unwrap_or_default();
+        let (pos, args) = tool_piece(&mut self.tools, call);
         if !args.is_empty() {
             self.output_bytes += args.len();
             let slot = &mut self.tools[pos];
-            if slot.closed {
+            if slot.state.closed {
                 return Err(format!(
                     "upstream sent more arguments for tool call {} after they were complete",
                     slot.key
                 ));
             }
-            slot.json.feed(&args);
-            match slot.block {
+            slot.state.json.feed(&args);
+            match slot.state.index {
                 Some(index) => out.push(json_delta(index, args)),
                 None => slot.pending.push_str(&args),
             }
         }
-        if self.tools[pos].block.is_none()
+        if self.tools[pos].state.index.is_none()
             && let Some(name) = self.tools[pos].name.clone()
         {
             self.close_prose(out);
@@ -481,7 +392,7 @@ impl ChatStreamTranslator {
             };
             let index = self.open_block(block, out);
             let slot = &mut self.tools[pos];
-            slot.block = Some(index);
+            slot.state.index = Some(index);
             if !slot.pending.is_empty() {
                 let pending = std::mem::take(&mut slot.pending);
                 out.push(json_delta(index, pending));
@@ -498,7 +409,7 @@ impl ChatStreamTranslator {
         if let Some(slot) = self
             .tools
             .iter()
-            .find(|s| s.block.is_none() && !s.is_empty())
+            .find(|s| s.state.index.is_none() && !s.is_empty())
         {
             let message = format!(
                 "upstream sent tool call {} without a function name",
@@ -510,22 +421,22 @@ impl ChatStreamTranslator {
         // Close whatever is still open, in index order.
         let mut open: Vec<u32> = self.prose.take().map(|(_, i)| i).into_iter().collect();
         for slot in &mut self.tools {
-            if let (Some(index), false) = (slot.block, slot.closed) {
-                slot.closed = true;
+            if let (Some(index), false) = (slot.state.index, slot.state.closed) {
+                slot.state.closed = true;
                 open.push(index);
             }
         }
         open.sort_unstable();
         out.extend(open.into_iter().map(stop));
 
-        let had_tool_calls = self.tools.iter().any(|s| s.block.is_some());
+        let had_tool_calls = self.tools.iter().any(|s| s.state.index.is_some());
         let (stop_reason, stop_sequence) = final_stop(
-            self.finish.as_ref(),
+            self.end.finish.as_ref(),
             had_tool_calls,
             self.matched_stop.as_deref(),
             &self.opts.stop_sequences,
         );
-        let usage = match &self.usage {
+        let usage = match &self.end.usage {
             Some(u) => usage_from_chat(u),
             None => estimated_usage(self.opts.input_tokens_estimate, self.output_bytes),
         };
@@ -550,6 +461,150 @@ impl ChatStreamTranslator {
         self.final_usage = Some(usage);
         self.done = true;
     }
+}
+
+/// What one SSE `data:` payload of a chat stream holds.
+pub(super) enum Data {
+    /// `[DONE]`: the end of the stream.
+    Done,
+    Chunk(Box<ChatChunk>),
+    /// Not a chunk: the message to report as the upstream's failure.
+    Unreadable(String),
+}
+
+pub(super) fn read_data(data: &str) -> Data {
+    let data = data.trim();
+    if data == "[DONE]" {
+        return Data::Done;
+    }
+    match serde_json::from_str::<ChatChunk>(data) {
+        Ok(chunk) => Data::Chunk(Box::new(chunk)),
+        Err(e) => Data::Unreadable(format!("upstream sent an unreadable stream chunk: {e}")),
+    }
+}
+
+/// When a streamed response may end: once the finish reason is known and the usage arrived
+/// with or after it (OpenAI sends usage in a `choices: []` chunk after the finish reason; vLLM's
+/// `continuous_usage_stats` sends it on every chunk, so usage before the finish is not final).
+#[derive(Debug, Default)]
+pub(super) struct EndGate {
+    pub(super) finish: Option<FinishReason>,
+    pub(super) usage: Option<ChatUsage>,
+    usage_after_finish: bool,
+}
+
+impl EndGate {
+    /// Records a chunk's usage and its choice's finish reason; true once the response can end.
+    pub(super) fn record(
+        &mut self,
+        usage: Option<ChatUsage>,
+        finish: Option<FinishReason>,
+    ) -> bool {
+        let had_usage = usage.is_some();
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        if finish.is_some() {
+            self.finish = finish;
+        }
+        if had_usage && self.finish.is_some() {
+            self.usage_after_finish = true;
+        }
+        self.finish.is_some() && self.usage_after_finish
+    }
+}
+
+/// Takes the prose of a chunk delta, in the order it is shown: reasoning (from whichever field
+/// the server uses), text parts, refusal (shown as text). Empty pieces are kept; callers skip
+/// them.
+pub(super) fn prose_pieces(delta: &mut ChunkDelta) -> Vec<(Prose, String)> {
+    let mut out = Vec::new();
+    if let Some(r) = delta.reasoning_content.take().or(delta.reasoning.take()) {
+        out.push((Prose::Thinking, r));
+    }
+    match delta.content.take() {
+        Some(ChatContent::Text(t)) => out.push((Prose::Text, t)),
+        Some(ChatContent::List(parts)) => {
+            for p in parts {
+                match p {
+                    ContentPart::Text { text, .. } => out.push((Prose::Text, text)),
+                    ContentPart::ImageUrl { .. }
+                    | ContentPart::File { .. }
+                    | ContentPart::Other(_) => {}
+                }
+            }
+        }
+        None => {}
+    }
+    if let Some(r) = delta.refusal.take() {
+        out.push((Prose::Text, r));
+    }
+    out
+}
+
+/// A tool call of the upstream being streamed, by its chunk `index`; `S` is what a translator
+/// keeps about its own output for it (a block, an item).
+#[derive(Debug, Default)]
+pub(super) struct ToolSlot<S> {
+    /// The upstream's `index` for this call.
+    pub(super) key: u32,
+    pub(super) id: Option<String>,
+    pub(super) name: Option<String>,
+    /// Arguments received before the call could be announced (its name was not known yet).
+    pub(super) pending: String,
+    pub(super) state: S,
+}
+
+impl<S> ToolSlot<S> {
+    /// Nothing of this call has arrived but its index.
+    pub(super) fn is_empty(&self) -> bool {
+        self.id.is_none() && self.name.is_none() && self.pending.is_empty()
+    }
+}
+
+/// Files a tool-call piece: finds its slot (by `index`, or, for servers that omit it, a new slot
+/// when a new id appears and the latest slot otherwise), records the first non-empty id and
+/// name, and returns the slot's position and the piece's arguments.
+pub(super) fn tool_piece<S: Default>(
+    tools: &mut Vec<ToolSlot<S>>,
+    call: ToolCallDelta,
+) -> (usize, String) {
+    let key = match call.index {
+        Some(key) => key,
+        None => {
+            let new_id = call.id.as_deref().filter(|s| !s.is_empty());
+            match tools.last() {
+                Some(last) if new_id.is_none() || new_id == last.id.as_deref() => last.key,
+                Some(_) | None => tools.iter().map(|s| s.key + 1).max().unwrap_or(0),
+            }
+        }
+    };
+    let pos = match tools.iter().position(|s| s.key == key) {
+        Some(pos) => pos,
+        None => {
+            tools.push(ToolSlot {
+                key,
+                id: None,
+                name: None,
+                pending: String::new(),
+                state: S::default(),
+            });
+            tools.len() - 1
+        }
+    };
+    let ToolCallDelta { id, function, .. } = call;
+    let (name, arguments) = match function {
+        Some(f) => (f.name, f.arguments),
+        None => (None, None),
+    };
+    let slot = &mut tools[pos];
+    if slot.id.is_none() {
+        slot.id = id.filter(|s| !s.is_empty());
+    }
+    if slot.name.is_none() {
+        slot.name = name.filter(|s| !s.is_empty());
+    }
+    (pos, arguments.unwrap_or_default())
 }
 
 fn stop(index: u32) -> StreamEvent {
