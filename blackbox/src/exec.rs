@@ -118,6 +118,8 @@ pub async fn run_shell(
         match finished {
             Ok((status, seen)) => (status, seen, false),
             Err(_) => {
+                // Members that left the group (their own session) are found while still ours.
+                let tree = pgid.map(proc::descendants).unwrap_or_default();
                 let status = proc::terminate_group(&mut child, TERM_GRACE).await.ok();
                 // Members that ignored SIGTERM while the leader died still hold the pipes.
                 if let Some(pgid) = pgid
@@ -125,6 +127,7 @@ pub async fn run_shell(
                 {
                     tracing::warn!(pgid, error = %e, "cannot kill execute_cmd's group");
                 }
+                proc::signal_each(&tree, Signal::KILL);
                 let seen = tokio::time::timeout(CAPTURE_GRACE, captures.as_mut())
                     .await
                     .unwrap_or_default();

@@ -328,6 +328,58 @@ pub async fn terminate_group(
     child.wait().await
 }
 
+/// Every live descendant of `pid` (its children, theirs, ...), read from `/proc`: what a
+/// process group misses when a descendant moved to a group or session of its own (an agent's
+/// tool runner does). Collect it while `pid` still runs: once it dies its children are
+/// reparented and no longer found.
+#[must_use]
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut parent_of = Vec::new();
+    for e in entries.flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may contain spaces and parentheses.
+        let mut rest = stat.rsplit_once(") ").map_or("", |(_, r)| r).split(' ');
+        let state = rest.next();
+        if let (Some(ppid), false) = (
+            rest.next().and_then(|p| p.parse::<u32>().ok()),
+            state == Some("Z"),
+        ) {
+            parent_of.push((child, ppid));
+        }
+    }
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for &(child, _) in parent_of.iter().filter(|(c, pp)| *pp == p && *c != pid) {
+            if !found.contains(&child) {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// Sends `signal` to each of `pids`; one that is gone is skipped.
+pub fn signal_each(pids: &[u32], signal: Signal) {
+    for &p in pids {
+        if let Some(pid) = i32::try_from(p).ok().and_then(Pid::from_raw)
+            && let Err(e) = rustix::process::kill_process(pid, signal)
+            && e != Errno::SRCH
+        {
+            tracing::warn!(pid = p, error = %e, "cannot signal");
+        }
+    }
+}
+
 /// The status a caller sees: the exit code, or `128 + signal` when killed.
 pub fn exit_code(status: ExitStatus) -> Option<i32> {
     use std::os::unix::process::ExitStatusExt;
@@ -587,6 +639,46 @@ mod tests {
                 rustix::process::getgid().as_raw()
             );
             assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+        });
+    }
+
+    /// A descendant that left the group (its own session) is still found, and killed.
+    #[test]
+    fn descendants_include_those_that_left_the_group() {
+        let rt = rt();
+        rt.block_on(async {
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args(["-c", "setsid sleep 600 & echo $!; wait"])
+                .stdout(Stdio::piped());
+            let mut child = ChildSetup::same_identity()
+                .new_session()
+                .spawn(cmd)
+                .unwrap();
+            let mut out = child.stdout.take().unwrap();
+            let mut buf = [0_u8; 32];
+            let n = tokio::io::AsyncReadExt::read(&mut out, &mut buf)
+                .await
+                .unwrap();
+            let escaped: i32 = String::from_utf8_lossy(&buf[..n]).trim().parse().unwrap();
+            let escaped = u32::try_from(escaped).unwrap();
+            let mut tree = Vec::new();
+            for _ in 0..100 {
+                tree = descendants(child.id().unwrap());
+                if tree.contains(&escaped) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(tree.contains(&escaped), "{escaped} not in {tree:?}");
+            assert!(!tree.is_empty(), "no descendants found");
+            terminate_group(&mut child, Duration::from_secs(2))
+                .await
+                .unwrap();
+            signal_each(&tree, Signal::KILL);
+            std::thread::sleep(Duration::from_millis(100));
+            for p in tree {
+                assert!(!alive(i32::try_from(p).unwrap()), "descendant {p} survived");
+            }
         });
     }
 }

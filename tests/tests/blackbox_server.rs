@@ -460,7 +460,7 @@ async fn execute_cmd_runs_commands_with_a_timeout() {
     assert_eq!(r.body["instance_id"], "inst-001");
     assert!(r.body["duration_seconds"].as_f64().unwrap() >= 0.0);
 
-    let marker = "sleep 4242.5";
+    let marker = &format!("sleep 4242.{}", std::process::id());
     let started = Instant::now();
     let r = bb
         .call(
@@ -505,7 +505,7 @@ async fn execute_cmd_runs_commands_with_a_timeout() {
 
 #[tokio::test]
 async fn abort_stops_the_turn_and_its_tool_processes() {
-    let marker = "sleep 3141.5";
+    let marker = &format!("sleep 3141.{}", std::process::id());
     let script = json!({
         "rules": [{"match": {"has_tools": false}, "text": "title"}],
         "steps": [
@@ -830,7 +830,7 @@ async fn pause_holds_model_calls_until_resume() {
 
 #[tokio::test]
 async fn sigterm_stops_everything_within_the_shutdown_timeout() {
-    let marker = "sleep 2718.5";
+    let marker = &format!("sleep 2718.{}", std::process::id());
     let script = json!({
         "rules": [{"match": {"has_tools": false}, "text": "title"}],
         "steps": [{"match": {"has_tools": true},

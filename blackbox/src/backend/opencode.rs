@@ -688,6 +688,10 @@ impl Opencode {
     }
 
     async fn stop(&self, grace: Duration) {
+        // Its tool runners may sit in groups of their own, and dispose may end their parents:
+        // find them first, while opencode is still their ancestor.
+        let pgid = self.running.lock().await.as_ref().and_then(|r| r.pgid);
+        let tree = pgid.map(proc::descendants).unwrap_or_default();
         let had_conn = lock(&self.conn).is_some();
         if had_conn {
             let empty = json!({});
@@ -714,6 +718,7 @@ impl Opencode {
             {
                 tracing::warn!(pgid, error = %e, "cannot kill opencode's group");
             }
+            proc::signal_each(&tree, Signal::KILL);
         }
         self.logs.close();
         if tokio::time::timeout(Duration::from_secs(2), self.logs.wait())
