@@ -756,14 +756,36 @@ async fn a_killed_agent_desyncs_the_session_within_the_health_interval() {
 }
 
 #[tokio::test]
-async fn pause_holds_model_calls_until_resume() {
+async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
+    // Step 1 runs a 3 s tool; the rollout is paused meanwhile, so step 2 (the model call with
+    // the tool's result) is held by the proxy until resume. The pause outlasts the turn's
+    // 15 s backend_timeout, which must not count it.
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [
+            {"match": {"has_tools": true},
+             "tool_calls": [{"id": "call_bb_nap", "name": "bash",
+                             "input": {"command": "sleep 3", "description": "nap"}}]},
+            {"match": {"has_tools": true, "body_contains": "call_bb_nap"}, "text": "after the pause"}
+        ]
+    });
     let (fake, bb, _) = setup(
-        &json!({"rules": [{"match": {"has_tools": false}, "text": "title"}],
-                "steps": [{"match": {"has_tools": true}, "text": "after the pause"}]}),
+        &script,
         &[],
-        &json!({}),
+        &json!({"server_config": {"backend_timeout": 15}}),
     )
     .await;
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let submit = json!({"turn_id": "turn-p", "mode": "async", "messages": user("nap")});
+    assert_eq!(
+        bb.call("POST", &path, Some(&submit)).await.unwrap().status,
+        202
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while chat_requests(&fake).is_empty() {
+        assert!(Instant::now() < deadline, "{}", diag(&bb, &fake));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let p = bb
         .call(
             "POST",
@@ -773,30 +795,51 @@ async fn pause_holds_model_calls_until_resume() {
         .await
         .unwrap();
     assert_eq!(p.status, 200, "{p}\n{}", diag(&bb, &fake));
-    assert_eq!(p.body["quiesced"], true);
+    assert_eq!(p.body["quiesced"], true, "{p}");
     assert_eq!(p.body["reason"], "weight_update");
     let state = bb
         .call("GET", "/v1/rollout/pause_state", None)
         .await
         .unwrap();
     assert_eq!(state.body["paused"], true, "{state}");
+    // The router was told too (fakellm logs the control call).
+    assert!(
+        fake.requests()
+            .unwrap()
+            .iter()
+            .any(|r| r["path"].as_str().unwrap_or("").ends_with("/rollout/pause")),
+        "{}",
+        diag(&bb, &fake)
+    );
 
-    // A turn submitted while paused waits (its submit holds) and reaches no model.
+    // Well past the tool's 3 s and the turn's 15 s budget: the second call is still held.
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    assert_eq!(
+        chat_requests(&fake).len(),
+        1,
+        "a model call went out while paused"
+    );
+    let held = bb
+        .call("GET", &format!("/v1/sessions/{SESSION}/turns/turn-p"), None)
+        .await
+        .unwrap();
+    assert_eq!(held.body["status"], "inflight", "{held}\n{}", bb.describe());
+    // A new submission waits for the resume too.
     let bb_url = bb.base_url();
-    let submit = tokio::spawn(async move {
+    let blocked = tokio::spawn(async move {
         reqwest::Client::new()
             .post(format!("{bb_url}/v1/sessions/{SESSION}/messages"))
-            .json(&json!({"turn_id": "turn-p", "mode": "async", "messages": user("go")}))
+            .json(&json!({"turn_id": "turn-q", "mode": "async", "messages": user("later")}))
             .send()
             .await
             .map(|r| r.status().as_u16())
     });
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        chat_requests(&fake).is_empty(),
-        "a model call went out while paused"
+        !blocked.is_finished(),
+        "a submission went through while paused"
     );
-    let resumed = Instant::now();
+
     let r = bb
         .call(
             "POST",
@@ -807,14 +850,19 @@ async fn pause_holds_model_calls_until_resume() {
         .unwrap();
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.body["version"], "v2");
-    assert_eq!(submit.await.unwrap().unwrap(), 202);
     let done = poll_until(&bb, "turn-p", |b| {
-        b["status"] == "committed" || b["status"] == "unknown"
+        b["status"] != "inflight" && b["status"] != "queued"
     })
     .await;
     assert_eq!(done["status"], "committed", "{done}\n{}", diag(&bb, &fake));
-    let first_call = chat_requests(&fake)[0]["ts"].as_u64().unwrap();
-    let _ = (first_call, resumed);
+    assert_eq!(
+        done["outputs"].as_array().unwrap().last().unwrap()["content"],
+        "after the pause"
+    );
+    // turn-p is done, so turn-q was admitted (or refused as the other active turn, had it
+    // been admitted first: it was not, it waited for the resume).
+    let q = blocked.await.unwrap().unwrap();
+    assert!(q == 202 || q == 409, "{q}");
     let state = bb
         .call("GET", "/v1/rollout/pause_state", None)
         .await
@@ -824,7 +872,8 @@ async fn pause_holds_model_calls_until_resume() {
             state.body["paused"].as_bool(),
             state.body["version"].as_str()
         ),
-        (Some(false), Some("v2"))
+        (Some(false), Some("v2")),
+        "{state}"
     );
 }
 

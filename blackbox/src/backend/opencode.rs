@@ -357,6 +357,11 @@ impl Opencode {
                 )));
             }
             if self.health_probe().await {
+                // opencode boots its project instance on the first session: do it now, so the
+                // first turn does not pay for it against its deadline.
+                if let Err(e) = self.ensure_session().await {
+                    tracing::warn!(error = %e, "opencode session warm-up failed; the first turn retries");
+                }
                 return Ok(());
             }
             if Instant::now() >= deadline {
