@@ -2,8 +2,8 @@
 //! answer on its way to the client.
 //!
 //! An [`LlmBody`] owns the upstream byte stream and yields the client's bytes as they arrive:
-//! passed through, or decoded as SSE and translated by a [`StreamTranslator`] (the seam a
-//! Responses ⇄ chat translator slots into). Optionally a [`UsageMeter`] reads the bytes the
+//! passed through, or decoded as SSE and translated by a [`StreamTranslator`] ([`ChatToAnthropic`],
+//! [`ChatToResponses`]). Optionally a [`UsageMeter`] reads the bytes the
 //! client receives, and its report goes to a settle callback **exactly once**: when the body
 //! ends (cleanly or broken), or, if the client goes away first, when the body is dropped, with
 //! what was metered up to then. Dropping the body drops the upstream stream, which closes the
@@ -18,8 +18,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use agentbox_wire::anthropic::{ErrorType, StreamEvent};
+use agentbox_wire::responses::ResponseStreamEvent;
 use agentbox_wire::sse;
-use agentbox_wire::translate::{ChatStreamTranslator, ResponseOptions};
+use agentbox_wire::translate::{
+    ChatStreamTranslator, ResponseOptions, ResponsesOptions, ResponsesStreamTranslator,
+};
 use agentbox_wire::usage::{BodyKind, MeterReport, UsageMeter};
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -72,9 +75,14 @@ impl ChatToAnthropic {
     }
 }
 
-fn write_events(events: &[StreamEvent], out: &mut Vec<u8>) {
+/// Frames `events` (Anthropic or Responses events, each with its `write_sse`).
+fn write_events<E>(
+    events: &[E],
+    out: &mut Vec<u8>,
+    write: impl Fn(&E, &mut Vec<u8>) -> Result<(), serde_json::Error>,
+) {
     for e in events {
-        if let Err(err) = e.write_sse(out) {
+        if let Err(err) = write(e, out) {
             tracing::error!(error = %err, "cannot serialize a stream event");
         }
     }
@@ -82,16 +90,52 @@ fn write_events(events: &[StreamEvent], out: &mut Vec<u8>) {
 
 impl StreamTranslator for ChatToAnthropic {
     fn start(&mut self, out: &mut Vec<u8>) {
-        write_events(&self.0.start(), out);
+        write_events(&self.0.start(), out, StreamEvent::write_sse);
     }
     fn push(&mut self, data: &str, out: &mut Vec<u8>) {
-        write_events(&self.0.push_data(data), out);
+        write_events(&self.0.push_data(data), out, StreamEvent::write_sse);
     }
     fn finish(&mut self, out: &mut Vec<u8>) {
-        write_events(&self.0.finish(), out);
+        write_events(&self.0.finish(), out, StreamEvent::write_sse);
     }
     fn fail(&mut self, message: &str, out: &mut Vec<u8>) {
-        write_events(&[StreamEvent::error(ErrorType::ApiError, message)], out);
+        write_events(
+            &[StreamEvent::error(ErrorType::ApiError, message)],
+            out,
+            StreamEvent::write_sse,
+        );
+    }
+    fn is_done(&self) -> bool {
+        self.0.is_done()
+    }
+}
+
+/// OpenAI chat chunks → OpenAI Responses events (what Codex reads).
+#[derive(Debug)]
+pub struct ChatToResponses(ResponsesStreamTranslator);
+
+impl ChatToResponses {
+    /// A translator answering with `opts` (model and response id reported, ...).
+    pub fn new(opts: ResponsesOptions) -> Self {
+        ChatToResponses(ResponsesStreamTranslator::new(opts))
+    }
+}
+
+impl StreamTranslator for ChatToResponses {
+    fn start(&mut self, out: &mut Vec<u8>) {
+        write_events(&self.0.start(), out, ResponseStreamEvent::write_sse);
+    }
+    fn push(&mut self, data: &str, out: &mut Vec<u8>) {
+        write_events(&self.0.push_data(data), out, ResponseStreamEvent::write_sse);
+    }
+    fn finish(&mut self, out: &mut Vec<u8>) {
+        write_events(&self.0.finish(), out, ResponseStreamEvent::write_sse);
+    }
+    fn fail(&mut self, _message: &str, out: &mut Vec<u8>) {
+        // Ending the translation early is the protocol's failure: `response.failed` unless the
+        // answer was already whole (its finish reason arrived), in which case it completes with
+        // what it has. Either way it is the last event.
+        write_events(&self.0.finish(), out, ResponseStreamEvent::write_sse);
     }
     fn is_done(&self) -> bool {
         self.0.is_done()
@@ -597,6 +641,24 @@ mod tests {
         );
         drop(body);
         assert_eq!(reports.lock().unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn responses_streams_end_cleanly_or_with_response_failed() {
+        let responses = || -> Box<dyn StreamTranslator> {
+            Box::new(ChatToResponses::new(ResponsesOptions::default()))
+        };
+        let mut body = LlmBody::translated(upstream(vec![Ok(CHAT_1), Ok(CHAT_2)]), responses());
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        assert!(out.starts_with("event: response.created\n"), "{out}");
+        let last = out.trim_end().rsplit("\n\n").next().unwrap();
+        assert!(last.starts_with("event: response.completed\n"), "{out}");
+        let mut body = LlmBody::translated(upstream(vec![Ok(CHAT_1), Err("reset")]), responses());
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        let last = out.trim_end().rsplit("\n\n").next().unwrap();
+        assert!(last.starts_with("event: response.failed\n"), "{out}");
     }
 
     #[tokio::test]

@@ -7,7 +7,8 @@
 //!   reads of error bodies and answers.
 //! - [`adapter`]: Anthropic passthrough and Anthropic → OpenAI chat → Anthropic; the caller
 //!   gives URL, auth and options.
-//! - [`body`]: [`LlmBody`], the streaming transformer (decode, translate, meter with a settle
+//! - [`body`]: [`LlmBody`], the streaming transformer (decode, translate (chat → Anthropic,
+//!   chat → Responses), meter with a settle
 //!   callback that fires exactly once, end a broken stream with the protocol's error frame,
 //!   cancel upstream on drop), and [`Answer`].
 //! - [`error`]: [`LlmError`] and its one mapping to what a client sees ([`ErrorReply`]) in
@@ -21,6 +22,6 @@ pub mod client;
 pub mod error;
 
 pub use adapter::{AnthropicTarget, ChatTarget};
-pub use body::{Answer, LlmBody, StreamTranslator};
+pub use body::{Answer, ChatToAnthropic, ChatToResponses, LlmBody, StreamTranslator};
 pub use client::{Auth, ClientError, ClientOptions, Upstream};
 pub use error::{ErrorReply, LlmError, Protocol};

@@ -22,6 +22,21 @@ fn start(script: &Value, args: &[&str]) -> (FakeLlm, BlackboxProxy) {
     (fake, proxy)
 }
 
+/// The `type` of each object in the array at `v[key]`.
+fn types<'a>(v: &'a Value, key: &str) -> Vec<&'a str> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {key} in {v}"))
+        .iter()
+        .map(|i| i["type"].as_str().unwrap())
+        .collect()
+}
+
+/// The `event:` names of an SSE body's frames.
+fn event_names(frames: &[agentbox_tests::harness::SseFrame]) -> Vec<&str> {
+    frames.iter().filter_map(|f| f.event.as_deref()).collect()
+}
+
 struct Reply {
     status: u16,
     headers: reqwest::header::HeaderMap,
@@ -95,6 +110,12 @@ fn anthropic(stream: bool) -> Value {
            "messages": [{"role": "user", "content": "hi"}]})
 }
 
+fn responses(stream: bool) -> Value {
+    json!({"model": "codex-x", "instructions": "be brief", "stream": stream,
+           "input": [{"type": "message", "role": "user",
+                      "content": [{"type": "input_text", "text": "hi"}]}]})
+}
+
 const FORGED: [(&str, &str); 6] = [
     ("x-session-id", "forged-session"),
     ("x-instance-id", "forged-instance"),
@@ -126,6 +147,8 @@ async fn every_model_call_is_tagged_and_client_copies_are_dropped() {
         ("/v1/chat/completions", chat(true)),
         ("/v1/messages", anthropic(false)),
         ("/v1/messages?beta=true", anthropic(true)),
+        ("/v1/responses", responses(false)),
+        ("/v1/responses", responses(true)),
     ] {
         let mut headers = FORGED.to_vec();
         headers.push(("anthropic-version", "2023-06-01"));
@@ -136,7 +159,7 @@ async fn every_model_call_is_tagged_and_client_copies_are_dropped() {
     }
     clear_turn(&proxy).await;
     let calls = upstream_calls(&fake);
-    assert_eq!(calls.len(), 5, "{calls:#?}");
+    assert_eq!(calls.len(), 7, "{calls:#?}");
     for (i, c) in calls.iter().enumerate() {
         let h = &c["headers"];
         assert_eq!(h["x-smg-routing-key"], "sess-7", "{c}");
@@ -151,7 +174,7 @@ async fn every_model_call_is_tagged_and_client_copies_are_dropped() {
             assert_eq!(h["x-turn-id"], "turn-1", "{c}");
             assert_eq!(h["authorization"], "Bearer agent-key", "{c}");
         }
-        if i >= 3 {
+        if (3..5).contains(&i) {
             for gone in ["anthropic-version", "x-stainless-lang"] {
                 assert!(h.get(gone).is_none(), "{gone} reached the router: {c}");
             }
@@ -243,18 +266,16 @@ async fn anthropic_is_sent_as_chat_and_answered_as_anthropic() {
     let v = r.json();
     assert_eq!(v["type"], "message");
     assert_eq!(v["stop_reason"], "tool_use");
-    let kinds: Vec<&str> = v["content"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["type"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds, ["thinking", "text", "tool_use"], "{v}");
+    assert_eq!(
+        types(&v, "content"),
+        ["thinking", "text", "tool_use"],
+        "{v}"
+    );
     assert_eq!(v["content"][2]["input"], json!({"cmd": "ls"}));
     let r = post(&proxy, "/v1/messages", &anthropic(true), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text);
     let frames = parse_sse(&r.text);
-    let names: Vec<&str> = frames.iter().filter_map(|f| f.event.as_deref()).collect();
+    let names = event_names(&frames);
     assert_eq!(names.first(), Some(&"message_start"), "{}", r.text);
     assert_eq!(names.last(), Some(&"message_stop"), "{}", r.text);
     let text: String = frames
@@ -278,6 +299,86 @@ async fn anthropic_is_sent_as_chat_and_answered_as_anthropic() {
     );
     assert_eq!(sent["tools"][0]["function"]["name"], "Bash");
     assert_eq!(sent["max_tokens"], 64);
+    assert_eq!(
+        calls[1]["body"]["stream_options"],
+        json!({"include_usage": true})
+    );
+}
+
+#[tokio::test]
+async fn responses_are_sent_as_chat_and_answered_as_responses() {
+    let script = json!({"steps": [
+        {"thinking": "plan", "text": "visible", "tool_calls": [{"name": "shell", "input": {"cmd": ["ls"]}}],
+         "usage": {"input_tokens": 5, "output_tokens": 7}},
+        {"text": "streamed", "tool_calls": [{"name": "shell", "input": {"cmd": ["pwd"]}}],
+         "usage": {"input_tokens": 11, "output_tokens": 3}},
+        {"text": "word ".repeat(30), "disconnect_after_events": 3},
+    ]});
+    let (fake, proxy) = start(&script, &["--max-steps", "3"]);
+    open_turn(&proxy, "t1").await;
+    let mut body = responses(false);
+    body["tools"] = json!([{"type": "function", "name": "shell", "parameters": {"type": "object"}},
+                           {"type": "web_search_preview"}]);
+    body["max_output_tokens"] = json!(128);
+    let r = post(&proxy, "/v1/responses", &body, &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let v = r.json();
+    assert_eq!(v["object"], "response");
+    assert_eq!(v["status"], "completed");
+    assert_eq!(
+        types(&v, "output"),
+        ["reasoning", "message", "function_call"],
+        "{v}"
+    );
+    assert_eq!(v["output"][2]["name"], "shell");
+    assert_eq!(v["usage"]["input_tokens"], 5);
+    assert_eq!(v["usage"]["output_tokens"], 7);
+    let r = post(&proxy, "/v1/responses", &responses(true), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let frames = parse_sse(&r.text);
+    let names = event_names(&frames);
+    assert_eq!(names.first(), Some(&"response.created"), "{}", r.text);
+    assert_eq!(names.last(), Some(&"response.completed"), "{}", r.text);
+    assert!(
+        names.contains(&"response.function_call_arguments.delta"),
+        "{names:?}"
+    );
+    let done = serde_json::from_str::<Value>(&frames.last().unwrap().data).unwrap();
+    assert_eq!(done["response"]["usage"]["input_tokens"], 11);
+    // A broken upstream ends the stream with response.failed.
+    let r = post(&proxy, "/v1/responses", &responses(true), &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        last_frame(&r.text).event.as_deref(),
+        Some("response.failed"),
+        "{}",
+        r.text
+    );
+    // Past max_steps: the OpenAI-shaped 429.
+    let r = post(&proxy, "/v1/responses", &responses(false), &[]).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(r.json()["error"]["code"], "max_steps_exceeded");
+    let counts = clear_turn(&proxy).await;
+    assert_eq!(counts["steps"], 3);
+    assert_eq!(counts["input_tokens"], 16);
+    assert_eq!(counts["output_tokens"], 10);
+    assert_eq!(counts["tool_calls"], 2);
+    let calls = upstream_calls(&fake);
+    let sent = &calls[0]["body"];
+    assert_eq!(
+        sent["messages"][0],
+        json!({"role": "system", "content": "be brief"})
+    );
+    assert_eq!(
+        sent["messages"][1],
+        json!({"role": "user", "content": "hi"})
+    );
+    assert_eq!(sent["max_tokens"], 128);
+    assert_eq!(
+        sent["tools"].as_array().unwrap().len(),
+        1,
+        "only function tools: {sent}"
+    );
     assert_eq!(
         calls[1]["body"]["stream_options"],
         json!({"include_usage": true})

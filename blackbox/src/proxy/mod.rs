@@ -404,15 +404,9 @@ impl LlmProxy {
         });
         // The router may take the whole pause timeout to quiesce.
         let limit = timeout.map_or(s.router_timeout, |t| t + Duration::from_secs(30));
-        let mut result = self.control_post("/rollout/pause", payload, limit).await?;
+        let result = self.control_post("/rollout/pause", payload, limit).await?;
         let status = if already { "already_paused" } else { "paused" };
-        result.entry("status").or_insert_with(|| json!(status));
-        result.entry("reason").or_insert_with(|| json!(reason));
-        result.insert(
-            "http_inflight_requests".into(),
-            json!(self.shared().inflight()),
-        );
-        Ok(result)
+        Ok(self.filled(result, status, reason, None))
     }
 
     /// Resumes: tells the router (`POST {router}/rollout/resume`), then releases held calls;
@@ -431,7 +425,7 @@ impl LlmProxy {
             "reason": reason,
             "version": version,
         });
-        let mut result = self
+        let result = self
             .control_post("/rollout/resume", payload, s.router_timeout)
             .await?;
         let (was_paused, current) = self.shared().end_pause(version);
@@ -440,14 +434,29 @@ impl LlmProxy {
         } else {
             "already_running"
         };
+        Ok(self.filled(result, status, reason, Some(current)))
+    }
+
+    /// The router's answer to a control call with the reference's defaults: `status`,
+    /// `reason` (and for resume `version`) where the router gave none, and the proxy's own
+    /// `http_inflight_requests`.
+    fn filled(
+        &self,
+        mut result: Map<String, Value>,
+        status: &str,
+        reason: &str,
+        version: Option<Option<String>>,
+    ) -> Map<String, Value> {
         result.entry("status").or_insert_with(|| json!(status));
         result.entry("reason").or_insert_with(|| json!(reason));
-        result.entry("version").or_insert_with(|| json!(current));
+        if let Some(v) = version {
+            result.entry("version").or_insert_with(|| json!(v));
+        }
         result.insert(
             "http_inflight_requests".into(),
             json!(self.shared().inflight()),
         );
-        Ok(result)
+        result
     }
 
     /// Takes the open turn's context-overflow error (the router's 413 body), once.

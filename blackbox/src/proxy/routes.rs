@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use agentbox_http::BodyError;
 use agentbox_llm::body::{
-    ChatToAnthropic, LlmBody, StreamTranslator, UpstreamStream, upstream_stream,
+    ChatToAnthropic, ChatToResponses, LlmBody, StreamTranslator, UpstreamStream, upstream_stream,
 };
 use agentbox_llm::client::{MAX_ANSWER_BODY, MAX_ERROR_BODY, read_capped};
 use agentbox_llm::{ErrorReply, LlmError, Protocol};
-use agentbox_wire::anthropic::{ErrorType, MessagesRequest};
-use agentbox_wire::chat::ChatResponse;
+use agentbox_wire::anthropic::ErrorType;
+use agentbox_wire::chat::{ChatRequest, ChatResponse};
 use agentbox_wire::translate::{
-    ChatOptions, MaxTokensField, ResponseOptions, anthropic_into_chat, chat_to_anthropic_response,
+    ChatOptions, MaxTokensField, ResponseOptions, ResponsesOptions, TranslateError,
+    anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
+    responses_into_chat,
 };
 use axum::Router;
 use axum::body::Body;
@@ -26,7 +28,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
 
 use super::headers::{self, CallKind};
 use super::meter::{ChatMeter, Metered};
@@ -104,8 +107,6 @@ pub(crate) enum CallError {
     Invalid(String),
     #[error("the proxy is shutting down")]
     Closing,
-    #[error("{0} is not supported yet")]
-    Unsupported(&'static str),
     #[error(transparent)]
     Llm(#[from] LlmError),
     #[error("Turn exceeded max_steps.")]
@@ -139,11 +140,6 @@ impl CallError {
             e @ CallError::Closing => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 ErrorType::OverloadedError,
-                e.to_string(),
-            ),
-            e @ CallError::Unsupported(_) => (
-                StatusCode::NOT_IMPLEMENTED,
-                ErrorType::ApiError,
                 e.to_string(),
             ),
             CallError::Llm(e) => return e.reply().into_response(protocol),
@@ -201,11 +197,12 @@ async fn handle(State(core): State<Arc<Core>>, req: Request) -> Response {
 enum Back {
     Chat,
     Anthropic(Box<ResponseOptions>),
+    Responses(Box<ResponsesOptions>),
 }
 
-/// The chat options of the Anthropic translation: the router reads `max_tokens`, keeps
-/// `top_k`, and sees the conversation as the agent sent it (thinking passed back).
-fn anthropic_chat_options() -> ChatOptions {
+/// The chat options of the protocol translations: the router reads `max_tokens`, keeps
+/// `top_k`, and sees the conversation as the agent sent it (reasoning passed back).
+fn chat_options() -> ChatOptions {
     ChatOptions {
         max_tokens_field: MaxTokensField::MaxTokens,
         include_usage: true,
@@ -234,23 +231,43 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
             Ok((out, Back::Chat, stream))
         }
         Api::Anthropic => {
-            let req: MessagesRequest = serde_json::from_value(Value::Object(map))
-                .map_err(|e| CallError::Invalid(e.to_string()))?;
-            let opts = ResponseOptions::for_request(&req);
-            let chat = anthropic_into_chat(req, &anthropic_chat_options())
-                .map_err(|e| CallError::Invalid(e.to_string()))?;
-            let Ok(Value::Object(mut chat)) = serde_json::to_value(&chat) else {
-                return Err(CallError::Invalid("cannot encode the chat request".into()));
-            };
-            rewrite::apply(&mut chat, policy);
-            Ok((
-                Bytes::from(Value::Object(chat).to_string()),
-                Back::Anthropic(Box::new(opts)),
-                stream,
-            ))
+            let (body, opts) = to_chat(
+                map,
+                policy,
+                ResponseOptions::for_request,
+                anthropic_into_chat,
+            )?;
+            Ok((body, Back::Anthropic(Box::new(opts)), stream))
         }
-        Api::Responses => Err(CallError::Unsupported("/v1/responses")),
+        Api::Responses => {
+            let (body, opts) = to_chat(
+                map,
+                policy,
+                ResponsesOptions::for_request,
+                responses_into_chat,
+            )?;
+            Ok((body, Back::Responses(Box::new(opts)), stream))
+        }
     }
+}
+
+/// A client request of protocol `R` as the chat body sent upstream (policy applied), and the
+/// options for translating the answer back.
+fn to_chat<R: DeserializeOwned, O>(
+    map: Map<String, Value>,
+    policy: &rewrite::Policy,
+    answer_options: impl FnOnce(&R) -> O,
+    into_chat: impl FnOnce(R, &ChatOptions) -> Result<ChatRequest, TranslateError>,
+) -> Result<(Bytes, O), CallError> {
+    let invalid = |e: &dyn std::fmt::Display| CallError::Invalid(e.to_string());
+    let req: R = serde_json::from_value(Value::Object(map)).map_err(|e| invalid(&e))?;
+    let opts = answer_options(&req);
+    let chat = into_chat(req, &chat_options()).map_err(|e| invalid(&e))?;
+    let Ok(Value::Object(mut chat)) = serde_json::to_value(&chat) else {
+        return Err(CallError::Invalid("cannot encode the chat request".into()));
+    };
+    rewrite::apply(&mut chat, policy);
+    Ok((Bytes::from(Value::Object(chat).to_string()), opts))
 }
 
 async fn model_call(
@@ -358,6 +375,10 @@ async fn model_call(
                 passed = HeaderMap::new();
                 translated(upstream, guard, Box::new(ChatToAnthropic::new(*opts)))
             }
+            Back::Responses(opts) => {
+                passed = HeaderMap::new();
+                translated(upstream, guard, Box::new(ChatToResponses::new(*opts)))
+            }
         };
         return Ok(stream_response(body, passed));
     }
@@ -366,29 +387,36 @@ async fn model_call(
         .map_err(|e| LlmError::from_transport(&e))?;
     guard.add_counts(&ChatMeter::from_json(&raw));
     drop(guard);
-    match back {
+    let invalid = |what: String| {
+        tracing::warn!(error = %what, "upstream sent an invalid chat completion");
+        LlmError::InvalidResponse(what)
+    };
+    let parse = || -> Result<ChatResponse, LlmError> {
+        serde_json::from_slice(&raw).map_err(|e| invalid(format!("not a chat completion: {e}")))
+    };
+    let json = match back {
         Back::Chat => {
             let mut r = Response::new(Body::from(raw));
             *r.headers_mut() = passed;
-            Ok(r)
+            return Ok(r);
         }
         Back::Anthropic(opts) => {
-            let invalid = |what: String| {
-                tracing::warn!(error = %what, "upstream sent an invalid chat completion");
-                LlmError::InvalidResponse(what)
-            };
-            let chat: ChatResponse = serde_json::from_slice(&raw)
-                .map_err(|e| invalid(format!("not a chat completion: {e}")))?;
             let message =
-                chat_to_anthropic_response(chat, &opts).map_err(|e| invalid(e.to_string()))?;
-            let json = serde_json::to_vec(&message).map_err(|e| invalid(e.to_string()))?;
-            Ok((
-                [(header::CONTENT_TYPE, "application/json")],
-                Bytes::from(json),
-            )
-                .into_response())
+                chat_to_anthropic_response(parse()?, &opts).map_err(|e| invalid(e.to_string()))?;
+            serde_json::to_vec(&message)
+        }
+        Back::Responses(opts) => {
+            let response =
+                chat_to_responses_response(parse()?, &opts).map_err(|e| invalid(e.to_string()))?;
+            serde_json::to_vec(&response)
         }
     }
+    .map_err(|e| invalid(e.to_string()))?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        Bytes::from(json),
+    )
+        .into_response())
 }
 
 fn translated(

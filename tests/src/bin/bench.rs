@@ -2,8 +2,10 @@
 //! against `fakellm` so the figures are differences and ratios, not absolute times.
 //!
 //! ```text
-//! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|launcher|all] [--quick]
+//! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|proxy|launcher|all] [--quick]
 //! ```
+//! `proxy` is blackbox-server's rollout LLM proxy (run alone as `blackbox-proxy`, a turn open):
+//! chat passthrough, Anthropic → chat and Responses → chat, see [`bench_proxy`].
 //! `launcher` must run as root (it starts the real launcher); see [`bench_launcher`].
 //! For each case it sends the same ~100 KB Claude-Code-sized request through the daemon and,
 //! alternating, the exact body the daemon forwarded straight to fakellm, and reports latency to
@@ -24,11 +26,11 @@ use agentbox_api::gateway::{Budget, OpenTask};
 use agentbox_api::launcher::{AgentRequest, RunState};
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
-    BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess, workspace_bin,
+    BlackboxProxy, BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess, workspace_bin,
 };
 use agentbox_tests::workload;
-use anyhow::{Context, Result, bail};
-use serde_json::json;
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
 const TOKEN: &str = "bench-bridge-token";
@@ -454,6 +456,176 @@ async fn bench_gateway(plan: Plan) -> Result<()> {
     Ok(())
 }
 
+// === blackbox proxy ===
+
+/// The request fakellm logged after byte `mark` of its log: read from there, so the bench
+/// never re-parses the gigabytes of 100 KB bodies logged before.
+fn logged_after(fake: &FakeLlm, mark: u64) -> Result<Value> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(fake.log_path())?;
+    f.seek(SeekFrom::Start(mark))?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    let line = text.lines().next().context("fakellm logged nothing")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+fn log_len(fake: &FakeLlm) -> Result<u64> {
+    Ok(std::fs::metadata(fake.log_path()).map_or(0, |m| m.len()))
+}
+
+/// Text of a chat message's content (a string or a list of parts).
+fn chat_text(content: &Value) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_) => String::new(),
+    }
+}
+
+/// The same conversation as a Codex-shaped Responses request: system → `instructions`,
+/// messages → message items, tool calls and results → `function_call` /
+/// `function_call_output` items, chat tools → function tools.
+fn responses_request(chat: &Value, stream: bool) -> Value {
+    let mut instructions = Vec::new();
+    let mut input = Vec::new();
+    for m in chat["messages"].as_array().into_iter().flatten() {
+        let text = chat_text(&m["content"]);
+        match m["role"].as_str().unwrap_or("user") {
+            "system" => instructions.push(text),
+            "tool" => input.push(json!({"type": "function_call_output",
+                "call_id": m["tool_call_id"], "output": text})),
+            role => {
+                let part = if role == "assistant" {
+                    "output_text"
+                } else {
+                    "input_text"
+                };
+                if !text.is_empty() {
+                    input.push(json!({"type": "message", "role": role,
+                        "content": [{"type": part, "text": text}]}));
+                }
+                for c in m["tool_calls"].as_array().into_iter().flatten() {
+                    input.push(json!({"type": "function_call", "call_id": c["id"],
+                        "name": c["function"]["name"], "arguments": c["function"]["arguments"]}));
+                }
+            }
+        }
+    }
+    let tools: Vec<Value> = chat["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let f = &t["function"];
+            json!({"type": "function", "name": f["name"], "description": f["description"],
+                   "parameters": f["parameters"]})
+        })
+        .collect();
+    json!({"model": "codex-x", "instructions": instructions.join("\n\n"), "input": input,
+           "tools": tools, "max_output_tokens": chat["max_tokens"], "stream": stream,
+           "store": false})
+}
+
+/// blackbox-server's rollout LLM proxy (`blackbox-proxy`, a turn open, `max_steps` off) in
+/// front of fakellm: the 105 KB workload as an OpenAI chat body passed through, as Anthropic
+/// Messages and as an OpenAI Responses request translated to chat; "direct" sends fakellm the
+/// exact chat body the proxy forwarded, with the same headers.
+async fn bench_proxy(plan: Plan) -> Result<()> {
+    let fake = start_fake()?;
+    let proxy = BlackboxProxy::start(&fake.base_url(), &["--max-steps", "0"])?;
+    let (status, answer) = proxy
+        .control("/turn/open", Some(&json!({"turn_id": "bench-turn"})))
+        .await?;
+    ensure!(
+        status == 204,
+        "cannot open the bench turn: {status} {answer}"
+    );
+    let client = clients()?;
+    let json_type = ("content-type".to_owned(), "application/json".to_owned());
+    // The workload as the router sees it: its Anthropic form translated by the proxy.
+    let probe = Target {
+        unix: None,
+        url: format!("{}/v1/messages", proxy.base_url()),
+        headers: vec![json_type.clone()],
+        body: bytes::Bytes::from(serde_json::to_vec(&workload::claude_code_request(
+            "claude-x", false,
+        ))?),
+    };
+    let mark = log_len(&fake)?;
+    probe.send(&client).await?;
+    let chat_form = logged_after(&fake, mark)?["body"].clone();
+    let mut rows = Vec::new();
+    for (kind, path) in [
+        ("chat passthrough", "/v1/chat/completions"),
+        ("Anthropic → chat", "/v1/messages"),
+        ("Responses → chat", "/v1/responses"),
+    ] {
+        for stream in [false, true] {
+            let body = match path {
+                "/v1/messages" => workload::claude_code_request("claude-x", stream),
+                "/v1/responses" => responses_request(&chat_form, stream),
+                _ => {
+                    let mut b = chat_form.clone();
+                    b["stream"] = json!(stream);
+                    if let Some(m) = b.as_object_mut() {
+                        m.remove("stream_options");
+                    }
+                    b
+                }
+            };
+            let bytes = bytes::Bytes::from(serde_json::to_vec(&body)?);
+            let mut headers = vec![json_type.clone()];
+            if path == "/v1/messages" {
+                headers.push(("anthropic-version".into(), "2023-06-01".into()));
+            }
+            let through = Target {
+                unix: None,
+                url: format!("{}{path}", proxy.base_url()),
+                headers,
+                body: bytes.clone(),
+            };
+            let mark = log_len(&fake)?;
+            through.send(&client).await?;
+            let forwarded = logged_after(&fake, mark)?;
+            let direct_headers: Vec<(String, String)> = forwarded["headers"]
+                .as_object()
+                .context("headers")?
+                .iter()
+                .filter(|(k, _)| k.starts_with("x-") || *k == "content-type")
+                .filter_map(|(k, v)| v.as_str().map(|v| (k.clone(), v.to_owned())))
+                .collect();
+            let direct = Target {
+                unix: None,
+                url: format!(
+                    "{}{}",
+                    fake.base_url(),
+                    forwarded["path"].as_str().context("path")?
+                ),
+                headers: direct_headers,
+                body: bytes::Bytes::from(serde_json::to_vec(&forwarded["body"])?),
+            };
+            let case = case_name(kind, stream, bytes.len());
+            rows.push(compare(&case, &client, &direct, &through, proxy.pid(), plan).await?);
+        }
+    }
+    let notes = notes(
+        "blackbox-proxy",
+        proxy.pid(),
+        "after the run",
+        "Every call through the proxy is admitted in the open turn, tagged (sticky, session, \
+         instance, turn, partial-rollout headers), given the sampling policy and \
+         `include_usage`, and its usage counted from the upstream's chat answer. ",
+        plan,
+    );
+    print_table("blackbox rollout proxy vs fakellm direct", &rows, &notes);
+    Ok(())
+}
+
 // === launcher ===
 
 /// The service uid the benchmark's launcher is given (`--service-uid`); the agent uid is the
@@ -859,12 +1031,16 @@ fn main() -> Result<()> {
     match what {
         "bridge" => rt.block_on(bench_bridge(plan)),
         "gateway" => rt.block_on(bench_gateway(plan)),
+        "proxy" => rt.block_on(bench_proxy(plan)),
         "launcher" => rt.block_on(bench_launcher(start_plan)),
         "all" => rt.block_on(async {
             bench_bridge(plan).await?;
             bench_gateway(plan).await?;
+            bench_proxy(plan).await?;
             bench_launcher(start_plan).await
         }),
-        other => bail!("unknown benchmark {other:?}; known: bridge, gateway, launcher, all"),
+        other => {
+            bail!("unknown benchmark {other:?}; known: bridge, gateway, proxy, launcher, all")
+        }
     }
 }
