@@ -310,7 +310,8 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
             {"match": {"has_tools": true}, "text": "second turn done"}
         ]
     });
-    let (fake, bb, _) = setup(&script, &[], &json!({})).await;
+    // One committed turn at most (BBS_MAX_TURNS through the registration's server_config).
+    let (fake, bb, _) = setup(&script, &[], &json!({"server_config": {"max_turns": 1}})).await;
     let path = format!("/v1/sessions/{SESSION}/messages");
     let submit =
         json!({"turn_id": "turn-a", "mode": "async", "messages": user("slow"), "metadata": {}});
@@ -426,6 +427,17 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
         "second turn done"
     );
     assert_eq!(done["backend"]["type"], "opencode");
+    let limit = bb
+        .call(
+            "POST",
+            &path,
+            Some(&json!({"turn_id": "turn-d", "messages": user("more")})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(limit.status, 429, "{limit}");
+    assert_eq!(limit.body["error"], "too_many_requests");
+    assert_eq!(limit.body["details"]["max_turns"], 1);
     let missing = bb
         .call(
             "GET",
