@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use agentbox_sandbox::proc::{self, ChildSetup, Sink};
 use rustix::process::Signal;
 
-use crate::model::Timestamp;
+use crate::model::{ExecuteCmdResult, Timestamp};
 
 /// The most of each stream kept; the rest is read and dropped.
 pub const OUTPUT_CAP: u64 = 8 << 20;
@@ -19,29 +19,6 @@ const TERM_GRACE: Duration = Duration::from_secs(2);
 
 /// How long the captures may take to see their pipes close once the group is killed.
 const CAPTURE_GRACE: Duration = Duration::from_secs(2);
-
-/// What a command did.
-#[derive(Debug, Clone)]
-pub struct CommandOutput {
-    /// Lossy UTF-8.
-    pub stdout: String,
-    /// Lossy UTF-8.
-    pub stderr: String,
-    /// Exit code, `128 + signal` when killed; `None` if it could not be reaped.
-    pub returncode: Option<i32>,
-    /// Whether the timeout ended it.
-    pub timed_out: bool,
-    /// Wall time, seconds.
-    pub duration_seconds: f64,
-    /// Start.
-    pub started_at: Timestamp,
-    /// End.
-    pub finished_at: Timestamp,
-    /// Whether stdout went past [`OUTPUT_CAP`].
-    pub stdout_truncated: bool,
-    /// Whether stderr went past [`OUTPUT_CAP`].
-    pub stderr_truncated: bool,
-}
 
 /// Where the running command's process group is published, so abort and shutdown can kill it.
 pub type GroupSlot = Arc<Mutex<Option<u32>>>;
@@ -75,7 +52,7 @@ pub async fn run_shell(
     cmd: &str,
     timeout: Duration,
     slot: &GroupSlot,
-) -> Result<CommandOutput, proc::SpawnError> {
+) -> Result<ExecuteCmdResult, proc::SpawnError> {
     let started_at = Timestamp::now();
     let started = Instant::now();
     let mut command = tokio::process::Command::new("/bin/sh");
@@ -137,7 +114,8 @@ pub async fn run_shell(
     };
     *slot.lock().unwrap_or_else(PoisonError::into_inner) = None;
     let (so, se) = seen;
-    Ok(CommandOutput {
+    Ok(ExecuteCmdResult {
+        cmd: cmd.to_owned(),
         stdout: String::from_utf8_lossy(&out.0).into_owned(),
         stderr: String::from_utf8_lossy(&err.0).into_owned(),
         returncode: status.and_then(proc::exit_code),

@@ -681,15 +681,9 @@ pub struct ExecuteCmdRequest {
     pub timeout: Option<f64>,
 }
 
-/// The execute_cmd answer.
+/// What a command did (the reference's `ExecuteCmdResult`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ExecuteCmdResponse {
-    /// Request id.
-    pub request_id: String,
-    /// The session.
-    pub session_id: String,
-    /// The bound instance.
-    pub instance_id: Option<String>,
+pub struct ExecuteCmdResult {
     /// The command as run.
     pub cmd: String,
     /// Its stdout (lossy UTF-8, capped).
@@ -710,6 +704,20 @@ pub struct ExecuteCmdResponse {
     pub stdout_truncated: bool,
     /// Whether stderr was cut at the cap (ours; not in the reference).
     pub stderr_truncated: bool,
+}
+
+/// The execute_cmd answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExecuteCmdResponse {
+    /// Request id.
+    pub request_id: String,
+    /// The session.
+    pub session_id: String,
+    /// The bound instance.
+    pub instance_id: Option<String>,
+    /// What the command did.
+    #[serde(flatten)]
+    pub result: ExecuteCmdResult,
 }
 
 /// `GET /v1/sessions/{id}`.

@@ -98,13 +98,6 @@ fn ok<T: Serialize>(rid: &Rid, status: StatusCode, body: &T) -> Response {
     (status, Json(v)).into_response()
 }
 
-fn answer<T: Serialize>(rid: &Rid, r: Result<T, ApiError>) -> Response {
-    match r {
-        Ok(body) => ok(rid, StatusCode::OK, &body),
-        Err(e) => fail(rid, &e),
-    }
-}
-
 fn validation(kind: &str, loc: Vec<Value>, msg: impl Into<String>) -> ApiError {
     ApiError::Validation {
         errors: vec![json!({"type": kind, "loc": loc, "msg": msg.into()})],
@@ -214,45 +207,50 @@ async fn status(State(s): State<Server>, Extension(rid): Extension<Rid>) -> Resp
     ok(&rid, StatusCode::OK, &s.status())
 }
 
+/// A handler's outcome: a 200 with `body`, or the error rendered.
+fn answer<T: Serialize>(rid: &Rid, r: Result<T, ApiError>) -> Response {
+    match r {
+        Ok(body) => ok(rid, StatusCode::OK, &body),
+        Err(e) => fail(rid, &e),
+    }
+}
+
 async fn register(
     State(s): State<Server>,
     Extension(rid): Extension<Rid>,
     req: Request,
 ) -> Response {
-    let parsed: Result<RegisterRequest, ApiError> = body(req).await;
-    let r = match parsed {
-        Ok(r) => r,
-        Err(e) => return fail(&rid, &e),
-    };
-    if let Some(o) = &r.server_config {
-        let errors: Vec<Value> = o
-            .violations()
-            .into_iter()
-            .map(|(field, msg)| json!({"type": "value_error", "loc": ["body", "server_config", field], "msg": msg}))
-            .collect();
-        if !errors.is_empty() {
-            return fail(&rid, &ApiError::Validation { errors });
+    let r = async {
+        let r: RegisterRequest = body(req).await?;
+        if let Some(o) = &r.server_config {
+            let errors: Vec<Value> = o
+                .violations()
+                .into_iter()
+                .map(|(field, msg)| {
+                    json!({"type": "value_error", "loc": ["body", "server_config", field], "msg": msg})
+                })
+                .collect();
+            if !errors.is_empty() {
+                return Err(ApiError::Validation { errors });
+            }
         }
-    }
-    answer(&rid, s.register(r).await)
+        s.register(r).await
+    };
+    answer(&rid, r.await)
 }
 
 async fn pause(State(s): State<Server>, Extension(rid): Extension<Rid>, req: Request) -> Response {
-    let r: PauseRequest = match body(req).await {
-        Ok(r) => r,
-        Err(e) => return fail(&rid, &e),
+    let r = async {
+        let r: PauseRequest = body(req).await?;
+        positive(&["body", "timeout_seconds"], r.timeout_seconds)?;
+        s.pause(&r).await
     };
-    if let Err(e) = positive(&["body", "timeout_seconds"], r.timeout_seconds) {
-        return fail(&rid, &e);
-    }
-    answer(&rid, s.pause(&r).await)
+    answer(&rid, r.await)
 }
 
 async fn resume(State(s): State<Server>, Extension(rid): Extension<Rid>, req: Request) -> Response {
-    match body::<ResumeRequest>(req).await {
-        Ok(r) => answer(&rid, s.resume(&r).await),
-        Err(e) => fail(&rid, &e),
-    }
+    let r = async { s.resume(&body::<ResumeRequest>(req).await?).await };
+    answer(&rid, r.await)
 }
 
 async fn pause_state(State(s): State<Server>) -> Response {
@@ -265,42 +263,56 @@ async fn messages(
     p: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
-    let session_id = match path_params(p) {
-        Ok(v) => v,
-        Err(e) => return fail(&rid, &e),
-    };
-    let r: MessageRequest = match body(req).await {
-        Ok(r) => r,
-        Err(e) => return fail(&rid, &e),
-    };
-    match r.mode {
-        TurnMode::Async => {
-            if r.turn_id.is_none() {
-                return fail(
-                    &rid,
-                    &ApiError::Request {
+    let r = async {
+        let session_id = path_params(p)?;
+        let r: MessageRequest = body(req).await?;
+        match r.mode {
+            TurnMode::Sync => Ok(ok(
+                &rid,
+                StatusCode::OK,
+                &s.send_message(&session_id, &r).await?,
+            )),
+            TurnMode::Async => {
+                if r.turn_id.is_none() {
+                    return Err(ApiError::Request {
                         message: "turn_id is required for async submissions.".into(),
                         details: crate::error::obj(json!({"session_id": session_id})),
-                    },
-                );
-            }
-            match s.submit(&session_id, &r).await {
-                Ok(sub) => ok(
-                    &rid,
-                    StatusCode::ACCEPTED,
-                    &TurnSubmitResponse {
-                        request_id: String::new(),
-                        session_id,
-                        instance_id: sub.instance_id,
-                        turn_id: sub.turn_id,
-                        status: sub.status,
-                        idempotent_replay: sub.idempotent_replay,
-                    },
-                ),
-                Err(e) => fail(&rid, &e),
+                    });
+                }
+                let sub = s.submit(&session_id, &r).await?;
+                let reply = TurnSubmitResponse {
+                    request_id: String::new(),
+                    session_id,
+                    instance_id: sub.instance_id,
+                    turn_id: sub.turn_id,
+                    status: sub.status,
+                    idempotent_replay: sub.idempotent_replay,
+                };
+                Ok(ok(&rid, StatusCode::ACCEPTED, &reply))
             }
         }
-        TurnMode::Sync => answer(&rid, s.send_message(&session_id, &r).await),
+    };
+    r.await.unwrap_or_else(|e| fail(&rid, &e))
+}
+
+/// `?wait=` in seconds (`>= 0`, 0 when absent).
+fn wait_param(pairs: &[(String, String)]) -> Result<f64, ApiError> {
+    let Some((_, v)) = pairs.iter().rev().find(|(k, _)| k == "wait") else {
+        return Ok(0.0);
+    };
+    let loc = vec![json!("query"), json!("wait")];
+    match v.trim().parse::<f64>() {
+        Ok(w) if w >= 0.0 && w.is_finite() => Ok(w),
+        Ok(_) => Err(validation(
+            "greater_than_equal",
+            loc,
+            "Input should be greater than or equal to 0",
+        )),
+        Err(_) => Err(validation(
+            "float_parsing",
+            loc,
+            "Input should be a valid number, unable to parse string as a number",
+        )),
     }
 }
 
@@ -310,39 +322,13 @@ async fn get_turn(
     p: Result<Path<(String, String)>, PathRejection>,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let (session_id, turn_id) = match path_params(p) {
-        Ok(v) => v,
-        Err(e) => return fail(&rid, &e),
+    let r = async {
+        let (session_id, turn_id) = path_params(p)?;
+        let wait = wait_param(&query_pairs(q.as_deref()))?;
+        s.get_turn(&session_id, &turn_id, crate::config::secs(wait))
+            .await
     };
-    let pairs = query_pairs(q.as_deref());
-    let wait = match pairs.iter().rev().find(|(k, _)| k == "wait") {
-        None => 0.0,
-        Some((_, v)) => match v.trim().parse::<f64>() {
-            Ok(w) if w >= 0.0 && w.is_finite() => w,
-            Ok(_) => {
-                return fail(
-                    &rid,
-                    &validation(
-                        "greater_than_equal",
-                        vec![json!("query"), json!("wait")],
-                        "Input should be greater than or equal to 0",
-                    ),
-                );
-            }
-            Err(_) => {
-                return fail(
-                    &rid,
-                    &validation(
-                        "float_parsing",
-                        vec![json!("query"), json!("wait")],
-                        "Input should be a valid number, unable to parse string as a number",
-                    ),
-                );
-            }
-        },
-    };
-    let wait = crate::config::secs(wait);
-    answer(&rid, s.get_turn(&session_id, &turn_id, wait).await)
+    answer(&rid, r.await)
 }
 
 async fn cancel_turn(
@@ -350,10 +336,11 @@ async fn cancel_turn(
     Extension(rid): Extension<Rid>,
     p: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    match path_params(p) {
-        Ok((session_id, turn_id)) => answer(&rid, s.cancel_turn(&session_id, &turn_id).await),
-        Err(e) => fail(&rid, &e),
-    }
+    let r = async {
+        let (session_id, turn_id) = path_params(p)?;
+        s.cancel_turn(&session_id, &turn_id).await
+    };
+    answer(&rid, r.await)
 }
 
 async fn execute_cmd(
@@ -362,18 +349,13 @@ async fn execute_cmd(
     p: Result<Path<String>, PathRejection>,
     req: Request,
 ) -> Response {
-    let session_id = match path_params(p) {
-        Ok(v) => v,
-        Err(e) => return fail(&rid, &e),
+    let r = async {
+        let session_id = path_params(p)?;
+        let r: ExecuteCmdRequest = body(req).await?;
+        positive(&["body", "timeout"], r.timeout)?;
+        s.execute_cmd(&session_id, &r).await
     };
-    let r: ExecuteCmdRequest = match body(req).await {
-        Ok(r) => r,
-        Err(e) => return fail(&rid, &e),
-    };
-    if let Err(e) = positive(&["body", "timeout"], r.timeout) {
-        return fail(&rid, &e);
-    }
-    answer(&rid, s.execute_cmd(&session_id, &r).await)
+    answer(&rid, r.await)
 }
 
 async fn get_session(
@@ -382,15 +364,13 @@ async fn get_session(
     p: Result<Path<String>, PathRejection>,
     RawQuery(q): RawQuery,
 ) -> Response {
-    let session_id = match path_params(p) {
-        Ok(v) => v,
-        Err(e) => return fail(&rid, &e),
-    };
-    let pairs = query_pairs(q.as_deref());
-    let flags =
-        ["include_history", "include_trace", "include_turns"].map(|f| query_bool(&pairs, f));
-    let [history, trace, turns] = flags;
-    let r = (|| s.get_session(&session_id, history?, trace?, turns?))();
+    let r = (|| {
+        let session_id = path_params(p)?;
+        let pairs = query_pairs(q.as_deref());
+        let [history, trace, turns] =
+            ["include_history", "include_trace", "include_turns"].map(|f| query_bool(&pairs, f));
+        s.get_session(&session_id, history?, trace?, turns?)
+    })();
     answer(&rid, r)
 }
 
@@ -399,10 +379,8 @@ async fn abort(
     Extension(rid): Extension<Rid>,
     p: Result<Path<String>, PathRejection>,
 ) -> Response {
-    match path_params(p) {
-        Ok(session_id) => answer(&rid, s.abort(&session_id).await),
-        Err(e) => fail(&rid, &e),
-    }
+    let r = async { s.abort(&path_params(p)?).await };
+    answer(&rid, r.await)
 }
 
 async fn not_found() -> Response {

@@ -37,7 +37,7 @@ fn user(text: &str) -> Value {
 async fn bad_input_gets_the_reference_status_and_body() {
     let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
     let bb = BlackboxProcess::start(&[]).unwrap();
-    let health = bb.call("GET", "/health", None).await.unwrap();
+    let health = bb.get("/health").await;
     assert_eq!(
         (health.status, &health.body["healthy"]),
         (200, &json!(true))
@@ -45,21 +45,16 @@ async fn bad_input_gets_the_reference_status_and_body() {
 
     // Nothing registered: turns are 503 (which the paddock retries), sessions unknown.
     let r = bb
-        .call(
-            "POST",
+        .post(
             "/v1/sessions/sess-001/messages",
-            Some(&json!({"turn_id": "t", "messages": user("x")})),
+            &json!({"turn_id": "t", "messages": user("x")}),
         )
-        .await
-        .unwrap();
+        .await;
     let b = error(&r, 503, "service_unavailable");
     assert_eq!(b["details"]["state"], "idle");
-    let r = bb.call("GET", "/v1/sessions/sess-001", None).await.unwrap();
+    let r = bb.get("/v1/sessions/sess-001").await;
     error(&r, 404, "not_found");
-    let r = bb
-        .call("POST", "/v1/rollout/pause", Some(&json!({})))
-        .await
-        .unwrap();
+    let r = bb.post("/v1/rollout/pause", &json!({})).await;
     error(&r, 503, "service_unavailable");
 
     // Bad registrations: 400, and the server stays idle.
@@ -70,9 +65,7 @@ async fn bad_input_gets_the_reference_status_and_body() {
         .unwrap()
         .remove("bound_session_id");
     let b = error(
-        &bb.call("POST", "/v1/rollout/register", Some(&no_session))
-            .await
-            .unwrap(),
+        &bb.post("/v1/rollout/register", &no_session).await,
         400,
         "request_error",
     );
@@ -80,9 +73,7 @@ async fn bad_input_gets_the_reference_status_and_body() {
     let mut bad_opts = good.clone();
     bad_opts["backend_options"]["model_limit"] = json!({"context": 200_000});
     let b = error(
-        &bb.call("POST", "/v1/rollout/register", Some(&bad_opts))
-            .await
-            .unwrap(),
+        &bb.post("/v1/rollout/register", &bad_opts).await,
         400,
         "request_error",
     );
@@ -94,18 +85,14 @@ async fn bad_input_gets_the_reference_status_and_body() {
     let mut bad_proxy = good.clone();
     bad_proxy["backend_options"]["proxy"] = json!({"enabled": false});
     error(
-        &bb.call("POST", "/v1/rollout/register", Some(&bad_proxy))
-            .await
-            .unwrap(),
+        &bb.post("/v1/rollout/register", &bad_proxy).await,
         400,
         "request_error",
     );
     let mut bad_type = good.clone();
     bad_type["blackbox_type"] = json!("nope");
     let b = error(
-        &bb.call("POST", "/v1/rollout/register", Some(&bad_type))
-            .await
-            .unwrap(),
+        &bb.post("/v1/rollout/register", &bad_type).await,
         400,
         "request_error",
     );
@@ -113,9 +100,7 @@ async fn bad_input_gets_the_reference_status_and_body() {
     let mut bad_config = good.clone();
     bad_config["server_config"] = json!({"execute_cmd_timeout": 0});
     let b = error(
-        &bb.call("POST", "/v1/rollout/register", Some(&bad_config))
-            .await
-            .unwrap(),
+        &bb.post("/v1/rollout/register", &bad_config).await,
         400,
         "request_error",
     );
@@ -123,9 +108,7 @@ async fn bad_input_gets_the_reference_status_and_body() {
     let mut bad_id = good.clone();
     bad_id["bound_session_id"] = json!("no spaces");
     let b = error(
-        &bb.call("POST", "/v1/rollout/register", Some(&bad_id))
-            .await
-            .unwrap(),
+        &bb.post("/v1/rollout/register", &bad_id).await,
         400,
         "request_error",
     );
@@ -133,19 +116,14 @@ async fn bad_input_gets_the_reference_status_and_body() {
     let mut relative = good.clone();
     relative["system_prompt_file"] = json!("prompt.txt");
     error(
-        &bb.call("POST", "/v1/rollout/register", Some(&relative))
-            .await
-            .unwrap(),
+        &bb.post("/v1/rollout/register", &relative).await,
         400,
         "request_error",
     );
-    let status = bb.call("GET", "/v1/status", None).await.unwrap();
+    let status = bb.get("/v1/status").await;
     assert_eq!(status.body["status"], "idle", "{status}");
 
-    let r = bb
-        .call("POST", "/v1/rollout/register", Some(&good))
-        .await
-        .unwrap();
+    let r = bb.post("/v1/rollout/register", &good).await;
     assert_eq!(r.status, 200, "{r}\n{}", bb.describe());
     let path = "/v1/sessions/sess-001/messages";
 
@@ -163,23 +141,17 @@ async fn bad_input_gets_the_reference_status_and_body() {
         json!({"turn_id": "t", "messages": [{"role": "boss", "content": "x"}]}),
         json!({"turn_id": "t", "messages": user("x"), "mode": "later"}),
     ] {
-        let b = error(
-            &bb.call("POST", path, Some(&body)).await.unwrap(),
-            400,
-            "request_error",
-        );
+        let b = error(&bb.post(path, &body).await, 400, "request_error");
         assert_eq!(b["message"], "Request validation failed.", "{body}");
         assert!(b["details"]["errors"][0]["loc"][0] == "body", "{b}");
     }
     // Unknown session: this binding serves only its own.
     let b = error(
-        &bb.call(
-            "POST",
+        &bb.post(
             "/v1/sessions/sess-999/messages",
-            Some(&json!({"turn_id": "t", "messages": user("x")})),
+            &json!({"turn_id": "t", "messages": user("x")}),
         )
-        .await
-        .unwrap(),
+        .await,
         409,
         "bound_session_mismatch",
     );
@@ -188,54 +160,43 @@ async fn bad_input_gets_the_reference_status_and_body() {
         json!({"expected_session_id": "sess-001", "actual_session_id": "sess-999"})
     );
     error(
-        &bb.call("GET", "/v1/sessions/sess-999", None).await.unwrap(),
+        &bb.get("/v1/sessions/sess-999").await,
         409,
         "bound_session_mismatch",
     );
     // Bad ids, in the path and in the body.
     let b = error(
-        &bb.call(
-            "POST",
+        &bb.post(
             "/v1/sessions/-bad/messages",
-            Some(&json!({"turn_id": "t", "messages": user("x")})),
+            &json!({"turn_id": "t", "messages": user("x")}),
         )
-        .await
-        .unwrap(),
+        .await,
         400,
         "request_error",
     );
     assert_eq!(b["message"], "session_id has invalid format.");
     assert_eq!(b["details"]["session_id"], "-bad");
     let b = error(
-        &bb.call(
-            "POST",
-            path,
-            Some(&json!({"turn_id": "t/../x", "messages": user("x")})),
-        )
-        .await
-        .unwrap(),
+        &bb.post(path, &json!({"turn_id": "t/../x", "messages": user("x")}))
+            .await,
         400,
         "request_error",
     );
     assert_eq!(b["message"], "turn_id has invalid format.");
     let long = "t".repeat(129);
     let b = error(
-        &bb.call("GET", &format!("/v1/sessions/sess-001/turns/{long}"), None)
-            .await
-            .unwrap(),
+        &bb.get(&format!("/v1/sessions/sess-001/turns/{long}")).await,
         400,
         "request_error",
     );
     assert_eq!(b["message"], "turn_id has invalid format.");
     // A system message in a turn (the prompt comes from system_prompt_file at register).
     let b = error(
-        &bb.call(
-            "POST",
+        &bb.post(
             path,
-            Some(&json!({"turn_id": "t", "messages": [{"role": "system", "content": "be terse"}]})),
+            &json!({"turn_id": "t", "messages": [{"role": "system", "content": "be terse"}]}),
         )
-        .await
-        .unwrap(),
+        .await,
         400,
         "request_error",
     );
@@ -244,9 +205,8 @@ async fn bad_input_gets_the_reference_status_and_body() {
         "opencode phase 1 only accepts a user message."
     );
     let b = error(
-        &bb.call("POST", path, Some(&json!({"turn_id": "t", "messages": []})))
-            .await
-            .unwrap(),
+        &bb.post(path, &json!({"turn_id": "t", "messages": []}))
+            .await,
         400,
         "request_error",
     );
@@ -263,46 +223,29 @@ async fn bad_input_gets_the_reference_status_and_body() {
     assert_eq!(b["details"]["limit_bytes"], 20 << 20);
     // Bad query values.
     error(
-        &bb.call("GET", "/v1/sessions/sess-001/turns/t?wait=-1", None)
-            .await
-            .unwrap(),
+        &bb.get("/v1/sessions/sess-001/turns/t?wait=-1").await,
         400,
         "request_error",
     );
     error(
-        &bb.call("GET", "/v1/sessions/sess-001?include_turns=maybe", None)
-            .await
-            .unwrap(),
+        &bb.get("/v1/sessions/sess-001?include_turns=maybe").await,
         400,
         "request_error",
     );
     // Unknown routes and methods: FastAPI's bodies.
-    let r = bb.call("GET", "/v1/nothing", None).await.unwrap();
+    let r = bb.get("/v1/nothing").await;
     assert_eq!((r.status, &r.body), (404, &json!({"detail": "Not Found"})));
-    let r = bb.call("GET", "/v1/rollout/register", None).await.unwrap();
+    let r = bb.get("/v1/rollout/register").await;
     assert_eq!(
         (r.status, &r.body),
         (405, &json!({"detail": "Method Not Allowed"}))
     );
 
     // None of it reached the agent or the model; the session is untouched.
-    let s = bb
-        .call("GET", "/v1/sessions/sess-001?include_turns=true", None)
-        .await
-        .unwrap();
+    let s = bb.get("/v1/sessions/sess-001?include_turns=true").await;
     assert_eq!(s.body["state"], "active", "{s}");
     assert_eq!(s.body["turn_ledger"], json!({}), "{s}");
-    let calls: Vec<Value> = fake
-        .requests()
-        .unwrap()
-        .into_iter()
-        .filter(|r| {
-            r["path"]
-                .as_str()
-                .unwrap_or("")
-                .contains("/chat/completions")
-        })
-        .collect();
+    let calls = fake.chat_requests().unwrap();
     assert!(calls.is_empty(), "{calls:?}");
 }
 

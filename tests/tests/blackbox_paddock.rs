@@ -10,70 +10,45 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{BlackboxProcess, FakeLlm, Reply};
+use agentbox_tests::harness::{BlackboxProcess, FakeLlm, Reply, opencode_registration};
 use serde_json::{Value, json};
 
 fn fakellm_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_fakellm"))
 }
 
-/// `register_agent`'s payload, as `client.py` builds it.
+/// `register_agent`'s payload, as `client.py` builds it for the paddock's opencode defaults.
 fn register_payload(router: &str, session_id: &str, prompt: &Path) -> Value {
-    json!({
-        "blackbox_type": "opencode",
-        "router": router,
-        "router_api_path": "/v1",
-        "bound_instance_id": "inst-episode",
-        "bound_session_id": session_id,
-        // merge_backend_options("opencode", None, args): static defaults + dynamic limits,
-        // DRESSAGE_BLACKBOX_MAX_STEPS=0 (no limit).
-        "backend_options": {
-            "provider_id": "sglang",
-            "provider_name": "Dressage Proxy",
-            "provider_package": "@ai-sdk/openai-compatible",
-            "model_id": "proxy-model",
-            "model_name": "Dressage Proxy",
-            "model_limit": {"context": 32768, "output": 4096, "input": 28672},
-            "proxy": {"default_temperature": 1.0, "max_steps": null},
-            "compaction": {"auto": true, "prune": true, "reserved": 4096},
-        },
-        // server_config_for() with runtime_root popped for local_bwrap.
-        "server_config": {"backend_timeout": 1800},
-        "bound_sandbox_id": "sbx-episode",
-        "system_prompt_file": prompt,
-    })
+    let mut v = opencode_registration(
+        router,
+        session_id,
+        &json!({
+            "bound_instance_id": "inst-episode",
+            // server_config_for() with runtime_root popped for local_bwrap.
+            "server_config": {"backend_timeout": 1800},
+            "bound_sandbox_id": "sbx-episode",
+            "system_prompt_file": prompt,
+        }),
+    );
+    // merge_backend_options("opencode", None, args): static defaults + dynamic limits,
+    // DRESSAGE_BLACKBOX_MAX_STEPS=0 (no limit).
+    let opts = &mut v["backend_options"];
+    opts["model_limit"] = json!({"context": 32768, "output": 4096, "input": 28672});
+    opts["proxy"] = json!({"default_temperature": 1.0, "max_steps": null});
+    opts["compaction"] = json!({"auto": true, "prune": true, "reserved": 4096});
+    v
 }
 
 /// `post_json_with_retry`: retried on 503 (and connect errors), anything else raised.
 async fn post_with_retry(bb: &BlackboxProcess, path: &str, body: &Value) -> Reply {
     for _ in 0..6 {
-        let r = bb.call("POST", path, Some(body)).await.unwrap();
+        let r = bb.post(path, body).await;
         if r.status != 503 {
             return r;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     panic!("still 503 after 6 attempts: {path}");
-}
-
-/// `_poll_turn`: `GET .../turns/{id}?wait=30` until committed or an error state.
-async fn poll_turn(bb: &BlackboxProcess, session: &str, turn: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let r = bb
-            .call(
-                "GET",
-                &format!("/v1/sessions/{session}/turns/{turn}?wait=30"),
-                None,
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "poll: {r}");
-        match r.body["status"].as_str().unwrap_or("") {
-            "committed" | "failed" | "unknown" | "cancelled" => return r.body,
-            _ => assert!(Instant::now() < deadline, "turn never settled: {r}"),
-        }
-    }
 }
 
 /// `call_agent` in async mode: submit (re-posted once, as after a lost answer), then poll.
@@ -90,7 +65,15 @@ async fn call_agent_async(bb: &BlackboxProcess, session: &str, turn: &str, text:
         (202, Some(true)),
         "{again}"
     );
-    poll_turn(bb, session, turn).await
+    bb.poll_turn(session, turn, 30, settled).await
+}
+
+/// `_poll_turn` stops at committed and at the error states.
+fn settled(turn: &Value) -> bool {
+    matches!(
+        turn["status"].as_str(),
+        Some("committed" | "failed" | "unknown" | "cancelled")
+    )
 }
 
 fn last_text(outputs: &Value) -> &str {
@@ -124,7 +107,7 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
     let bb = BlackboxProcess::start(&[]).unwrap();
 
     // health, then register.
-    let h = bb.call("GET", "/health", None).await.unwrap();
+    let h = bb.get("/health").await;
     assert_eq!(h.status, 200);
     let reg = post_with_retry(
         &bb,
@@ -136,10 +119,7 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
     assert_eq!(reg.body["binding"]["bound_sandbox_id"], "sbx-episode");
     assert_eq!(reg.body["binding"]["system_prompt"]["applies_to"], "build");
     assert_eq!(reg.body["config"]["backend_timeout"], 1800.0);
-    let s = bb
-        .call("GET", "/v1/sessions/sess-ep-1?include_history=true", None)
-        .await
-        .unwrap();
+    let s = bb.get("/v1/sessions/sess-ep-1?include_history=true").await;
     assert_eq!(
         s.body["message_count"], 1,
         "the system prompt opens the history: {s}"
@@ -159,17 +139,7 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
     assert_eq!(t1["instance_id"], "inst-episode");
     assert!(t1["usage"]["steps"].as_u64().unwrap() >= 2, "{t1}");
     assert_eq!(std::fs::read_to_string(&answer).unwrap(), "42\n");
-    let calls: Vec<Value> = fake
-        .requests()
-        .unwrap()
-        .into_iter()
-        .filter(|r| {
-            r["path"]
-                .as_str()
-                .unwrap_or("")
-                .contains("/chat/completions")
-        })
-        .collect();
+    let calls = fake.chat_requests().unwrap();
     assert!(
         calls
             .iter()
@@ -182,13 +152,11 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
 
     // execute_cmd as build_execute_cmd_payload sends it (timeout null).
     let cmd = bb
-        .call(
-            "POST",
+        .post(
             "/v1/sessions/sess-ep-1/execute_cmd",
-            Some(&json!({"cmd": format!("cat {}", answer.display()), "timeout": null})),
+            &json!({"cmd": format!("cat {}", answer.display()), "timeout": null}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(
         (cmd.status, cmd.body["stdout"].as_str()),
         (200, Some("42\n")),
@@ -209,22 +177,15 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
 
     // pause / resume as the client sends them.
     let p = bb
-        .call(
-            "POST",
-            "/v1/rollout/pause",
-            Some(&json!({"reason": "weight_update"})),
-        )
-        .await
-        .unwrap();
+        .post("/v1/rollout/pause", &json!({"reason": "weight_update"}))
+        .await;
     assert_eq!(p.status, 200, "{p}");
     let r = bb
-        .call(
-            "POST",
+        .post(
             "/v1/rollout/resume",
-            Some(&json!({"reason": "weight_update", "version": null})),
+            &json!({"reason": "weight_update", "version": null}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status, 200, "{r}");
 
     // A turn cancelled in flight: the poll ends with the error the client re-raises.
@@ -235,24 +196,18 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let t = bb
-            .call("GET", "/v1/sessions/sess-ep-1/turns/turn-slow?wait=1", None)
-            .await
-            .unwrap();
+            .get("/v1/sessions/sess-ep-1/turns/turn-slow?wait=1")
+            .await;
         if t.body["status"] == "inflight" {
             break;
         }
         assert!(Instant::now() < deadline, "{t}");
     }
     let c = bb
-        .call(
-            "POST",
-            "/v1/sessions/sess-ep-1/turns/turn-slow/cancel",
-            None,
-        )
-        .await
-        .unwrap();
+        .post_empty("/v1/sessions/sess-ep-1/turns/turn-slow/cancel")
+        .await;
     assert_eq!(c.status, 200, "{c}");
-    let cancelled = poll_turn(&bb, "sess-ep-1", "turn-slow").await;
+    let cancelled = bb.poll_turn("sess-ep-1", "turn-slow", 30, settled).await;
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
     let err = &cancelled["error"];
     assert_eq!(
@@ -265,10 +220,7 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
     );
 
     // abort, then the rollout manager rebinds the slot to a new session.
-    let a = bb
-        .call("POST", "/v1/sessions/sess-ep-1/abort", None)
-        .await
-        .unwrap();
+    let a = bb.post_empty("/v1/sessions/sess-ep-1/abort").await;
     assert_eq!(
         (a.status, a.body["state"].as_str()),
         (200, Some("aborted")),
@@ -288,10 +240,7 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
     let t3 = call_agent_async(&bb, "sess-ep-2", "turn-third", "third task").await;
     assert_eq!(t3["status"], "committed", "{t3}\n{}", bb.describe());
     assert_eq!(last_text(&t3["outputs"]), "third done");
-    let old = bb
-        .call("GET", "/v1/sessions/sess-ep-1", None)
-        .await
-        .unwrap();
+    let old = bb.get("/v1/sessions/sess-ep-1").await;
     assert_eq!(
         old.status, 409,
         "the old session is no longer served: {old}"

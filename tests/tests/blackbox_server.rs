@@ -30,29 +30,13 @@ async fn setup(
     let fake = FakeLlm::start(fakellm_bin(), script).unwrap();
     let bb = BlackboxProcess::start(env).unwrap();
     let r = bb
-        .call(
-            "POST",
+        .post(
             "/v1/rollout/register",
-            Some(&opencode_registration(&fake.base_url(), SESSION, extra)),
+            &opencode_registration(&fake.base_url(), SESSION, extra),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status, 200, "{r}\n{}", bb.describe());
     (fake, bb, r.body)
-}
-
-/// Chat-completion requests fakellm saw.
-fn chat_requests(fake: &FakeLlm) -> Vec<Value> {
-    fake.requests()
-        .unwrap()
-        .into_iter()
-        .filter(|r| {
-            r["path"]
-                .as_str()
-                .unwrap_or("")
-                .contains("/chat/completions")
-        })
-        .collect()
 }
 
 fn diag(bb: &BlackboxProcess, fake: &FakeLlm) -> String {
@@ -91,28 +75,18 @@ fn write_script(target: &Path, content: &str, call_id: &str) -> Value {
     })
 }
 
-/// Polls the turn until `done` holds for its snapshot.
-async fn poll_until(bb: &BlackboxProcess, turn: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let r = bb
-            .call(
-                "GET",
-                &format!("/v1/sessions/{SESSION}/turns/{turn}?wait=5"),
-                None,
-            )
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{r}");
-        if done(&r.body) {
-            return r.body;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "turn never settled: {r}\n{}",
-            bb.describe()
-        );
-    }
+/// A turn that is neither queued nor inflight.
+fn settled(turn: &Value) -> bool {
+    !matches!(turn["status"].as_str(), Some("queued" | "inflight"))
+}
+
+/// The content of a turn's last output.
+fn last_text(outputs: &Value) -> &str {
+    outputs
+        .as_array()
+        .and_then(|o| o.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
 }
 
 fn scratch() -> tempfile::TempDir {
@@ -127,10 +101,7 @@ async fn register_is_idempotent_and_rebinds_only_without_open_sessions() {
     let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
     let bb = BlackboxProcess::start(&[]).unwrap();
     let reg = opencode_registration(&fake.base_url(), SESSION, &json!({}));
-    let first = bb
-        .call("POST", "/v1/rollout/register", Some(&reg))
-        .await
-        .unwrap();
+    let first = bb.post("/v1/rollout/register", &reg).await;
     assert_eq!(first.status, 200, "{first}\n{}", bb.describe());
     assert_eq!(first.body["status"], "ready");
     assert_eq!(
@@ -150,15 +121,12 @@ async fn register_is_idempotent_and_rebinds_only_without_open_sessions() {
     let pid = BlackboxProcess::opencode_pid(&runtime_dir).expect("opencode pid file");
 
     // Same registration: a no-op answering the same binding.
-    let again = bb
-        .call("POST", "/v1/rollout/register", Some(&reg))
-        .await
-        .unwrap();
+    let again = bb.post("/v1/rollout/register", &reg).await;
     assert_eq!(again.status, 200, "{again}");
     assert_eq!(again.body["binding"]["runtime_id"], binding["runtime_id"]);
     assert_eq!(BlackboxProcess::opencode_pid(&runtime_dir), Some(pid));
 
-    let status = bb.call("GET", "/v1/status", None).await.unwrap();
+    let status = bb.get("/v1/status").await;
     assert_eq!(status.body["status"], "ready");
     assert_eq!(status.body["sessions"]["active_count"], 1);
     assert_eq!(status.body["implemented_backends"], json!(["opencode"]));
@@ -169,28 +137,21 @@ async fn register_is_idempotent_and_rebinds_only_without_open_sessions() {
 
     // Another registration while the session is open: 409, the agent untouched.
     let other = opencode_registration(&fake.base_url(), "sess-002", &json!({}));
-    let conflict = bb
-        .call("POST", "/v1/rollout/register", Some(&other))
-        .await
-        .unwrap();
+    let conflict = bb.post("/v1/rollout/register", &other).await;
     assert_eq!(conflict.status, 409, "{conflict}");
     assert_eq!(conflict.body["error"], "conflict");
     assert!(!live_group_members(pid).is_empty(), "opencode stopped");
 
     // After abort the rebind tears everything down and starts again.
     let abort = bb
-        .call("POST", &format!("/v1/sessions/{SESSION}/abort"), None)
-        .await
-        .unwrap();
+        .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
+        .await;
     assert_eq!(
         (abort.status, abort.body["mode"].as_str()),
         (200, Some("best_effort")),
         "{abort}"
     );
-    let rebind = bb
-        .call("POST", "/v1/rollout/register", Some(&other))
-        .await
-        .unwrap();
+    let rebind = bb.post("/v1/rollout/register", &other).await;
     assert_eq!(rebind.status, 200, "{rebind}\n{}", bb.describe());
     assert_ne!(rebind.body["binding"]["runtime_id"], binding["runtime_id"]);
     assert_eq!(rebind.body["binding"]["bound_session_id"], "sess-002");
@@ -203,7 +164,7 @@ async fn register_is_idempotent_and_rebinds_only_without_open_sessions() {
         !Path::new(&runtime_dir).exists(),
         "old runtime dir left behind"
     );
-    let status = bb.call("GET", "/v1/status", None).await.unwrap();
+    let status = bb.get("/v1/status").await;
     assert_eq!(status.body["sessions"]["total_count"], 1, "{status}");
     assert_eq!(status.body["binding"]["bound_session_id"], "sess-002");
 }
@@ -221,7 +182,7 @@ async fn a_sync_turn_writes_a_file_and_replays_without_a_second_run() {
     .await;
     let turn = json!({"turn_id": "turn-1", "messages": user("Create hello.txt"), "metadata": {}});
     let path = format!("/v1/sessions/{SESSION}/messages");
-    let r = bb.call("POST", &path, Some(&turn)).await.unwrap();
+    let r = bb.post(&path, &turn).await;
     assert_eq!(r.status, 200, "{r}\n{}", diag(&bb, &fake));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), content);
     let body = &r.body;
@@ -252,7 +213,7 @@ async fn a_sync_turn_writes_a_file_and_replays_without_a_second_run() {
     assert_eq!(body["usage"]["steps"], 2, "{body}");
 
     // Every proxied model call carries the rollout headers.
-    let requests = chat_requests(&fake);
+    let requests = fake.chat_requests().unwrap();
     assert!(requests.len() >= 2, "{}", diag(&bb, &fake));
     for req in &requests {
         let h = &req["headers"];
@@ -265,7 +226,7 @@ async fn a_sync_turn_writes_a_file_and_replays_without_a_second_run() {
     let seen = fake.requests().unwrap().len();
 
     // The same turn again: the committed result, and no new model call.
-    let replay = bb.call("POST", &path, Some(&turn)).await.unwrap();
+    let replay = bb.post(&path, &turn).await;
     assert_eq!(replay.status, 200, "{replay}");
     assert_eq!(replay.body["idempotent_replay"], true);
     assert_eq!(replay.body["outputs"], body["outputs"]);
@@ -277,18 +238,15 @@ async fn a_sync_turn_writes_a_file_and_replays_without_a_second_run() {
 
     // Same turn id, other messages: 409.
     let other = json!({"turn_id": "turn-1", "messages": user("Something else")});
-    let conflict = bb.call("POST", &path, Some(&other)).await.unwrap();
+    let conflict = bb.post(&path, &other).await;
     assert_eq!(conflict.status, 409, "{conflict}");
     assert_eq!(conflict.body["details"]["turn_id"], "turn-1");
 
     let session = bb
-        .call(
-            "GET",
-            &format!("/v1/sessions/{SESSION}?include_history=true&include_turns=true"),
-            None,
-        )
-        .await
-        .unwrap();
+        .get(&format!(
+            "/v1/sessions/{SESSION}?include_history=true&include_turns=true"
+        ))
+        .await;
     assert_eq!(session.status, 200, "{session}");
     assert_eq!(session.body["turn_count"], 1);
     assert_eq!(session.body["turn_ledger"]["turn-1"]["status"], "committed");
@@ -315,13 +273,13 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
     let path = format!("/v1/sessions/{SESSION}/messages");
     let submit =
         json!({"turn_id": "turn-a", "mode": "async", "messages": user("slow"), "metadata": {}});
-    let r = bb.call("POST", &path, Some(&submit)).await.unwrap();
+    let r = bb.post(&path, &submit).await;
     assert_eq!(r.status, 202, "{r}");
     assert_eq!(r.body["status"], "queued");
     assert_eq!(r.body["idempotent_replay"], false);
     assert_eq!(r.body["turn_id"], "turn-a");
     // A retried submit re-attaches.
-    let again = bb.call("POST", &path, Some(&submit)).await.unwrap();
+    let again = bb.post(&path, &submit).await;
     assert_eq!(
         (again.status, again.body["idempotent_replay"].as_bool()),
         (202, Some(true)),
@@ -329,13 +287,8 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
     );
     // Async without a turn id: 400.
     let no_id = bb
-        .call(
-            "POST",
-            &path,
-            Some(&json!({"mode": "async", "messages": user("x")})),
-        )
-        .await
-        .unwrap();
+        .post(&path, &json!({"mode": "async", "messages": user("x")}))
+        .await;
     assert_eq!(no_id.status, 400, "{no_id}");
     assert_eq!(
         no_id.body["message"],
@@ -345,19 +298,14 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
     // Wait until the model call is held, then long-poll: the snapshot comes back when the
     // wait expires (never a 504).
     let deadline = Instant::now() + Duration::from_secs(60);
-    while chat_requests(&fake).is_empty() {
+    while fake.chat_requests().unwrap().is_empty() {
         assert!(Instant::now() < deadline, "{}", diag(&bb, &fake));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let started = Instant::now();
     let poll = bb
-        .call(
-            "GET",
-            &format!("/v1/sessions/{SESSION}/turns/turn-a?wait=1.5"),
-            None,
-        )
-        .await
-        .unwrap();
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-a?wait=1.5"))
+        .await;
     let waited = started.elapsed();
     assert_eq!(poll.status, 200, "{poll}");
     assert_eq!(poll.body["status"], "inflight");
@@ -369,83 +317,53 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
 
     // Another turn or a command while this one is active: 409.
     let busy = bb
-        .call(
-            "POST",
-            &path,
-            Some(&json!({"turn_id": "turn-b", "messages": user("x")})),
-        )
-        .await
-        .unwrap();
+        .post(&path, &json!({"turn_id": "turn-b", "messages": user("x")}))
+        .await;
     assert_eq!(busy.status, 409, "{busy}");
     assert_eq!(busy.body["details"]["active_turn_id"], "turn-a");
     let cmd = bb
-        .call(
-            "POST",
+        .post(
             &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            Some(&json!({"cmd": "true"})),
+            &json!({"cmd": "true"}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(cmd.status, 409, "{cmd}");
     assert_eq!(cmd.body["details"]["active_turn_id"], "turn-a");
 
     // Cancel: requested, then cancelled with the 499 a sync caller would get.
     let cancel = bb
-        .call(
-            "POST",
-            &format!("/v1/sessions/{SESSION}/turns/turn-a/cancel"),
-            None,
-        )
-        .await
-        .unwrap();
+        .post_empty(&format!("/v1/sessions/{SESSION}/turns/turn-a/cancel"))
+        .await;
     assert_eq!(cancel.status, 200, "{cancel}");
     assert_eq!(cancel.body["status"], "cancel_requested");
-    let settled = poll_until(&bb, "turn-a", |b| b["status"] != "inflight").await;
-    assert_eq!(settled["status"], "cancelled", "{settled}");
-    assert_eq!(settled["error"]["http_status"], 499);
+    let ended = bb.poll_turn(SESSION, "turn-a", 5, settled).await;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert_eq!(ended["error"]["http_status"], 499);
     let again = bb
-        .call(
-            "POST",
-            &format!("/v1/sessions/{SESSION}/turns/turn-a/cancel"),
-            None,
-        )
-        .await
-        .unwrap();
+        .post_empty(&format!("/v1/sessions/{SESSION}/turns/turn-a/cancel"))
+        .await;
     assert_eq!(again.body["status"], "cancelled");
 
     // The session still takes turns.
     let next = json!({"turn_id": "turn-c", "mode": "async", "messages": user("go on")});
-    let r = bb.call("POST", &path, Some(&next)).await.unwrap();
+    let r = bb.post(&path, &next).await;
     assert_eq!(r.status, 202, "{r}");
-    let done = poll_until(&bb, "turn-c", |b| {
-        b["status"] != "queued" && b["status"] != "inflight"
-    })
-    .await;
+    let done = bb.poll_turn(SESSION, "turn-c", 5, settled).await;
     assert_eq!(done["status"], "committed", "{done}\n{}", diag(&bb, &fake));
-    assert_eq!(
-        done["outputs"].as_array().unwrap().last().unwrap()["content"],
-        "second turn done"
-    );
+    assert_eq!(last_text(&done["outputs"]), "second turn done");
     assert_eq!(done["backend"]["type"], "opencode");
     let limit = bb
-        .call(
-            "POST",
+        .post(
             &path,
-            Some(&json!({"turn_id": "turn-d", "messages": user("more")})),
+            &json!({"turn_id": "turn-d", "messages": user("more")}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(limit.status, 429, "{limit}");
     assert_eq!(limit.body["error"], "too_many_requests");
     assert_eq!(limit.body["details"]["max_turns"], 1);
     let missing = bb
-        .call(
-            "GET",
-            &format!("/v1/sessions/{SESSION}/turns/turn-zzz"),
-            None,
-        )
-        .await
-        .unwrap();
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-zzz"))
+        .await;
     assert_eq!(
         (missing.status, missing.body["error"].as_str()),
         (404, Some("not_found"))
@@ -457,13 +375,8 @@ async fn execute_cmd_runs_commands_with_a_timeout() {
     let (_fake, bb, _) = setup(&json!({}), &[], &json!({})).await;
     let path = format!("/v1/sessions/{SESSION}/execute_cmd");
     let r = bb
-        .call(
-            "POST",
-            &path,
-            Some(&json!({"cmd": "echo out; echo err >&2; exit 7"})),
-        )
-        .await
-        .unwrap();
+        .post(&path, &json!({"cmd": "echo out; echo err >&2; exit 7"}))
+        .await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.body["stdout"], "out\n");
     assert_eq!(r.body["stderr"], "err\n");
@@ -475,13 +388,11 @@ async fn execute_cmd_runs_commands_with_a_timeout() {
     let marker = &format!("sleep 4242.{}", std::process::id());
     let started = Instant::now();
     let r = bb
-        .call(
-            "POST",
+        .post(
             &path,
-            Some(&json!({"cmd": format!("{marker} & {marker}"), "timeout": 1})),
+            &json!({"cmd": format!("{marker} & {marker}"), "timeout": 1}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.body["timed_out"], true);
     assert!(started.elapsed() < Duration::from_secs(10));
@@ -497,18 +408,13 @@ async fn execute_cmd_runs_commands_with_a_timeout() {
         (json!({"cmd": "true", "timeout": 0}), 400),
         (json!({"timeout": 3}), 400),
     ] {
-        let r = bb.call("POST", &path, Some(&body)).await.unwrap();
+        let r = bb.post(&path, &body).await;
         assert_eq!(r.status, status, "{body}: {r}");
         assert_eq!(r.body["error"], "request_error", "{r}");
     }
     let other = bb
-        .call(
-            "POST",
-            "/v1/sessions/sess-999/execute_cmd",
-            Some(&json!({"cmd": "true"})),
-        )
-        .await
-        .unwrap();
+        .post("/v1/sessions/sess-999/execute_cmd", &json!({"cmd": "true"}))
+        .await;
     assert_eq!(
         (other.status, other.body["error"].as_str()),
         (409, Some("bound_session_mismatch"))
@@ -530,10 +436,7 @@ async fn abort_stops_the_turn_and_its_tool_processes() {
     let (fake, bb, reg) = setup(&script, &[], &json!({})).await;
     let path = format!("/v1/sessions/{SESSION}/messages");
     let submit = json!({"turn_id": "turn-s", "mode": "async", "messages": user("wait")});
-    assert_eq!(
-        bb.call("POST", &path, Some(&submit)).await.unwrap().status,
-        202
-    );
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
     let deadline = Instant::now() + Duration::from_secs(60);
     while processes_with(marker).is_empty() {
         assert!(
@@ -544,18 +447,16 @@ async fn abort_stops_the_turn_and_its_tool_processes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let abort = bb
-        .call("POST", &format!("/v1/sessions/{SESSION}/abort"), None)
-        .await
-        .unwrap();
+        .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
+        .await;
     assert_eq!(abort.status, 200, "{abort}");
     assert_eq!(
         (abort.body["state"].as_str(), abort.body["mode"].as_str()),
         (Some("aborted"), Some("best_effort"))
     );
     let turn = bb
-        .call("GET", &format!("/v1/sessions/{SESSION}/turns/turn-s"), None)
-        .await
-        .unwrap();
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-s"))
+        .await;
     assert_eq!(turn.body["status"], "unknown", "{turn}");
     assert_eq!(turn.body["error"]["error"], "aborted");
     assert_eq!(turn.body["error"]["http_status"], 409);
@@ -568,18 +469,12 @@ async fn abort_stops_the_turn_and_its_tool_processes() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let again = bb
-        .call("POST", &format!("/v1/sessions/{SESSION}/abort"), None)
-        .await
-        .unwrap();
+        .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
+        .await;
     assert_eq!(again.body["mode"], "noop");
     let refused = bb
-        .call(
-            "POST",
-            &path,
-            Some(&json!({"turn_id": "turn-t", "messages": user("x")})),
-        )
-        .await
-        .unwrap();
+        .post(&path, &json!({"turn_id": "turn-t", "messages": user("x")}))
+        .await;
     assert_eq!(refused.status, 409, "{refused}");
     assert!(
         refused.body["message"]
@@ -588,13 +483,11 @@ async fn abort_stops_the_turn_and_its_tool_processes() {
             .contains("aborted")
     );
     let cmd = bb
-        .call(
-            "POST",
+        .post(
             &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            Some(&json!({"cmd": "true"})),
+            &json!({"cmd": "true"}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(cmd.status, 409, "{cmd}");
     drop(reg);
 }
@@ -614,25 +507,18 @@ async fn a_backend_timeout_is_unknown_desynced_and_504() {
     let path = format!("/v1/sessions/{SESSION}/messages");
     let started = Instant::now();
     let r = bb
-        .call(
-            "POST",
+        .post(
             &path,
-            Some(&json!({"turn_id": "turn-slow", "messages": user("slow")})),
+            &json!({"turn_id": "turn-slow", "messages": user("slow")}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status, 504, "{r}\n{}", bb.describe());
     assert_eq!(r.body["error"], "backend_timeout");
     assert_eq!(r.body["details"]["turn_id"], "turn-slow");
     assert!(started.elapsed() < Duration::from_secs(30));
     let s = bb
-        .call(
-            "GET",
-            &format!("/v1/sessions/{SESSION}?include_turns=true"),
-            None,
-        )
-        .await
-        .unwrap();
+        .get(&format!("/v1/sessions/{SESSION}?include_turns=true"))
+        .await;
     assert_eq!(s.body["state"], "desynced", "{s}");
     assert_eq!(s.body["turn_ledger"]["turn-slow"]["status"], "unknown");
     assert_eq!(
@@ -641,23 +527,19 @@ async fn a_backend_timeout_is_unknown_desynced_and_504() {
     );
     // Replaying the same turn: the session is desynced, so 409 (the reference's order).
     let next = bb
-        .call(
-            "POST",
+        .post(
             &path,
-            Some(&json!({"turn_id": "turn-next", "messages": user("retry")})),
+            &json!({"turn_id": "turn-next", "messages": user("retry")}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(next.status, 409, "{next}");
     assert!(next.body["message"].as_str().unwrap().contains("desynced"));
     let cmd = bb
-        .call(
-            "POST",
+        .post(
             &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            Some(&json!({"cmd": "true"})),
+            &json!({"cmd": "true"}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(cmd.status, 409, "{cmd}");
 }
 
@@ -682,30 +564,23 @@ async fn max_steps_ends_the_turn_with_429() {
     }});
     let (fake, bb, _) = setup(&script, &[], &extra).await;
     let r = bb
-        .call(
-            "POST",
+        .post(
             &format!("/v1/sessions/{SESSION}/messages"),
-            Some(&json!({"turn_id": "turn-m", "messages": user("write twice")})),
+            &json!({"turn_id": "turn-m", "messages": user("write twice")}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status, 429, "{r}\n{}", diag(&bb, &fake));
     assert_eq!(r.body["error"], "max_steps_exceeded");
     assert_eq!(r.body["details"]["max_steps"], 1);
-    let s = bb
-        .call("GET", &format!("/v1/sessions/{SESSION}"), None)
-        .await
-        .unwrap();
+    let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
     assert_eq!(s.body["state"], "desynced");
     // A known agent stop: the sandbox may still be harvested.
     let cmd = bb
-        .call(
-            "POST",
+        .post(
             &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            Some(&json!({"cmd": "echo ok"})),
+            &json!({"cmd": "echo ok"}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(
         (cmd.status, cmd.body["stdout"].as_str()),
         (200, Some("ok\n")),
@@ -734,7 +609,7 @@ async fn a_killed_agent_desyncs_the_session_within_the_health_interval() {
     )
     .unwrap();
     let status = loop {
-        let s = bb.call("GET", "/v1/status", None).await.unwrap();
+        let s = bb.get("/v1/status").await;
         if s.body["status"] == "error" {
             break s;
         }
@@ -751,19 +626,14 @@ async fn a_killed_agent_desyncs_the_session_within_the_health_interval() {
         killed.elapsed()
     );
     assert_eq!(status.body["sessions"]["desynced_count"], 1, "{status}");
-    let s = bb
-        .call("GET", &format!("/v1/sessions/{SESSION}"), None)
-        .await
-        .unwrap();
+    let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
     assert_eq!(s.body["state"], "desynced");
     let turn = bb
-        .call(
-            "POST",
+        .post(
             &format!("/v1/sessions/{SESSION}/messages"),
-            Some(&json!({"turn_id": "t", "messages": user("x")})),
+            &json!({"turn_id": "t", "messages": user("x")}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(turn.status, 503, "{turn}");
 }
 
@@ -789,30 +659,19 @@ async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
     .await;
     let path = format!("/v1/sessions/{SESSION}/messages");
     let submit = json!({"turn_id": "turn-p", "mode": "async", "messages": user("nap")});
-    assert_eq!(
-        bb.call("POST", &path, Some(&submit)).await.unwrap().status,
-        202
-    );
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while chat_requests(&fake).is_empty() {
+    while fake.chat_requests().unwrap().is_empty() {
         assert!(Instant::now() < deadline, "{}", diag(&bb, &fake));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let p = bb
-        .call(
-            "POST",
-            "/v1/rollout/pause",
-            Some(&json!({"reason": "weight_update"})),
-        )
-        .await
-        .unwrap();
+        .post("/v1/rollout/pause", &json!({"reason": "weight_update"}))
+        .await;
     assert_eq!(p.status, 200, "{p}\n{}", diag(&bb, &fake));
     assert_eq!(p.body["quiesced"], true, "{p}");
     assert_eq!(p.body["reason"], "weight_update");
-    let state = bb
-        .call("GET", "/v1/rollout/pause_state", None)
-        .await
-        .unwrap();
+    let state = bb.get("/v1/rollout/pause_state").await;
     assert_eq!(state.body["paused"], true, "{state}");
     // The router was told too (fakellm logs the control call).
     assert!(
@@ -827,14 +686,13 @@ async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
     // Well past the tool's 3 s and the turn's 15 s budget: the second call is still held.
     tokio::time::sleep(Duration::from_secs(16)).await;
     assert_eq!(
-        chat_requests(&fake).len(),
+        fake.chat_requests().unwrap().len(),
         1,
         "a model call went out while paused"
     );
     let held = bb
-        .call("GET", &format!("/v1/sessions/{SESSION}/turns/turn-p"), None)
-        .await
-        .unwrap();
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-p"))
+        .await;
     assert_eq!(held.body["status"], "inflight", "{held}\n{}", bb.describe());
     // A new submission waits for the resume too.
     let bb_url = bb.base_url();
@@ -853,32 +711,21 @@ async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
     );
 
     let r = bb
-        .call(
-            "POST",
+        .post(
             "/v1/rollout/resume",
-            Some(&json!({"reason": "weight_update", "version": "v2"})),
+            &json!({"reason": "weight_update", "version": "v2"}),
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.body["version"], "v2");
-    let done = poll_until(&bb, "turn-p", |b| {
-        b["status"] != "inflight" && b["status"] != "queued"
-    })
-    .await;
+    let done = bb.poll_turn(SESSION, "turn-p", 5, settled).await;
     assert_eq!(done["status"], "committed", "{done}\n{}", diag(&bb, &fake));
-    assert_eq!(
-        done["outputs"].as_array().unwrap().last().unwrap()["content"],
-        "after the pause"
-    );
+    assert_eq!(last_text(&done["outputs"]), "after the pause");
     // turn-p is done, so turn-q was admitted (or refused as the other active turn, had it
     // been admitted first: it was not, it waited for the resume).
     let q = blocked.await.unwrap().unwrap();
     assert!(q == 202 || q == 409, "{q}");
-    let state = bb
-        .call("GET", "/v1/rollout/pause_state", None)
-        .await
-        .unwrap();
+    let state = bb.get("/v1/rollout/pause_state").await;
     assert_eq!(
         (
             state.body["paused"].as_bool(),
@@ -903,13 +750,8 @@ async fn sigterm_stops_everything_within_the_shutdown_timeout() {
     let opencode = BlackboxProcess::opencode_pid(runtime_dir.to_str().unwrap()).unwrap();
     let submit = json!({"turn_id": "turn-k", "mode": "async", "messages": user("wait")});
     let r = bb
-        .call(
-            "POST",
-            &format!("/v1/sessions/{SESSION}/messages"),
-            Some(&submit),
-        )
-        .await
-        .unwrap();
+        .post(&format!("/v1/sessions/{SESSION}/messages"), &submit)
+        .await;
     assert_eq!(r.status, 202);
     let deadline = Instant::now() + Duration::from_secs(60);
     while processes_with(marker).is_empty() {

@@ -129,16 +129,20 @@ fn refuse_closed(session_id: &str, state: SessionState, what: &str) -> Result<()
 impl Server {
     /// The bound session, for routes that need the server ready.
     fn bound_session(&self, session_id: &str) -> Result<Arc<Session>, ApiError> {
-        let bound_id = self
-            .check_bound_session(session_id)?
-            .ok_or_else(|| ApiError::Internal {
-                message: "Rollout binding is missing bound_session_id.".into(),
-                details: Object::new(),
-            })?;
+        let bound_id = self.bound_session_id(session_id)?;
         self.session(&bound_id).ok_or_else(|| ApiError::Internal {
             message: "Bound session was not initialized.".into(),
             details: obj(json!({"session_id": bound_id})),
         })
+    }
+
+    /// The bound session's id, checked against `session_id` (409 when it is another one).
+    fn bound_session_id(&self, session_id: &str) -> Result<String, ApiError> {
+        self.check_bound_session(session_id)?
+            .ok_or_else(|| ApiError::Internal {
+                message: "Rollout binding is missing bound_session_id.".into(),
+                details: Object::new(),
+            })
     }
 
     /// The session, for routes that also answer without a binding (404 then).
@@ -660,10 +664,7 @@ impl Server {
             (status, d.state, inflight)
         };
         if inflight {
-            let bound = self.core().bound.clone();
-            if let Some(b) = bound {
-                b.backend.abort_session().await;
-            }
+            self.abort_agent().await;
         }
         Ok(TurnCancelResponse {
             request_id: String::new(),
@@ -683,45 +684,45 @@ impl Server {
     pub async fn abort(&self, session_id: &str) -> Result<AbortResponse, ApiError> {
         let session = self.any_session(session_id)?;
         crate::exec::kill_published(&session.cmd);
-        let instance_id = self.instance_id();
-        let state = {
+        let (state, mode) = {
             let mut d = session.lock();
             if d.state == SessionState::Aborted {
-                return Ok(AbortResponse {
-                    request_id: String::new(),
-                    session_id: session_id.to_owned(),
-                    instance_id,
-                    action: "abort",
-                    state: d.state,
-                    mode: AbortMode::Noop,
-                });
-            }
-            d.set_state(SessionState::Aborted);
-            for t in d.turns.iter_mut().filter(|t| t.status.is_active()) {
-                t.cancel.cancel();
-                let error = TurnError {
-                    code: TurnErrorCode::Aborted,
-                    message: "Session was aborted while turn was in flight.".into(),
-                    details: turn_details(session_id, &t.turn_id, None),
-                };
-                if let Err(e) = t.end(TurnStatus::Unknown, error) {
-                    tracing::error!(error = %e, "turn abort");
+                (d.state, AbortMode::Noop)
+            } else {
+                d.set_state(SessionState::Aborted);
+                for t in d.turns.iter_mut().filter(|t| t.status.is_active()) {
+                    t.cancel.cancel();
+                    let error = TurnError {
+                        code: TurnErrorCode::Aborted,
+                        message: "Session was aborted while turn was in flight.".into(),
+                        details: turn_details(session_id, &t.turn_id, None),
+                    };
+                    if let Err(e) = t.end(TurnStatus::Unknown, error) {
+                        tracing::error!(error = %e, "turn abort");
+                    }
                 }
+                (d.state, AbortMode::BestEffort)
             }
-            d.state
         };
-        let bound = self.core().bound.clone();
-        if let Some(b) = bound {
-            b.backend.abort_session().await;
+        if mode == AbortMode::BestEffort {
+            self.abort_agent().await;
         }
         Ok(AbortResponse {
             request_id: String::new(),
             session_id: session_id.to_owned(),
-            instance_id,
+            instance_id: self.instance_id(),
             action: "abort",
             state,
-            mode: AbortMode::BestEffort,
+            mode,
         })
+    }
+
+    /// Tells the bound agent to stop its current work (best effort).
+    async fn abort_agent(&self) {
+        let bound = self.core().bound.clone();
+        if let Some(b) = bound {
+            b.backend.abort_session().await;
+        }
     }
 
     /// `GET /v1/sessions/{id}`.
@@ -786,12 +787,7 @@ impl Server {
             return Err(ApiError::request("cmd must be a single-line command."));
         }
         let timeout = crate::config::secs(req.timeout.unwrap_or(bound.config.execute_cmd_timeout));
-        let bound_id = self
-            .check_bound_session(session_id)?
-            .ok_or_else(|| ApiError::Internal {
-                message: "Rollout binding is missing bound_session_id.".into(),
-                details: Object::new(),
-            })?;
+        let bound_id = self.bound_session_id(session_id)?;
         let session = self
             .session(&bound_id)
             .ok_or_else(|| ApiError::no_session(&bound_id))?;
@@ -837,16 +833,7 @@ impl Server {
             request_id: String::new(),
             session_id: session_id.to_owned(),
             instance_id: self.instance_id(),
-            cmd,
-            stdout: out.stdout,
-            stderr: out.stderr,
-            returncode: out.returncode,
-            timed_out: out.timed_out,
-            duration_seconds: out.duration_seconds,
-            started_at: out.started_at,
-            finished_at: out.finished_at,
-            stdout_truncated: out.stdout_truncated,
-            stderr_truncated: out.stderr_truncated,
+            result: out,
         })
     }
 }

@@ -115,6 +115,63 @@ impl BlackboxProcess {
         Self::reply(req.send().await?).await
     }
 
+    /// `GET path`.
+    ///
+    /// # Panics
+    /// When the request cannot be sent (the server died): a test cannot go on.
+    pub async fn get(&self, path: &str) -> Reply {
+        self.must(self.call("GET", path, None).await, path)
+    }
+
+    /// `POST path` with a JSON body.
+    ///
+    /// # Panics
+    /// As [`BlackboxProcess::get`].
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.must(self.call("POST", path, Some(body)).await, path)
+    }
+
+    /// `POST path` without a body.
+    ///
+    /// # Panics
+    /// As [`BlackboxProcess::get`].
+    pub async fn post_empty(&self, path: &str) -> Reply {
+        self.must(self.call("POST", path, None).await, path)
+    }
+
+    fn must(&self, r: Result<Reply, reqwest::Error>, path: &str) -> Reply {
+        r.unwrap_or_else(|e| panic!("{path}: {e}\n{}", self.describe()))
+    }
+
+    /// Long-polls turn `turn` of `session` (`?wait=` seconds each) until `done` holds for its
+    /// snapshot.
+    ///
+    /// # Panics
+    /// When a poll is not 200 or the turn does not get there within 3 minutes.
+    pub async fn poll_turn(
+        &self,
+        session: &str,
+        turn: &str,
+        wait: u32,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let r = self
+                .get(&format!("/v1/sessions/{session}/turns/{turn}?wait={wait}"))
+                .await;
+            assert_eq!(r.status, 200, "poll: {r}");
+            if done(&r.body) {
+                return r.body;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "turn never settled: {r}\n{}",
+                self.describe()
+            );
+        }
+    }
+
     /// `POST path` with raw bytes as the body (`content-type: application/json`).
     ///
     /// # Errors
