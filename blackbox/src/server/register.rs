@@ -252,14 +252,19 @@ impl Server {
                 remove_runtime_dir(&info.runtime_dir).await;
                 let mut core = self.core();
                 let details = obj(json!({"blackbox_type": req.blackbox_type}));
+                let shutting = core.state == ServerState::ShuttingDown;
                 return Err(match failure {
                     InitFailure::Request(message) => {
-                        core.state = ServerState::Idle;
+                        if !shutting {
+                            core.state = ServerState::Idle;
+                        }
                         core.fingerprint = None;
                         ApiError::Request { message, details }
                     }
                     InitFailure::Failed(why) => {
-                        core.state = ServerState::Error;
+                        if !shutting {
+                            core.state = ServerState::Error;
+                        }
                         ApiError::Backend {
                             message: format!("Failed to initialize backend: {why}"),
                             details,
@@ -280,12 +285,18 @@ impl Server {
             let mut core = self.core();
             let blackbox_type = req.blackbox_type.clone();
             let prompt = bound.info.system_prompt.clone();
-            let made = core
-                .sessions
-                .get_or_create(&session_id, effective.max_sessions, || {
-                    let (history, trace) = initial_history(prompt.as_ref());
-                    Session::new(session_id.clone(), blackbox_type, history, trace)
-                });
+            // SIGTERM arrived while the agent started: shutdown did not see this binding, so
+            // it is stopped here instead of installed.
+            let made = if core.state == ServerState::ShuttingDown {
+                Err(None)
+            } else {
+                core.sessions
+                    .get_or_create(&session_id, effective.max_sessions, || {
+                        let (history, trace) = initial_history(prompt.as_ref());
+                        Session::new(session_id.clone(), blackbox_type, history, trace)
+                    })
+                    .map_err(Some)
+            };
             match made {
                 Ok(_) => {
                     core.state = ServerState::Ready;
@@ -293,7 +304,8 @@ impl Server {
                     core.bound = Some(Arc::clone(&bound));
                     Ok(response(core.state, &bound))
                 }
-                Err(e) => {
+                Err(None) => Err(ApiError::unavailable("Server is shutting down.")),
+                Err(Some(e)) => {
                     core.state = ServerState::Error;
                     Err(ApiError::Backend {
                         message: format!("Failed to initialize backend: {e}"),
