@@ -100,12 +100,12 @@ impl SessionState {
     /// Whether `self → next` is a transition of the state machine (staying put is not one).
     #[must_use]
     pub fn can_become(self, next: SessionState) -> bool {
-        match self {
-            SessionState::Active => {
-                matches!(next, SessionState::Desynced | SessionState::Aborted)
-            }
-            SessionState::Desynced => next == SessionState::Aborted,
-            SessionState::Aborted => false,
+        use SessionState::{Aborted, Active, Desynced};
+        match (self, next) {
+            (Active, Desynced | Aborted) | (Desynced, Aborted) => true,
+            (Active, Active)
+            | (Desynced, Active | Desynced)
+            | (Aborted, Active | Desynced | Aborted) => false,
         }
     }
 }
@@ -133,22 +133,13 @@ impl TurnStatus {
     /// Whether `self → next` is a transition of the state machine.
     #[must_use]
     pub fn can_become(self, next: TurnStatus) -> bool {
-        match self {
-            TurnStatus::Queued => matches!(
-                next,
-                TurnStatus::Inflight | TurnStatus::Cancelled | TurnStatus::Unknown
-            ),
-            TurnStatus::Inflight => matches!(
-                next,
-                TurnStatus::Committed
-                    | TurnStatus::Failed
-                    | TurnStatus::Cancelled
-                    | TurnStatus::Unknown
-            ),
-            TurnStatus::Committed
-            | TurnStatus::Failed
-            | TurnStatus::Cancelled
-            | TurnStatus::Unknown => false,
+        use TurnStatus::{Cancelled, Committed, Failed, Inflight, Queued, Unknown};
+        match (self, next) {
+            (Queued, Inflight | Cancelled | Unknown)
+            | (Inflight, Committed | Failed | Cancelled | Unknown) => true,
+            (Queued, Queued | Committed | Failed)
+            | (Inflight, Queued | Inflight)
+            | (Committed | Failed | Cancelled | Unknown, _) => false,
         }
     }
 

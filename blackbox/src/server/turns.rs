@@ -96,7 +96,11 @@ fn check_messages(
                 "/messages does not support role=system in phase 1.",
             ));
         }
-        if !caps.history_injection && matches!(m.role, Role::Assistant | Role::Tool) {
+        let injected = match m.role {
+            Role::Assistant | Role::Tool => true,
+            Role::System | Role::User => false,
+        };
+        if !caps.history_injection && injected {
             return Err(ApiError::request(
                 "Current backend does not support assistant/tool history injection.",
             ));
