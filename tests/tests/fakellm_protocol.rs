@@ -575,6 +575,66 @@ async fn error_event_ends_the_stream() {
 }
 
 #[tokio::test]
+async fn heartbeats_garbage_and_late_errors_for_router_stand_ins() {
+    let fake = start(&json!({"steps": [
+        {"text": "hi", "heartbeats": 2},
+        {"text": "hello there friend", "garbage_after_events": 2},
+        {"error": {"status": 413, "body": {"error": "context_overflow", "message": "long"}},
+         "heartbeats": 1},
+    ]}));
+    let text = post(&fake, "/v1/chat/completions", &openai_req(true, true))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.starts_with(": dressage-heartbeat\n\n: dressage-heartbeat\n\ndata: {"),
+        "{text}"
+    );
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let text = post(&fake, "/v1/chat/completions", &openai_req(true, true))
+        .await
+        .text()
+        .await
+        .unwrap();
+    let frames = parse_sse(&text);
+    assert_eq!(frames.len(), 3, "{text}");
+    assert_eq!(frames[2].data, "fakellm-garbage{");
+    let resp = post(&fake, "/v1/chat/completions", &openai_req(true, false)).await;
+    assert_eq!(resp.status(), 200, "a late error is reported after the 200");
+    let text = resp.text().await.unwrap();
+    let frames = parse_sse(&text);
+    let err = data_json(&frames[0]);
+    assert_eq!(
+        err,
+        json!({"error": {"error": "context_overflow", "message": "long", "status_code": 413}})
+    );
+    assert_eq!(frames[1].data, "[DONE]");
+}
+
+#[tokio::test]
+async fn rollout_control_calls_are_answered_and_logged_without_consuming_steps() {
+    let fake = start(&json!({"steps": [{"text": "only"}]}));
+    let body = json!({"session_id": "s", "instance_id": "i", "reason": "weight_update"});
+    for path in ["/v1/rollout/pause", "/rollout/pause"] {
+        assert_eq!(
+            post_json(&fake, path, &body).await,
+            json!({"quiesced": true})
+        );
+    }
+    assert_eq!(
+        post_json(&fake, "/v1/rollout/resume", &body).await,
+        json!({})
+    );
+    let v = post_json(&fake, "/v1/chat/completions", &openai_req(false, false)).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "only");
+    let log = fake.requests().unwrap();
+    assert_eq!(log[0]["served_by"], "control");
+    assert_eq!(log[0]["body"], body);
+    assert_eq!(log[3]["served_by"], "step 0");
+}
+
+#[tokio::test]
 async fn log_records_every_request_before_the_reply() {
     let fake = start(&json!({"steps": [{"text": "ok"}]}));
     let body = anthropic_req(true);

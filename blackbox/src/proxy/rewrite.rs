@@ -4,7 +4,13 @@
 //! kept), and `stream_options.include_usage: true` on streams, so every answer reports the
 //! usage the turn counts are made of. A non-streamed body loses its `stream_options` (servers
 //! refuse them without `stream`).
+//!
+//! A chat body is first only peeked at ([`peek`]: the four fields the policy reads, the rest
+//! skipped unparsed); it is parsed whole and re-serialized only when the policy changes it, so a
+//! body that already complies goes upstream byte for byte and costs one scan.
 
+use agentbox_wire::chat::{ChatRequest, StreamOptions};
+use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Number, Value};
 
 /// The policy, from the proxy's config.
@@ -23,6 +29,76 @@ pub fn truthy(v: Option<&Value>) -> bool {
         Some(Value::String(s)) => !s.is_empty(),
         Some(Value::Array(a)) => !a.is_empty(),
         Some(Value::Object(o)) => !o.is_empty(),
+    }
+}
+
+/// A field that is present, even as `null` (`None` only when absent).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
+}
+
+/// The fields of a chat body the policy reads.
+#[derive(Deserialize)]
+struct Peek {
+    #[serde(default, deserialize_with = "present")]
+    model: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    temperature: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    stream: Option<Value>,
+    #[serde(default, deserialize_with = "present")]
+    stream_options: Option<Value>,
+}
+
+/// What [`peek`] found: whether the body streams and whether [`apply`] would change it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peeked {
+    pub stream: bool,
+    pub needs_rewrite: bool,
+}
+
+/// Reads only what the policy needs from a chat body; an error when the body is not a JSON
+/// object.
+pub fn peek(bytes: &[u8], policy: &Policy) -> Result<Peeked, String> {
+    // A derived struct also accepts a JSON array; a chat body is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err("expected an object".into());
+    }
+    let p: Peek = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    let stream = truthy(p.stream.as_ref());
+    let model = policy
+        .model_override
+        .as_ref()
+        .is_some_and(|m| p.model.as_ref().is_some_and(|v| v.as_str() != Some(m)));
+    let temperature =
+        policy.default_temperature.is_some() && p.temperature.as_ref().is_none_or(Value::is_null);
+    let options = match (&p.stream_options, stream) {
+        (Some(Value::Object(o)), true) => o.get("include_usage") != Some(&Value::Bool(true)),
+        (Some(_) | None, true) | (Some(_), false) => true,
+        (None, false) => false,
+    };
+    Ok(Peeked {
+        stream,
+        needs_rewrite: model || temperature || options,
+    })
+}
+
+/// [`apply`] on a translated chat request (where `model` always exists).
+pub fn apply_typed(chat: &mut ChatRequest, policy: &Policy) {
+    if let Some(m) = &policy.model_override {
+        chat.model.clone_from(m);
+    }
+    if chat.temperature.is_none()
+        && let Some(n) = policy.default_temperature.and_then(Number::from_f64)
+    {
+        chat.temperature = Some(n);
+    }
+    if chat.stream == Some(true) {
+        chat.stream_options
+            .get_or_insert_with(StreamOptions::default)
+            .include_usage = Some(true);
+    } else {
+        chat.stream_options = None;
     }
 }
 
@@ -137,6 +213,58 @@ mod tests {
         let (b, changed) = run(json!({"messages":[]}), &p);
         assert!(!changed);
         assert!(b.get("model").is_none());
+    }
+
+    #[test]
+    fn peek_agrees_with_apply() {
+        let policies = [
+            Policy::default(),
+            Policy {
+                model_override: Some("m".into()),
+                default_temperature: Some(0.5),
+            },
+        ];
+        let bodies = [
+            json!({"model":"m","messages":[]}),
+            json!({"model":"x","messages":[]}),
+            json!({"messages":[],"temperature":null}),
+            json!({"model":"m","temperature":0.5,"stream":true}),
+            json!({"model":"m","temperature":0.5,"stream":true,"stream_options":{"include_usage":true}}),
+            json!({"model":"m","temperature":0.5,"stream":true,"stream_options":null}),
+            json!({"model":"m","temperature":0.5,"stream":false,"stream_options":null}),
+            json!({"model":"m","temperature":0.5,"stream":1,"stream_options":{"include_usage":false}}),
+        ];
+        for p in &policies {
+            for b in &bodies {
+                let peeked = peek(b.to_string().as_bytes(), p).unwrap();
+                let Value::Object(mut m) = b.clone() else {
+                    unreachable!()
+                };
+                assert_eq!(peeked.needs_rewrite, apply(&mut m, p), "{b} {p:?}");
+                assert_eq!(peeked.stream, truthy(b.get("stream")), "{b}");
+            }
+        }
+        assert!(peek(b"[]", &Policy::default()).is_err());
+        assert!(peek(b" {\"stream\": tru", &Policy::default()).is_err());
+    }
+
+    #[test]
+    fn translated_requests_get_the_same_policy() {
+        let mut chat: ChatRequest =
+            serde_json::from_value(json!({"model":"agent","messages":[],"stream":true})).unwrap();
+        let p = Policy {
+            model_override: Some("training".into()),
+            default_temperature: Some(0.7),
+        };
+        apply_typed(&mut chat, &p);
+        assert_eq!(
+            serde_json::to_value(&chat).unwrap(),
+            json!({"model":"training","messages":[],"stream":true,
+                   "stream_options":{"include_usage":true},"temperature":0.7})
+        );
+        chat.stream = Some(false);
+        apply_typed(&mut chat, &p);
+        assert!(chat.stream_options.is_none());
     }
 
     #[test]

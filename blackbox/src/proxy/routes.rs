@@ -29,11 +29,11 @@ use axum::routing::get;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::headers::{self, CallKind};
 use super::meter::{ChatMeter, Metered};
-use super::rewrite::{self, truthy};
+use super::rewrite;
 use super::state::{Admission, CallGuard, Recorded};
 use super::upstream::{self, Prelude, Synthetic};
 use super::{Core, MAX_REQUEST_BODY};
@@ -213,26 +213,25 @@ fn chat_options() -> ChatOptions {
 
 /// The upstream chat body and how to answer, from the client's body.
 fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), CallError> {
-    let value: Value =
-        serde_json::from_slice(&bytes).map_err(|e| CallError::NotJson(e.to_string()))?;
-    let Value::Object(mut map) = value else {
-        return Err(CallError::NotJson("expected an object".into()));
-    };
-    let stream = truthy(map.get("stream"));
     let policy = &core.settings.policy;
     match api {
         Api::Chat => {
-            // Unchanged bodies go as the client sent them: no re-serializing on the hot path.
-            let out = if rewrite::apply(&mut map, policy) {
+            let peeked = rewrite::peek(&bytes, policy).map_err(CallError::NotJson)?;
+            // A complying body goes as the client sent it: no parse, no re-serializing.
+            let out = if peeked.needs_rewrite {
+                let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(&bytes) else {
+                    return Err(CallError::NotJson("expected an object".into()));
+                };
+                rewrite::apply(&mut map, policy);
                 Bytes::from(Value::Object(map).to_string())
             } else {
                 bytes
             };
-            Ok((out, Back::Chat, stream))
+            Ok((out, Back::Chat, peeked.stream))
         }
         Api::Anthropic => {
-            let (body, opts) = to_chat(
-                map,
+            let (body, opts, stream) = to_chat(
+                &bytes,
                 policy,
                 ResponseOptions::for_request,
                 anthropic_into_chat,
@@ -240,8 +239,8 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
             Ok((body, Back::Anthropic(Box::new(opts)), stream))
         }
         Api::Responses => {
-            let (body, opts) = to_chat(
-                map,
+            let (body, opts, stream) = to_chat(
+                &bytes,
                 policy,
                 ResponsesOptions::for_request,
                 responses_into_chat,
@@ -251,23 +250,28 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
     }
 }
 
-/// A client request of protocol `R` as the chat body sent upstream (policy applied), and the
-/// options for translating the answer back.
+/// A client request of protocol `R` as the chat body sent upstream (policy applied), the
+/// options for translating the answer back, and whether it streams.
 fn to_chat<R: DeserializeOwned, O>(
-    map: Map<String, Value>,
+    bytes: &[u8],
     policy: &rewrite::Policy,
     answer_options: impl FnOnce(&R) -> O,
     into_chat: impl FnOnce(R, &ChatOptions) -> Result<ChatRequest, TranslateError>,
-) -> Result<(Bytes, O), CallError> {
-    let invalid = |e: &dyn std::fmt::Display| CallError::Invalid(e.to_string());
-    let req: R = serde_json::from_value(Value::Object(map)).map_err(|e| invalid(&e))?;
+) -> Result<(Bytes, O, bool), CallError> {
+    let req: R = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            CallError::NotJson(e.to_string())
+        } else {
+            CallError::Invalid(e.to_string())
+        }
+    })?;
     let opts = answer_options(&req);
-    let chat = into_chat(req, &chat_options()).map_err(|e| invalid(&e))?;
-    let Ok(Value::Object(mut chat)) = serde_json::to_value(&chat) else {
-        return Err(CallError::Invalid("cannot encode the chat request".into()));
-    };
-    rewrite::apply(&mut chat, policy);
-    Ok((Bytes::from(Value::Object(chat).to_string()), opts))
+    let mut chat =
+        into_chat(req, &chat_options()).map_err(|e| CallError::Invalid(e.to_string()))?;
+    rewrite::apply_typed(&mut chat, policy);
+    let stream = chat.stream == Some(true);
+    let body = serde_json::to_vec(&chat).map_err(|e| CallError::Invalid(e.to_string()))?;
+    Ok((Bytes::from(body), opts, stream))
 }
 
 async fn model_call(
