@@ -641,7 +641,7 @@ async fn a_killed_agent_desyncs_the_session_within_the_health_interval() {
 async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
     // Step 1 runs a 3 s tool; the rollout is paused meanwhile, so step 2 (the model call with
     // the tool's result) is held by the proxy until resume. The pause outlasts the turn's
-    // 15 s backend_timeout, which must not count it.
+    // 25 s backend_timeout, which must not count it.
     let script = json!({
         "rules": [{"match": {"has_tools": false}, "text": "title"}],
         "steps": [
@@ -654,7 +654,7 @@ async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
     let (fake, bb, _) = setup(
         &script,
         &[],
-        &json!({"server_config": {"backend_timeout": 15}}),
+        &json!({"server_config": {"backend_timeout": 25}}),
     )
     .await;
     let path = format!("/v1/sessions/{SESSION}/messages");
@@ -683,8 +683,8 @@ async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
         diag(&bb, &fake)
     );
 
-    // Well past the tool's 3 s and the turn's 15 s budget: the second call is still held.
-    tokio::time::sleep(Duration::from_secs(16)).await;
+    // Well past the tool's 3 s and the turn's 25 s budget: the second call is still held.
+    tokio::time::sleep(Duration::from_secs(26)).await;
     assert_eq!(
         fake.chat_requests().unwrap().len(),
         1,
