@@ -1032,6 +1032,7 @@ async fn bench_server(runs: usize) -> Result<()> {
     let http = reqwest::Client::new();
     let mut starts = Vec::new();
     let mut idle = Vec::new();
+    let mut anon = Vec::new();
     for _ in 0..runs {
         let began = Instant::now();
         let mut child = std::process::Command::new(&bin)
@@ -1064,11 +1065,13 @@ async fn bench_server(runs: usize) -> Result<()> {
         starts.push(began.elapsed());
         tokio::time::sleep(Duration::from_secs(1)).await;
         idle.push(rss_kib(child.id(), "VmRSS:"));
+        anon.push(rss_kib(child.id(), "RssAnon:"));
         child.kill()?;
         child.wait()?;
     }
     starts.sort();
     idle.sort_unstable();
+    anon.sort_unstable();
     let fake = start_fake()?;
     let bb = BlackboxProcess::start(&[("RUST_LOG", "warn")])?;
     let reg = bb
@@ -1094,6 +1097,11 @@ async fn bench_server(runs: usize) -> Result<()> {
         "| idle RSS, nothing registered | {:.1} MiB | {:.1} MiB |",
         idle[idle.len() / 2] as f64 / 1024.0,
         *idle.last().context("no runs")? as f64 / 1024.0
+    );
+    println!(
+        "| of which anonymous (private) | {:.1} MiB | {:.1} MiB |",
+        anon[anon.len() / 2] as f64 / 1024.0,
+        *anon.last().context("no runs")? as f64 / 1024.0
     );
     println!(
         "\nRegistered (opencode running, proxy listening): server RSS {:.1} MiB; opencode's own {:.1} MiB.",
