@@ -1,8 +1,49 @@
-//! `blackbox-server`: drives one agent CLI inside a sandbox for an RL rollout manager, with an
-//! in-process LLM proxy that tags every model call with session and turn headers.
+//! `blackbox-server`: drives one agent CLI inside a sandbox for an RL rollout manager (the
+//! Dressage paddock), with an in-process LLM proxy that tags every model call with session
+//! and turn headers. The wire contract is the reference's (Accio-Lab/Dressage
+//! `blackbox_server`), so its client works unchanged.
 //!
-//! Empty until its issue lands it.
+//! Modules: [`config`] (`BBS_*`), [`model`] (every wire shape), [`error`] (the one mapping to
+//! status and body), [`routes`] (HTTP), [`server`] (registration, turns, sessions, health
+//! monitor, pause, shutdown), [`session`] (state machines and the turn ledger), [`backend`]
+//! (the agent trait and opencode), [`exec`] (`execute_cmd`), [`hashing`], [`ids`], and
+//! `proxy` (the in-process LLM proxy).
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod hashing;
+pub mod ids;
+pub mod model;
 pub mod proxy;
+pub mod routes;
+pub mod server;
+pub mod session;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+pub use server::Server;
+
+/// Serves on `listener` until `stop` is cancelled, then shuts down gracefully: turns and
+/// commands are ended, requests get until `BBS_SHUTDOWN_TIMEOUT`, the agent and its process
+/// group are stopped and the runtime directory removed.
+pub async fn run(listener: TcpListener, config: Config, stop: CancellationToken) {
+    let server = Server::new(config.server, config.bins);
+    let serving = CancellationToken::new();
+    let http = tokio::spawn(agentbox_http::serve_tcp(
+        listener,
+        routes::router(server.clone()),
+        serving.clone(),
+    ));
+    stop.cancelled().await;
+    server.shutdown().await;
+    serving.cancel();
+    if let Err(e) = http.await {
+        tracing::error!(error = %e, "the HTTP server task failed");
+    }
+}

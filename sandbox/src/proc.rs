@@ -68,6 +68,8 @@ struct Plan {
     uid: Uid,
     gid: Gid,
     groups: Vec<Gid>,
+    /// Whether the child switches to `uid`/`gid`/`groups` (false: it keeps the parent's).
+    change_identity: bool,
     new_session: bool,
     limits: Vec<(Resource, Rlimit)>,
     keep: Vec<RawFd>,
@@ -83,11 +85,24 @@ impl ChildSetup {
                 uid: Uid::from_raw(uid),
                 gid: Gid::from_raw(gid),
                 groups: Vec::new(),
+                change_identity: true,
                 new_session: false,
                 limits: Vec::new(),
                 keep: Vec::new(),
             },
         }
+    }
+
+    /// A child that keeps this process's uid, gid and groups (a daemon that is not root, such
+    /// as blackbox-server in its sandbox, cannot set groups), with everything else as
+    /// [`ChildSetup::new`].
+    pub fn same_identity() -> ChildSetup {
+        let mut setup = ChildSetup::new(
+            rustix::process::getuid().as_raw(),
+            rustix::process::getgid().as_raw(),
+        );
+        setup.plan.change_identity = false;
+        setup
     }
 
     /// Supplementary groups.
@@ -187,9 +202,11 @@ impl Hook {
         if plan.new_session {
             rustix::process::setsid().map_err(errno)?;
         }
-        rustix::thread::set_thread_groups(&plan.groups).map_err(errno)?;
-        rustix::thread::set_thread_res_gid(plan.gid, plan.gid, plan.gid).map_err(errno)?;
-        rustix::thread::set_thread_res_uid(plan.uid, plan.uid, plan.uid).map_err(errno)?;
+        if plan.change_identity {
+            rustix::thread::set_thread_groups(&plan.groups).map_err(errno)?;
+            rustix::thread::set_thread_res_gid(plan.gid, plan.gid, plan.gid).map_err(errno)?;
+            rustix::thread::set_thread_res_uid(plan.uid, plan.uid, plan.uid).map_err(errno)?;
+        }
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(errno)?;
         if rustix::process::getppid() != Some(self.parent) {
             // The parent died between fork and here; nobody would supervise this child.
@@ -309,6 +326,58 @@ pub async fn terminate_group(
     tracing::warn!(pgid, "process group ignored SIGTERM; killing it");
     signal_group(pgid, Signal::KILL).map_err(errno)?;
     child.wait().await
+}
+
+/// Every live descendant of `pid` (its children, theirs, ...), read from `/proc`: what a
+/// process group misses when a descendant moved to a group or session of its own (an agent's
+/// tool runner does). Collect it while `pid` still runs: once it dies its children are
+/// reparented and no longer found.
+#[must_use]
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut parent_of = Vec::new();
+    for e in entries.flatten() {
+        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may contain spaces and parentheses.
+        let mut rest = stat.rsplit_once(") ").map_or("", |(_, r)| r).split(' ');
+        let state = rest.next();
+        if let (Some(ppid), false) = (
+            rest.next().and_then(|p| p.parse::<u32>().ok()),
+            state == Some("Z"),
+        ) {
+            parent_of.push((child, ppid));
+        }
+    }
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(p) = frontier.pop() {
+        for &(child, _) in parent_of.iter().filter(|(c, pp)| *pp == p && *c != pid) {
+            if !found.contains(&child) {
+                found.push(child);
+                frontier.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// Sends `signal` to each of `pids`; one that is gone is skipped.
+pub fn signal_each(pids: &[u32], signal: Signal) {
+    for &p in pids {
+        if let Some(pid) = i32::try_from(p).ok().and_then(Pid::from_raw)
+            && let Err(e) = rustix::process::kill_process(pid, signal)
+            && e != Errno::SRCH
+        {
+            tracing::warn!(pid = p, error = %e, "cannot signal");
+        }
+    }
 }
 
 /// The status a caller sees: the exit code, or `128 + signal` when killed.
@@ -544,6 +613,72 @@ mod tests {
                 String::from_utf8_lossy(&out.stdout),
                 "64123\n64124\n64124 64125\nkept\nclosed\n"
             );
+        });
+    }
+
+    /// `same_identity` changes nothing of who the child is: it keeps the caller's uid, gid and
+    /// supplementary groups (`new` would have replaced the groups), so no step needs
+    /// CAP_SETGID and an unprivileged daemon can use it.
+    #[test]
+    fn same_identity_keeps_uid_and_groups() {
+        let rt = rt();
+        rt.block_on(async {
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args(["-c", "id -u; id -g; cat /proc/self/status | grep ^Groups:"])
+                .stdout(Stdio::piped());
+            let child = ChildSetup::same_identity()
+                .new_session()
+                .spawn(cmd)
+                .unwrap();
+            let out = child.wait_with_output().await.unwrap();
+            let ours = std::fs::read_to_string("/proc/self/status").unwrap();
+            let groups = ours.lines().find(|l| l.starts_with("Groups:")).unwrap();
+            let expected = format!(
+                "{}\n{}\n{groups}\n",
+                rustix::process::getuid().as_raw(),
+                rustix::process::getgid().as_raw()
+            );
+            assert_eq!(String::from_utf8_lossy(&out.stdout), expected);
+        });
+    }
+
+    /// A descendant that left the group (its own session) is still found, and killed.
+    #[test]
+    fn descendants_include_those_that_left_the_group() {
+        let rt = rt();
+        rt.block_on(async {
+            let mut cmd = tokio::process::Command::new("/bin/sh");
+            cmd.args(["-c", "setsid sleep 600 & echo $!; wait"])
+                .stdout(Stdio::piped());
+            let mut child = ChildSetup::same_identity()
+                .new_session()
+                .spawn(cmd)
+                .unwrap();
+            let mut out = child.stdout.take().unwrap();
+            let mut buf = [0_u8; 32];
+            let n = tokio::io::AsyncReadExt::read(&mut out, &mut buf)
+                .await
+                .unwrap();
+            let escaped: i32 = String::from_utf8_lossy(&buf[..n]).trim().parse().unwrap();
+            let escaped = u32::try_from(escaped).unwrap();
+            let mut tree = Vec::new();
+            for _ in 0..100 {
+                tree = descendants(child.id().unwrap());
+                if tree.contains(&escaped) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(tree.contains(&escaped), "{escaped} not in {tree:?}");
+            assert!(!tree.is_empty(), "no descendants found");
+            terminate_group(&mut child, Duration::from_secs(2))
+                .await
+                .unwrap();
+            signal_each(&tree, Signal::KILL);
+            std::thread::sleep(Duration::from_millis(100));
+            for p in tree {
+                assert!(!alive(i32::try_from(p).unwrap()), "descendant {p} survived");
+            }
         });
     }
 }

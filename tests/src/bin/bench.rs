@@ -2,8 +2,10 @@
 //! against `fakellm` so the figures are differences and ratios, not absolute times.
 //!
 //! ```text
-//! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|proxy|launcher|all] [--quick]
+//! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|proxy|server|launcher|all] [--quick]
 //! ```
+//! `server` is blackbox-server itself: start to the first `/health` answer, idle RSS, and
+//! RSS once registered with the real opencode running; see [`bench_server`].
 //! `proxy` is blackbox-server's rollout LLM proxy (run alone as `blackbox-proxy`, a turn open):
 //! chat passthrough, Anthropic → chat and Responses → chat, see [`bench_proxy`].
 //! `launcher` must run as root (it starts the real launcher); see [`bench_launcher`].
@@ -26,7 +28,8 @@ use agentbox_api::gateway::{Budget, OpenTask};
 use agentbox_api::launcher::{AgentRequest, RunState};
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
-    BlackboxProxy, BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess, workspace_bin,
+    BlackboxProcess, BlackboxProxy, BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess,
+    opencode_registration, workspace_bin,
 };
 use agentbox_tests::workload;
 use anyhow::{Context, Result, bail, ensure};
@@ -1022,6 +1025,96 @@ async fn run_launcher_bench(
     Ok(())
 }
 
+/// blackbox-server alone: `runs` starts, each timed from spawn to the first 200 from
+/// `/health` (the Python reference: 0.63–0.95 s), the idle RSS a second later (reference: 55
+/// MiB), and the server's RSS once a registration started opencode behind it (opencode's own
+/// shown apart: it is the agent, not the server).
+async fn bench_server(runs: usize) -> Result<()> {
+    use std::io::BufRead;
+    let bin = workspace_bin("agentbox-blackbox", "blackbox-server")?;
+    let runtime = tempfile::tempdir()?;
+    let http = reqwest::Client::new();
+    let mut starts = Vec::new();
+    let mut idle = Vec::new();
+    let mut anon = Vec::new();
+    for _ in 0..runs {
+        let began = Instant::now();
+        let mut child = std::process::Command::new(&bin)
+            .env_clear()
+            .env("BBS_HOST", "127.0.0.1")
+            .env("BBS_PORT", "0")
+            .env("BBS_RUNTIME_ROOT", runtime.path())
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().context("no stdout")?).read_line(&mut line)?;
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .with_context(|| format!("unexpected first line {line:?}"))?
+            .to_owned();
+        loop {
+            if let Ok(r) = http.get(format!("http://{addr}/health")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            ensure!(
+                began.elapsed() < Duration::from_secs(10),
+                "no /health answer"
+            );
+        }
+        starts.push(began.elapsed());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        idle.push(rss_kib(child.id(), "VmRSS:"));
+        anon.push(rss_kib(child.id(), "RssAnon:"));
+        child.kill()?;
+        child.wait()?;
+    }
+    starts.sort();
+    idle.sort_unstable();
+    anon.sort_unstable();
+    let fake = start_fake()?;
+    let bb = BlackboxProcess::start(&[("RUST_LOG", "warn")])?;
+    let reg = bb
+        .post(
+            "/v1/rollout/register",
+            &opencode_registration(&fake.base_url(), "bench", &json!({})),
+        )
+        .await;
+    ensure!(reg.status == 200, "register: {reg}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let opencode = reg.body["binding"]["runtime_dir"]
+        .as_str()
+        .and_then(BlackboxProcess::opencode_pid)
+        .context("no opencode pid")?;
+    println!("\n### blackbox-server ({runs} starts)\n");
+    println!("| measure | p50 | max |\n|---|---|---|");
+    println!(
+        "| start → first `/health` 200 | {:.1} ms | {:.1} ms |",
+        starts[starts.len() / 2].as_secs_f64() * 1000.0,
+        starts.last().context("no runs")?.as_secs_f64() * 1000.0
+    );
+    println!(
+        "| idle RSS, nothing registered | {:.1} MiB | {:.1} MiB |",
+        idle[idle.len() / 2] as f64 / 1024.0,
+        *idle.last().context("no runs")? as f64 / 1024.0
+    );
+    println!(
+        "| of which anonymous (private) | {:.1} MiB | {:.1} MiB |",
+        anon[anon.len() / 2] as f64 / 1024.0,
+        *anon.last().context("no runs")? as f64 / 1024.0
+    );
+    println!(
+        "\nRegistered (opencode running, proxy listening): server RSS {:.1} MiB; opencode's own {:.1} MiB.",
+        rss_kib(bb.pid(), "VmRSS:") as f64 / 1024.0,
+        rss_kib(opencode, "VmRSS:") as f64 / 1024.0
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -1036,15 +1129,19 @@ fn main() -> Result<()> {
         "bridge" => rt.block_on(bench_bridge(plan)),
         "gateway" => rt.block_on(bench_gateway(plan)),
         "proxy" => rt.block_on(bench_proxy(plan)),
+        "server" => rt.block_on(bench_server(if quick { 5 } else { 30 })),
         "launcher" => rt.block_on(bench_launcher(start_plan)),
         "all" => rt.block_on(async {
             bench_bridge(plan).await?;
             bench_gateway(plan).await?;
             bench_proxy(plan).await?;
+            bench_server(if quick { 5 } else { 30 }).await?;
             bench_launcher(start_plan).await
         }),
         other => {
-            bail!("unknown benchmark {other:?}; known: bridge, gateway, proxy, launcher, all")
+            bail!(
+                "unknown benchmark {other:?}; known: bridge, gateway, proxy, server, launcher, all"
+            )
         }
     }
 }

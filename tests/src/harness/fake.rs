@@ -122,6 +122,22 @@ impl FakeLlm {
             .collect()
     }
 
+    /// The chat-completion requests logged so far.
+    ///
+    /// # Errors
+    /// As [`FakeLlm::requests`].
+    pub fn chat_requests(&self) -> Result<Vec<Value>, HarnessError> {
+        Ok(self
+            .requests()?
+            .into_iter()
+            .filter(|r| {
+                r["path"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("/chat/completions"))
+            })
+            .collect())
+    }
+
     /// The responses clients abandoned mid-way (`<log>.disconnects`): `{seq, frames_sent,
     /// frames_total}` each.
     ///

@@ -20,6 +20,7 @@ macro_rules! deref_to_service {
     )+};
 }
 
+mod blackbox;
 mod clients;
 mod daemons;
 mod fake;
@@ -28,6 +29,7 @@ pub mod launcher;
 mod process;
 mod proxy;
 
+pub use blackbox::{BlackboxProcess, Reply, opencode_registration, processes_with};
 pub use clients::{
     claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
 };

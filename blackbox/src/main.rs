@@ -1,0 +1,67 @@
+//! `blackbox-server`: reads `BBS_*` (`--help` lists them), binds `BBS_HOST:BBS_PORT`, prints
+//! `listening on <addr>` once bound, serves until SIGTERM or SIGINT, then shuts down
+//! gracefully. A bad variable is exit code 78 naming it.
+
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use agentbox_blackbox::config::{Config, variables_help};
+use agentbox_policy::config::ProcessEnv;
+use tokio_util::sync::CancellationToken;
+
+fn main() -> ExitCode {
+    clap::Command::new("blackbox-server")
+        .about("Drives one agent CLI for an RL rollout manager (the Dressage blackbox protocol)")
+        .version(env!("CARGO_PKG_VERSION"))
+        .after_help(variables_help())
+        .get_matches();
+    agentbox_http::init_logging();
+    let config = match Config::from_env(&ProcessEnv) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("blackbox-server: {e}");
+            return ExitCode::from(78);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("blackbox-server: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let addr = (config.server.host.clone(), config.server.port);
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!(
+                    "blackbox-server: cannot listen on {}:{}: {e}",
+                    config.server.host, config.server.port
+                );
+                return ExitCode::FAILURE;
+            }
+        };
+        match listener.local_addr() {
+            Ok(a) => {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "listening on {a}");
+                let _ = out.flush();
+            }
+            Err(e) => {
+                eprintln!("blackbox-server: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        let stop = CancellationToken::new();
+        let signals = stop.clone();
+        tokio::spawn(async move {
+            agentbox_http::shutdown_signal().await;
+            signals.cancel();
+        });
+        agentbox_blackbox::run(listener, config, stop).await;
+        ExitCode::SUCCESS
+    })
+}

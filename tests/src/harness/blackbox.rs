@@ -1,0 +1,265 @@
+//! `blackbox-server` as a child process for the blackbox tests: loopback port 0, a temp runtime
+//! root, the real opencode from the clients cache, and a JSON-over-HTTP helper that returns
+//! status, `x-request-id` and body together. Also the opencode registration the paddock sends,
+//! and process lookups for the no-orphan checks.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{HarnessError, Service, client_bin, workspace_bin};
+
+deref_to_service!(BlackboxProcess);
+
+/// A running `blackbox-server`.
+#[derive(Debug)]
+pub struct BlackboxProcess {
+    service: Service,
+    address: String,
+    http: reqwest::Client,
+    // Declared last so the process is gone before its files are removed.
+    runtime_root: tempfile::TempDir,
+}
+
+/// One answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// The `x-request-id` header.
+    pub request_id: Option<String>,
+    /// The body (JSON, else a string).
+    pub body: Value,
+}
+
+impl std::fmt::Display for Reply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.status, self.body)
+    }
+}
+
+impl BlackboxProcess {
+    /// Starts the server with the real opencode (`OPENCODE_BIN`) and `env` on top of
+    /// `BBS_HOST=127.0.0.1`, `BBS_PORT=0` and a temp `BBS_RUNTIME_ROOT`.
+    ///
+    /// # Errors
+    /// When the binary cannot be built, opencode is not installed, or the server does not
+    /// come up.
+    pub fn start(env: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        let runtime_root = tempfile::Builder::new()
+            .prefix("blackbox-")
+            .tempdir()
+            .map_err(|source| HarnessError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let opencode = client_bin("opencode")?;
+        let mut cmd = Command::new(workspace_bin("agentbox-blackbox", "blackbox-server")?);
+        cmd.env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("RUST_LOG", "info")
+            .env("BBS_HOST", "127.0.0.1")
+            .env("BBS_PORT", "0")
+            .env("BBS_RUNTIME_ROOT", runtime_root.path())
+            .env("OPENCODE_BIN", opencode)
+            .envs(env.iter().copied());
+        let (service, address) = Service::start_listening(
+            "blackbox-server",
+            cmd,
+            Duration::from_secs(30),
+            "listening on ",
+        )?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .map_err(|e| HarnessError::Build(e.to_string()))?;
+        Ok(Self {
+            service,
+            address,
+            http,
+            runtime_root,
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    #[must_use]
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// `BBS_RUNTIME_ROOT`.
+    #[must_use]
+    pub fn runtime_root(&self) -> &Path {
+        self.runtime_root.path()
+    }
+
+    /// `method path` with an optional JSON body.
+    ///
+    /// # Errors
+    /// When the request cannot be sent.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Reply, reqwest::Error> {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::GET);
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base_url()));
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        Self::reply(req.send().await?).await
+    }
+
+    /// `GET path`.
+    ///
+    /// # Panics
+    /// When the request cannot be sent (the server died): a test cannot go on.
+    pub async fn get(&self, path: &str) -> Reply {
+        self.must(self.call("GET", path, None).await, path)
+    }
+
+    /// `POST path` with a JSON body.
+    ///
+    /// # Panics
+    /// As [`BlackboxProcess::get`].
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.must(self.call("POST", path, Some(body)).await, path)
+    }
+
+    /// `POST path` without a body.
+    ///
+    /// # Panics
+    /// As [`BlackboxProcess::get`].
+    pub async fn post_empty(&self, path: &str) -> Reply {
+        self.must(self.call("POST", path, None).await, path)
+    }
+
+    fn must(&self, r: Result<Reply, reqwest::Error>, path: &str) -> Reply {
+        r.unwrap_or_else(|e| panic!("{path}: {e}\n{}", self.describe()))
+    }
+
+    /// Long-polls turn `turn` of `session` (`?wait=` seconds each) until `done` holds for its
+    /// snapshot.
+    ///
+    /// # Panics
+    /// When a poll is not 200 or the turn does not get there within 3 minutes.
+    pub async fn poll_turn(
+        &self,
+        session: &str,
+        turn: &str,
+        wait: u32,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(180);
+        loop {
+            let r = self
+                .get(&format!("/v1/sessions/{session}/turns/{turn}?wait={wait}"))
+                .await;
+            assert_eq!(r.status, 200, "poll: {r}");
+            if done(&r.body) {
+                return r.body;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "turn never settled: {r}\n{}",
+                self.describe()
+            );
+        }
+    }
+
+    /// `POST path` with raw bytes as the body (`content-type: application/json`).
+    ///
+    /// # Errors
+    /// When the request cannot be sent.
+    pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> Result<Reply, reqwest::Error> {
+        let req = self
+            .http
+            .post(format!("{}{path}", self.base_url()))
+            .header("content-type", "application/json")
+            .body(body);
+        Self::reply(req.send().await?).await
+    }
+
+    async fn reply(resp: reqwest::Response) -> Result<Reply, reqwest::Error> {
+        let status = resp.status().as_u16();
+        let request_id = resp
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let text = resp.text().await?;
+        let body = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(Reply {
+            status,
+            request_id,
+            body,
+        })
+    }
+
+    /// The pid of the opencode a registration started (`<runtime_dir>/run/opencode.pid`); it
+    /// leads its own process group.
+    #[must_use]
+    pub fn opencode_pid(runtime_dir: &str) -> Option<u32> {
+        std::fs::read_to_string(PathBuf::from(runtime_dir).join("run/opencode.pid"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+}
+
+/// The opencode registration the paddock sends (its defaults), for `router` (fakellm's base
+/// URL), with `extra` merged over the top level.
+#[must_use]
+pub fn opencode_registration(router: &str, session_id: &str, extra: &Value) -> Value {
+    let mut v = json!({
+        "blackbox_type": "opencode",
+        "router": router,
+        "router_api_path": "/v1",
+        "bound_instance_id": "inst-001",
+        "bound_session_id": session_id,
+        "backend_options": {
+            "provider_id": "sglang",
+            "provider_name": "Dressage Proxy",
+            "provider_package": "@ai-sdk/openai-compatible",
+            "model_id": "proxy-model",
+            "model_name": "Dressage Proxy",
+            "model_limit": {"context": 131_072, "output": 8192},
+        },
+        "server_config": {},
+    });
+    if let (Some(base), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+        for (k, val) in extra {
+            base.insert(k.clone(), val.clone());
+        }
+    }
+    v
+}
+
+/// Pids of live processes whose command line contains `needle`.
+#[must_use]
+pub fn processes_with(needle: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+        .filter(|pid| *pid != me)
+        .filter(|pid| {
+            let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+                .unwrap_or(false);
+            alive
+                && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+        })
+        .collect()
+}
