@@ -129,7 +129,7 @@ async fn register(row: &Row) {
 }
 
 async fn two_turns_edit_a_file_carry_the_headers_and_replay(row: &Row) {
-    let work = scratch();
+    let work = scratch().unwrap();
     let target = work.path().join("hello.txt");
     let content = "hello from the blackbox\n";
     let (name, input) = (row.write)(&target, content);
@@ -343,7 +343,7 @@ async fn a_killed_agent_desyncs_the_session(row: &Row) {
 }
 
 async fn max_steps_is_429(row: &Row) {
-    let work = scratch();
+    let work = scratch().unwrap();
     let (name, input) = (row.write)(&work.path().join("a.txt"), "a");
     let (_, again) = (row.write)(&work.path().join("b.txt"), "b");
     let script = json!({
