@@ -445,3 +445,99 @@ macro_rules! conformance {
 
 conformance!(opencode, super::OPENCODE);
 conformance!(claude_code, super::CLAUDE_CODE);
+
+/// Bad agents, shown with Claude Code's `backend_options.executable` (a script standing in for
+/// the CLI): the server answers a clear error and leaves nothing running.
+mod claude_code_bad_agents {
+    use super::*;
+
+    /// A stand-in `claude` running `body` (after reading the prompt from stdin).
+    fn fake_claude(dir: &Path, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let path = dir.join("claude");
+        std::fs::write(&path, format!("#!/bin/sh\ncat >/dev/null\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    async fn turn_with(body: &str) -> (Value, PathBuf, tempfile::TempDir) {
+        let dir = scratch().unwrap();
+        let bin = fake_claude(dir.path(), body);
+        let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
+        let bb = BlackboxProcess::start(&[]).unwrap();
+        let reg = registration(
+            "claude_code",
+            json!({"executable": bin}),
+            &fake.base_url(),
+            SESSION,
+            &json!({}),
+        );
+        let r = bb.post("/v1/rollout/register", &reg).await;
+        assert_eq!(r.status, 200, "{r}");
+        let t = bb
+            .post(
+                &format!("/v1/sessions/{SESSION}/messages"),
+                &json!({"turn_id": "turn-x", "messages": user("hi")}),
+            )
+            .await;
+        assert_ne!(t.status, 200, "{t}");
+        (t.body, bin, dir)
+    }
+
+    #[tokio::test]
+    async fn garbage_on_the_stream_fails_the_turn_quoting_the_line() {
+        let (body, bin, _dir) = turn_with(
+            "echo '{\"type\":\"system\",\"subtype\":\"init\"}'\necho 'this is not json at all'\nsleep 30",
+        )
+        .await;
+        let msg = body["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("this is not json at all"), "{body}");
+        let left = processes_with(bin.to_str().unwrap());
+        assert!(
+            left.is_empty(),
+            "the agent outlived its failed turn: {left:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_non_zero_exit_fails_the_turn_with_the_code_and_stderr() {
+        let (body, _bin, _dir) =
+            turn_with("echo '{\"type\":\"system\"}'\necho 'boom on stderr' >&2\nexit 3").await;
+        let msg = body["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("exited with code 3") && msg.contains("boom on stderr"),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_missing_binary_is_a_clear_register_error_and_the_server_stays_usable() {
+        let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
+        let bb = BlackboxProcess::start(&[]).unwrap();
+        let bad = registration(
+            "claude_code",
+            json!({"executable": "/nonexistent/claude"}),
+            &fake.base_url(),
+            SESSION,
+            &json!({}),
+        );
+        let r = bb.post("/v1/rollout/register", &bad).await;
+        assert_ne!(r.status, 200, "{r}");
+        assert!(
+            r.body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("claude code binary not found"),
+            "{r}"
+        );
+        let good = registration(
+            "claude_code",
+            json!({}),
+            &fake.base_url(),
+            SESSION,
+            &json!({}),
+        );
+        let again = bb.post("/v1/rollout/register", &good).await;
+        assert_eq!(again.status, 200, "{again}");
+    }
+}

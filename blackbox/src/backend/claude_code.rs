@@ -743,7 +743,9 @@ impl ClaudeCode {
         let read = self.read_stream(stdout, &logs).await;
         let status = self.reap().await;
         let events = match (read, status) {
-            (_, Reaped::Gone) => {
+            // Garbage on the stream ended the process: that, not the ending, is the news.
+            (Err(e), Reaped::Gone | Reaped::Code(_)) => return Err(e),
+            (Ok(_), Reaped::Gone) => {
                 return Err(BackendError::Transport(
                     "claude_code turn was aborted.".into(),
                 ));
@@ -753,7 +755,6 @@ impl ClaudeCode {
                     "claude_code was killed by signal {sig}"
                 )));
             }
-            (Err(e), Reaped::Code(_)) => return Err(e),
             (Ok(events), Reaped::Code(0)) => events,
             (Ok(events), Reaped::Code(code)) => {
                 return Err(BackendError::Transport(exit_error(
