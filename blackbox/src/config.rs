@@ -71,11 +71,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "openclaw",
         "the openclaw binary (backend not implemented yet)",
     ),
-    (
-        "CLAUDE_CODE_BIN",
-        "claude",
-        "the Claude Code binary (backend not implemented yet)",
-    ),
+    ("CLAUDE_CODE_BIN", "claude", "the Claude Code binary"),
     (
         "CODEX_BIN",
         "codex",

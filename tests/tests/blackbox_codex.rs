@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, client_bin, live_group_members, processes_with, wait_group_gone,
+    BlackboxProcess, FakeLlm, client_bin, live_group_members, processes_with, registration,
+    scratch, user, wait_group_gone,
 };
 use serde_json::{Value, json};
 
@@ -24,8 +25,9 @@ fn codex_bin() -> String {
     client_bin("codex").unwrap().display().to_string()
 }
 
-/// The paddock's codex registration (its defaults) for `router`.
-fn registration(router: &str, extra_options: &Value) -> Value {
+/// The paddock's codex registration (its defaults) for `router`, `extra_options` merged over
+/// the backend options.
+fn codex_registration(router: &str, extra_options: &Value) -> Value {
     let mut options = json!({
         "model": {"id": "proxy-model", "name": "Dressage Proxy"},
         "model_provider_id": "dressage_proxy",
@@ -40,25 +42,16 @@ fn registration(router: &str, extra_options: &Value) -> Value {
             o.insert(k.clone(), v.clone());
         }
     }
-    json!({
-        "blackbox_type": "codex",
-        "router": router,
-        "router_api_path": "/v1",
-        "bound_instance_id": "inst-001",
-        "bound_session_id": SESSION,
-        "backend_options": options,
-        "server_config": {},
-    })
+    registration("codex", options, router, SESSION, &json!({}))
 }
 
 async fn setup(script: &Value) -> (FakeLlm, BlackboxProcess, Value) {
     let fake = FakeLlm::start(fakellm_bin(), script).unwrap();
-    let codex = codex_bin();
-    let bb = BlackboxProcess::start(&[("CODEX_BIN", &codex)]).unwrap();
+    let bb = BlackboxProcess::start(&[]).unwrap();
     let r = bb
         .post(
             "/v1/rollout/register",
-            &registration(&fake.base_url(), &json!({})),
+            &codex_registration(&fake.base_url(), &json!({})),
         )
         .await;
     assert_eq!(r.status, 200, "{r}\n{}", bb.describe());
@@ -92,17 +85,6 @@ fn diag(bb: &BlackboxProcess, fake: &FakeLlm, runtime_dir: &str) -> String {
         read("codex.stdout.log"),
         read("codex.stderr.log")
     )
-}
-
-fn user(text: &str) -> Value {
-    json!([{"role": "user", "content": text}])
-}
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("bb-codex-")
-        .tempdir()
-        .unwrap()
 }
 
 /// Codex 0.169's shell tool: `exec_command` with one `cmd` string.
@@ -314,19 +296,19 @@ async fn a_missing_binary_is_a_register_error_and_the_server_stays_usable() {
     let r = bb
         .post(
             "/v1/rollout/register",
-            &registration(&fake.base_url(), &json!({})),
+            &codex_registration(&fake.base_url(), &json!({})),
         )
         .await;
     assert!(r.status >= 400, "{r}");
     assert!(r.body.to_string().contains("codex binary not found"), "{r}");
     // A good registration afterwards works.
-    let good = registration(&fake.base_url(), &json!({"executable": codex_bin()}));
+    let good = codex_registration(&fake.base_url(), &json!({"executable": codex_bin()}));
     let ok = bb.post("/v1/rollout/register", &good).await;
     assert_eq!(ok.status, 200, "{ok}\n{}", bb.describe());
     let bad = bb
         .post(
             "/v1/rollout/register",
-            &registration(&fake.base_url(), &json!({"sandbox_mode": "yolo"})),
+            &codex_registration(&fake.base_url(), &json!({"sandbox_mode": "yolo"})),
         )
         .await;
     assert!(bad.status == 400 || bad.status == 409, "{bad}");

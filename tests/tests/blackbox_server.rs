@@ -129,7 +129,10 @@ async fn register_is_idempotent_and_rebinds_only_without_open_sessions() {
     let status = bb.get("/v1/status").await;
     assert_eq!(status.body["status"], "ready");
     assert_eq!(status.body["sessions"]["active_count"], 1);
-    assert_eq!(status.body["implemented_backends"], json!(["opencode"]));
+    assert_eq!(
+        status.body["implemented_backends"],
+        json!(["opencode", "claude_code", "codex"])
+    );
     assert_eq!(
         status.body["known_backends"],
         json!(["opencode", "openclaw", "claude_code", "codex"])

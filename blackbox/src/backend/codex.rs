@@ -557,14 +557,41 @@ async fn kill_group(slot: &Mutex<Option<u32>>) -> bool {
     true
 }
 
-/// Clears the published group when the turn's process has been reaped normally.
-struct Published<'a>(&'a Mutex<Option<u32>>, Option<u32>);
+/// The running process's group, published for abort while the turn runs. Dropped after the
+/// process was reaped, it only unpublishes; dropped before (the turn's future was abandoned:
+/// a cancel, a deadline), it kills the group and what left it, since `kill_on_drop` would
+/// reach only the leader.
+struct Published<'a> {
+    slot: &'a Mutex<Option<u32>>,
+    pgid: Option<u32>,
+    reaped: bool,
+}
+
+impl<'a> Published<'a> {
+    fn new(slot: &'a Mutex<Option<u32>>, pgid: Option<u32>) -> Published<'a> {
+        *lock(slot) = pgid;
+        Published {
+            slot,
+            pgid,
+            reaped: false,
+        }
+    }
+}
 
 impl Drop for Published<'_> {
     fn drop(&mut self) {
-        let mut slot = lock(self.0);
-        if *slot == self.1 {
-            *slot = None;
+        {
+            let mut slot = lock(self.slot);
+            if *slot == self.pgid {
+                *slot = None;
+            }
+        }
+        if let (false, Some(pgid)) = (self.reaped, self.pgid) {
+            let tree = proc::descendants(pgid);
+            if let Err(e) = proc::signal_group(pgid, Signal::KILL) {
+                tracing::warn!(pgid, error = %e, "cannot kill codex's group");
+            }
+            proc::signal_each(&tree, Signal::KILL);
         }
     }
 }
@@ -699,8 +726,7 @@ impl Codex {
                 ))
             })?;
         let pgid = child.id();
-        *lock(&self.active) = pgid;
-        let _published = Published(&self.active, pgid);
+        let mut published = Published::new(&self.active, pgid);
         if let Some(pid) = pgid {
             let p = root.join("run/codex.pid");
             if let Err(e) = tokio::fs::write(&p, pid.to_string()).await {
@@ -792,12 +818,14 @@ impl Codex {
         if let Some(why) = bad {
             kill_group(&self.active).await;
             let _ = child.wait().await;
+            published.reaped = true;
             return Err(BackendError::Transport(why));
         }
         let status = child
             .wait()
             .await
             .map_err(|e| BackendError::Process(format!("cannot wait for codex: {e}")))?;
+        published.reaped = true;
         let code = proc::exit_code(status);
         if code != Some(0) {
             // Let the stderr copy catch up before quoting it.

@@ -3,6 +3,7 @@
 //! that maps a `blackbox_type` to an implementation. The server core owns the turn's proxy
 //! scope, its deadline and its cancellation; a backend only drives its agent.
 
+pub mod claude_code;
 pub mod codex;
 pub mod opencode;
 
@@ -18,7 +19,7 @@ use crate::model::{AdapterResponse, BackendCapabilities, Message, Object, Runtim
 use crate::proxy::LlmProxy;
 
 /// Backends this server runs.
-pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "codex"];
+pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "claude_code", "codex"];
 
 /// Backends the protocol names (the reference runs all four).
 pub const KNOWN_BACKENDS: &[&str] = &["opencode", "openclaw", "claude_code", "codex"];
@@ -126,6 +127,10 @@ pub struct InitContext {
     pub bins: Bins,
     /// The in-process proxy every model call goes through.
     pub proxy: LlmProxy,
+    /// The registration's bound session (agents that name their session derive it).
+    pub bound_session_id: String,
+    /// The registration's bound instance.
+    pub bound_instance_id: String,
 }
 
 /// One turn, as a backend sees it.
@@ -185,6 +190,12 @@ pub fn create(blackbox_type: &str, backend_options: &Object) -> Result<Box<dyn B
     let details = || obj(serde_json::json!({"blackbox_type": blackbox_type}));
     match blackbox_type {
         "opencode" => opencode::Opencode::new(backend_options)
+            .map(|b| Box::new(b) as Box<dyn Backend>)
+            .map_err(|e| ApiError::Request {
+                message: e.to_string(),
+                details: details(),
+            }),
+        "claude_code" => claude_code::ClaudeCode::new(backend_options)
             .map(|b| Box::new(b) as Box<dyn Backend>)
             .map_err(|e| ApiError::Request {
                 message: e.to_string(),

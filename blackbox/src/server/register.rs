@@ -350,6 +350,10 @@ impl Server {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(|e| failed("cannot bind the proxy", &e))?;
+        let (bound_session_id, bound_instance_id) = (
+            proxy_cfg.bound_session_id.clone(),
+            proxy_cfg.bound_instance_id.clone(),
+        );
         let proxy = LlmProxy::start(listener, proxy_cfg)
             .await
             .map_err(|e| failed("cannot start the proxy", &e))?;
@@ -360,6 +364,8 @@ impl Server {
             config: config.clone(),
             bins: self.inner.bins.clone(),
             proxy: proxy.clone(),
+            bound_session_id,
+            bound_instance_id,
         };
         match backend.initialize(&ctx).await {
             Ok(()) => Ok(proxy),

@@ -1,7 +1,8 @@
 //! `blackbox-server` as a child process for the blackbox tests: loopback port 0, a temp runtime
-//! root, the real opencode from the clients cache, and a JSON-over-HTTP helper that returns
-//! status, `x-request-id` and body together. Also the opencode registration the paddock sends,
-//! and process lookups for the no-orphan checks.
+//! root, the real agent CLIs from the clients cache, and a JSON-over-HTTP helper that returns
+//! status, `x-request-id` and body together. Also the registrations the paddock sends (opencode,
+//! Claude Code, codex), the small helpers every blackbox test uses (turn bodies, settled turns,
+//! diagnostics), and process lookups for the no-orphan checks.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,6 +57,8 @@ impl BlackboxProcess {
                 source,
             })?;
         let opencode = client_bin("opencode")?;
+        let claude = client_bin("claude")?;
+        let codex = client_bin("codex")?;
         let mut cmd = Command::new(workspace_bin("agentbox-blackbox", "blackbox-server")?);
         cmd.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -64,6 +67,8 @@ impl BlackboxProcess {
             .env("BBS_PORT", "0")
             .env("BBS_RUNTIME_ROOT", runtime_root.path())
             .env("OPENCODE_BIN", opencode)
+            .env("CLAUDE_CODE_BIN", claude)
+            .env("CODEX_BIN", codex)
             .envs(env.iter().copied());
         let (service, address) = Service::start_listening(
             "blackbox-server",
@@ -205,30 +210,86 @@ impl BlackboxProcess {
     /// leads its own process group.
     #[must_use]
     pub fn opencode_pid(runtime_dir: &str) -> Option<u32> {
-        std::fs::read_to_string(PathBuf::from(runtime_dir).join("run/opencode.pid"))
+        Self::agent_pid(runtime_dir, "opencode.pid")
+    }
+
+    /// The pid in `<runtime_dir>/run/<file>` (an agent process, leading its own group).
+    #[must_use]
+    pub fn agent_pid(runtime_dir: &str, file: &str) -> Option<u32> {
+        std::fs::read_to_string(PathBuf::from(runtime_dir).join("run").join(file))
             .ok()
             .and_then(|s| s.trim().parse().ok())
     }
+
+    /// The server's state and fakellm's request log, for a failed assertion.
+    #[must_use]
+    pub fn diag(&self, fake: &super::FakeLlm) -> String {
+        let log: Vec<String> = fake
+            .requests()
+            .unwrap_or_default()
+            .iter()
+            .map(|r| {
+                format!(
+                    "#{} {} {} served_by={}",
+                    r["seq"], r["method"], r["path"], r["served_by"]
+                )
+            })
+            .collect();
+        format!("{}\n--- fakellm ---\n{}", self.describe(), log.join("\n"))
+    }
 }
 
-/// The opencode registration the paddock sends (its defaults), for `router` (fakellm's base
-/// URL), with `extra` merged over the top level.
+/// A turn's `messages`: one user message.
 #[must_use]
-pub fn opencode_registration(router: &str, session_id: &str, extra: &Value) -> Value {
+pub fn user(text: &str) -> Value {
+    json!([{"role": "user", "content": text}])
+}
+
+/// A turn that is neither queued nor inflight.
+#[must_use]
+pub fn settled(turn: &Value) -> bool {
+    !matches!(turn["status"].as_str(), Some("queued" | "inflight"))
+}
+
+/// The content of a turn's last output.
+#[must_use]
+pub fn last_text(outputs: &Value) -> &str {
+    outputs
+        .as_array()
+        .and_then(|o| o.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+}
+
+/// A scratch directory for files the agent writes.
+///
+/// # Panics
+/// When no temp directory can be made.
+#[must_use]
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("bb-work-")
+        .tempdir()
+        .expect("a temp dir")
+}
+
+/// A registration of `blackbox_type` with `backend_options` for `router` (fakellm's base URL),
+/// with `extra` merged over the top level.
+#[must_use]
+pub fn registration(
+    blackbox_type: &str,
+    backend_options: Value,
+    router: &str,
+    session_id: &str,
+    extra: &Value,
+) -> Value {
     let mut v = json!({
-        "blackbox_type": "opencode",
+        "blackbox_type": blackbox_type,
         "router": router,
         "router_api_path": "/v1",
         "bound_instance_id": "inst-001",
         "bound_session_id": session_id,
-        "backend_options": {
-            "provider_id": "sglang",
-            "provider_name": "Dressage Proxy",
-            "provider_package": "@ai-sdk/openai-compatible",
-            "model_id": "proxy-model",
-            "model_name": "Dressage Proxy",
-            "model_limit": {"context": 131_072, "output": 8192},
-        },
+        "backend_options": backend_options,
         "server_config": {},
     });
     if let (Some(base), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
@@ -237,6 +298,33 @@ pub fn opencode_registration(router: &str, session_id: &str, extra: &Value) -> V
         }
     }
     v
+}
+
+/// The Claude Code registration (the backend's defaults) for `router`, with `extra` merged
+/// over the top level.
+#[must_use]
+pub fn claude_code_registration(router: &str, session_id: &str, extra: &Value) -> Value {
+    registration("claude_code", json!({}), router, session_id, extra)
+}
+
+/// The opencode registration the paddock sends (its defaults), for `router` (fakellm's base
+/// URL), with `extra` merged over the top level.
+#[must_use]
+pub fn opencode_registration(router: &str, session_id: &str, extra: &Value) -> Value {
+    registration("opencode", opencode_options(), router, session_id, extra)
+}
+
+/// The opencode `backend_options` the paddock sends.
+#[must_use]
+pub fn opencode_options() -> Value {
+    json!({
+        "provider_id": "sglang",
+        "provider_name": "Dressage Proxy",
+        "provider_package": "@ai-sdk/openai-compatible",
+        "model_id": "proxy-model",
+        "model_name": "Dressage Proxy",
+        "model_limit": {"context": 131_072, "output": 8192},
+    })
 }
 
 /// Pids of live processes whose command line contains `needle`.

@@ -29,7 +29,10 @@ pub mod launcher;
 mod process;
 mod proxy;
 
-pub use blackbox::{BlackboxProcess, Reply, opencode_registration, processes_with};
+pub use blackbox::{
+    BlackboxProcess, Reply, claude_code_registration, last_text, opencode_options,
+    opencode_registration, processes_with, registration, scratch, settled, user,
+};
 pub use clients::{
     claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
 };

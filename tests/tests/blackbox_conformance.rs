@@ -1,0 +1,453 @@
+//! The blackbox-server conformance suite: one list of scenarios, run against every backend
+//! with the real agent CLI behind the server and fakellm (chat completions: the proxy turns
+//! every backend's calls into chat) as the router. A backend is one [`Row`] (how to register
+//! it, the names and argument shapes of its file-writing and shell tools, its pid file) and
+//! one `conformance!` line; the scenarios do not know which agent they drive.
+//!
+//! Scenarios: register; a two-turn conversation whose first turn edits a file through a
+//! scripted tool call, with the rollout headers on every model call and an idempotent retry
+//! that reaches no model; cancel in flight; abort; the agent killed (the session desyncs);
+//! max_steps (429); SIGTERM of the server leaving no process of the backend behind.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentbox_tests::harness::{
+    BlackboxProcess, FakeLlm, opencode_options, processes_with, registration, scratch, settled,
+    user, wait_group_gone,
+};
+use serde_json::{Value, json};
+
+const SESSION: &str = "sess-001";
+
+fn fakellm_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_fakellm"))
+}
+
+/// One backend, as the scenarios see it.
+struct Row {
+    /// `blackbox_type`.
+    kind: &'static str,
+    /// Its `backend_options` with `proxy` set to the given proxy options.
+    options: fn(proxy: &Value) -> Value,
+    /// Its file-writing tool call: name and arguments for (path, content).
+    write: fn(&Path, &str) -> (&'static str, Value),
+    /// Its shell tool call: name and arguments for a command.
+    bash: fn(&str) -> (&'static str, Value),
+    /// The file under `<runtime_dir>/run` holding the agent's pid (while it runs).
+    pid_file: &'static str,
+    /// Whether the turn's outputs list its tool calls and results as messages (codex, as the
+    /// reference maps it, returns only the assistant's text; its tool items are trace events).
+    tool_messages: bool,
+}
+
+fn with_proxy(mut options: Value, proxy: &Value) -> Value {
+    if !proxy.is_null() {
+        options["proxy"] = proxy.clone();
+    }
+    options
+}
+
+const OPENCODE: Row = Row {
+    kind: "opencode",
+    options: |proxy| with_proxy(opencode_options(), proxy),
+    write: |path, content| ("write", json!({"filePath": path, "content": content})),
+    bash: |cmd| ("bash", json!({"command": cmd, "description": "wait"})),
+    pid_file: "opencode.pid",
+    tool_messages: true,
+};
+
+const CLAUDE_CODE: Row = Row {
+    kind: "claude_code",
+    options: |proxy| with_proxy(json!({}), proxy),
+    write: |path, content| ("Write", json!({"file_path": path, "content": content})),
+    bash: |cmd| ("Bash", json!({"command": cmd, "description": "wait"})),
+    pid_file: "claude_code.pid",
+    tool_messages: true,
+};
+
+/// Codex 0.169 has no file-writing tool: its shell tool (`exec_command`, one `cmd` string)
+/// writes the file.
+const CODEX: Row = Row {
+    kind: "codex",
+    options: |proxy| with_proxy(json!({}), proxy),
+    write: |path, content| {
+        let cmd = format!("printf '%s' '{content}' > '{}'", path.display());
+        ("exec_command", json!({"cmd": cmd}))
+    },
+    bash: |cmd| ("exec_command", json!({"cmd": cmd})),
+    pid_file: "codex.pid",
+    tool_messages: false,
+};
+
+/// fakellm with `script`, and a blackbox-server (with `env`) registered for `row`.
+async fn setup(
+    row: &Row,
+    script: &Value,
+    env: &[(&str, &str)],
+    proxy: &Value,
+) -> (FakeLlm, BlackboxProcess, Value) {
+    let fake = FakeLlm::start(fakellm_bin(), script).unwrap();
+    let bb = BlackboxProcess::start(env).unwrap();
+    let reg = registration(
+        row.kind,
+        (row.options)(proxy),
+        &fake.base_url(),
+        SESSION,
+        &json!({}),
+    );
+    let r = bb.post("/v1/rollout/register", &reg).await;
+    assert_eq!(r.status, 200, "{r}\n{}", bb.describe());
+    (fake, bb, r.body)
+}
+
+/// A script whose only tool-using step runs `call` (then answers "done" forever).
+fn one_call_script(call_id: &str, (name, input): (&str, Value)) -> Value {
+    json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [{"match": {"has_tools": true},
+                   "tool_calls": [{"id": call_id, "name": name, "input": input}]}],
+        "fallback": {"text": "done"}
+    })
+}
+
+/// Waits until `cond` holds (polling), or panics with `what` and the diagnostics.
+async fn wait_for(what: &str, bb: &BlackboxProcess, fake: &FakeLlm, cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while !cond() {
+        assert!(Instant::now() < deadline, "{what}\n{}", bb.diag(fake));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn runtime_dir(reg: &Value) -> String {
+    reg["binding"]["runtime_dir"].as_str().unwrap().to_owned()
+}
+
+async fn register(row: &Row) {
+    let (_fake, bb, reg) = setup(row, &json!({}), &[], &Value::Null).await;
+    assert_eq!(reg["status"], "ready", "{reg}");
+    assert_eq!(reg["binding"]["bound_session_id"], SESSION);
+    assert_eq!(reg["binding"]["blackbox_type"], row.kind, "{reg}");
+    assert_eq!(reg["capabilities"]["chat"], true);
+    let status = bb.get("/v1/status").await;
+    assert_eq!(status.body["status"], "ready");
+    let implemented = status.body["implemented_backends"].as_array().unwrap();
+    assert!(implemented.iter().any(|b| b == row.kind), "{status}");
+}
+
+async fn two_turns_edit_a_file_carry_the_headers_and_replay(row: &Row) {
+    let work = scratch();
+    let target = work.path().join("hello.txt");
+    let content = "hello from the blackbox\n";
+    let (name, input) = (row.write)(&target, content);
+    let call = "call_conf_write_1";
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [
+            {"match": {"has_tools": true},
+             "tool_calls": [{"id": call, "name": name, "input": input}],
+             "usage": {"input_tokens": 100, "output_tokens": 20}},
+            {"match": {"has_tools": true, "body_contains": call}, "text": "done",
+             "usage": {"input_tokens": 130, "output_tokens": 2}},
+            {"match": {"has_tools": true, "body_contains": "second question"},
+             "text": "second turn done"}
+        ]
+    });
+    let (fake, bb, _) = setup(row, &script, &[], &Value::Null).await;
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let turn = json!({"turn_id": "turn-1", "messages": user("Create hello.txt"), "metadata": {}});
+    let r = bb.post(&path, &turn).await;
+    assert_eq!(r.status, 200, "{r}\n{}", bb.diag(&fake));
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), content);
+    let body = &r.body;
+    assert_eq!(body["backend"]["type"], row.kind);
+    let agent_session = body["backend"]["backend_session_id"].clone();
+    assert!(agent_session.is_string(), "{body}");
+    let outputs = body["outputs"].as_array().unwrap();
+    if row.tool_messages {
+        let tool_call = outputs
+            .iter()
+            .find_map(|m| m["tool_calls"].as_array().and_then(|c| c.first()))
+            .unwrap_or_else(|| panic!("no tool call in {body}"));
+        assert_eq!(tool_call["id"], call);
+        assert_eq!(tool_call["function"]["name"], name);
+        assert!(
+            outputs
+                .iter()
+                .any(|m| m["role"] == "tool" && m["tool_call_id"] == call),
+            "{body}"
+        );
+    } else {
+        // The proxy counted the model's tool call.
+        assert_eq!(body["usage"]["tool_calls"], 1, "{body}");
+    }
+    assert_eq!(outputs.last().unwrap()["content"], "done", "{body}");
+    // The proxy's counts: two model calls with tools in this turn.
+    assert_eq!(body["usage"]["steps"], 2, "{body}");
+
+    // Every proxied model call carries the rollout headers, whatever the agent's protocol.
+    let requests = fake.chat_requests().unwrap();
+    assert!(requests.len() >= 2, "{}", bb.diag(&fake));
+    for req in &requests {
+        let h = &req["headers"];
+        assert_eq!(h["x-session-id"], SESSION, "{req}");
+        assert_eq!(h["x-instance-id"], "inst-001", "{req}");
+        assert_eq!(h["x-turn-id"], "turn-1", "{req}");
+        assert_eq!(h["x-smg-routing-key"], SESSION, "{req}");
+        assert_eq!(h["x-dressage-partial-rollout"], "1", "{req}");
+    }
+
+    // The same turn again: the committed result, and no new model call.
+    let seen = fake.requests().unwrap().len();
+    let replay = bb.post(&path, &turn).await;
+    assert_eq!(replay.status, 200, "{replay}");
+    assert_eq!(replay.body["idempotent_replay"], true);
+    assert_eq!(replay.body["outputs"], body["outputs"]);
+    assert_eq!(
+        fake.requests().unwrap().len(),
+        seen,
+        "the replay reached the model"
+    );
+
+    // The second turn continues the agent's session.
+    let second = json!({"turn_id": "turn-2", "messages": user("second question")});
+    let r2 = bb.post(&path, &second).await;
+    assert_eq!(r2.status, 200, "{r2}\n{}", bb.diag(&fake));
+    assert_eq!(
+        r2.body["outputs"].as_array().unwrap().last().unwrap()["content"],
+        "second turn done"
+    );
+    assert_eq!(r2.body["backend"]["backend_session_id"], agent_session);
+    let last = fake.chat_requests().unwrap();
+    let last = last.last().unwrap();
+    assert_eq!(last["headers"]["x-turn-id"], "turn-2");
+    // The agent sent its history: the first turn's tool call is in the second turn's call.
+    assert!(last.to_string().contains(call), "{last}");
+    let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
+    assert_eq!(s.body["turn_count"], 2, "{s}");
+}
+
+async fn cancel_in_flight(row: &Row) {
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [
+            {"match": {"has_tools": true}, "text": "late", "delay_ms": 60_000},
+            {"match": {"has_tools": true}, "text": "after the cancel"}
+        ]
+    });
+    let (fake, bb, _) = setup(row, &script, &[], &Value::Null).await;
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let submit = json!({"turn_id": "turn-a", "mode": "async", "messages": user("slow")});
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
+    wait_for("the model call never came", &bb, &fake, || {
+        !fake.chat_requests().unwrap().is_empty()
+    })
+    .await;
+    let cancel = bb
+        .post_empty(&format!("/v1/sessions/{SESSION}/turns/turn-a/cancel"))
+        .await;
+    assert_eq!(cancel.status, 200, "{cancel}");
+    let ended = bb.poll_turn(SESSION, "turn-a", 5, settled).await;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert_eq!(ended["error"]["http_status"], 499);
+    let next = json!({"turn_id": "turn-b", "messages": user("go on")});
+    let r = bb.post(&path, &next).await;
+    assert_eq!(r.status, 200, "{r}\n{}", bb.diag(&fake));
+    assert_eq!(
+        r.body["outputs"].as_array().unwrap().last().unwrap()["content"],
+        "after the cancel"
+    );
+}
+
+async fn abort_stops_the_turn_and_its_tools(row: &Row) {
+    let marker = format!("sleep 3141.{}{}", std::process::id(), row.kind.len());
+    let (fake, bb, _) = setup(
+        row,
+        &one_call_script("call_conf_sleep", (row.bash)(&marker)),
+        &[],
+        &Value::Null,
+    )
+    .await;
+    let submit = json!({"turn_id": "turn-s", "mode": "async", "messages": user("wait")});
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
+    wait_for("the tool never ran", &bb, &fake, || {
+        !processes_with(&marker).is_empty()
+    })
+    .await;
+    let abort = bb
+        .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
+        .await;
+    assert_eq!(abort.status, 200, "{abort}");
+    assert_eq!(abort.body["state"], "aborted");
+    let turn = bb
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-s"))
+        .await;
+    assert_eq!(turn.body["status"], "unknown", "{turn}");
+    assert_eq!(turn.body["error"]["error"], "aborted");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent's tool survived the abort"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn a_killed_agent_desyncs_the_session(row: &Row) {
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [{"match": {"has_tools": true}, "text": "late", "delay_ms": 60_000}]
+    });
+    let (fake, bb, reg) = setup(
+        row,
+        &script,
+        &[
+            ("BBS_RUNTIME_HEALTH_CHECK_INTERVAL", "1"),
+            ("BBS_RUNTIME_HEALTH_CHECK_RETRIES", "2"),
+            ("BBS_RUNTIME_HEALTH_CHECK_RETRY_DELAY", "0.2"),
+        ],
+        &Value::Null,
+    )
+    .await;
+    let dir = runtime_dir(&reg);
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let submit = json!({"turn_id": "turn-k", "mode": "async", "messages": user("slow")});
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
+    wait_for("the model call never came", &bb, &fake, || {
+        !fake.chat_requests().unwrap().is_empty()
+    })
+    .await;
+    let pid = BlackboxProcess::agent_pid(&dir, row.pid_file).expect("agent pid file");
+    let killed = Instant::now();
+    rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    loop {
+        let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
+        if s.body["state"] == "desynced" {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "never noticed: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let turn = bb.poll_turn(SESSION, "turn-k", 5, settled).await;
+    assert_ne!(turn["status"], "committed", "{turn}");
+    let again = bb
+        .post(&path, &json!({"turn_id": "t", "messages": user("x")}))
+        .await;
+    assert_eq!(again.status, 503, "{again}");
+}
+
+async fn max_steps_is_429(row: &Row) {
+    let work = scratch();
+    let (name, input) = (row.write)(&work.path().join("a.txt"), "a");
+    let (_, again) = (row.write)(&work.path().join("b.txt"), "b");
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [{"match": {"has_tools": true},
+                   "tool_calls": [{"id": "call_conf_1", "name": name, "input": input}]}],
+        "fallback": {"tool_calls": [{"name": name, "input": again}]}
+    });
+    let (fake, bb, _) = setup(row, &script, &[], &json!({"max_steps": 1})).await;
+    let r = bb
+        .post(
+            &format!("/v1/sessions/{SESSION}/messages"),
+            &json!({"turn_id": "turn-m", "messages": user("write twice")}),
+        )
+        .await;
+    assert_eq!(r.status, 429, "{r}\n{}", bb.diag(&fake));
+    assert_eq!(r.body["error"], "max_steps_exceeded");
+    assert_eq!(r.body["details"]["max_steps"], 1);
+    let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
+    assert_eq!(s.body["state"], "desynced");
+}
+
+async fn sigterm_leaves_no_process_behind(row: &Row) {
+    let marker = format!("sleep 2718.{}{}", std::process::id(), row.kind.len());
+    let (fake, mut bb, reg) = setup(
+        row,
+        &one_call_script("call_conf_term", (row.bash)(&marker)),
+        &[("BBS_SHUTDOWN_TIMEOUT", "10")],
+        &Value::Null,
+    )
+    .await;
+    let dir = PathBuf::from(runtime_dir(&reg));
+    let submit = json!({"turn_id": "turn-t", "mode": "async", "messages": user("wait")});
+    let r = bb
+        .post(&format!("/v1/sessions/{SESSION}/messages"), &submit)
+        .await;
+    assert_eq!(r.status, 202);
+    wait_for("the tool never ran", &bb, &fake, || {
+        !processes_with(&marker).is_empty()
+    })
+    .await;
+    let agent =
+        BlackboxProcess::agent_pid(dir.to_str().unwrap(), row.pid_file).expect("agent pid file");
+    let pid = rustix::process::Pid::from_raw(i32::try_from(bb.pid()).unwrap()).unwrap();
+    let sent = Instant::now();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    while bb.is_running() {
+        assert!(
+            sent.elapsed() < Duration::from_secs(15),
+            "still running\n{}",
+            bb.describe()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left = wait_group_gone(agent, Duration::from_secs(2));
+    assert!(left.is_empty(), "{} survived: {left:?}", row.kind);
+    assert!(
+        processes_with(&marker).is_empty(),
+        "the agent's tool survived SIGTERM"
+    );
+    assert!(!dir.exists(), "runtime dir left behind");
+}
+
+/// Every scenario as a test, in a module named after the backend.
+macro_rules! conformance {
+    ($module:ident, $row:expr) => {
+        mod $module {
+            #[tokio::test]
+            async fn register() {
+                super::register(&$row).await;
+            }
+            #[tokio::test]
+            async fn two_turns_edit_a_file_carry_the_headers_and_replay() {
+                super::two_turns_edit_a_file_carry_the_headers_and_replay(&$row).await;
+            }
+            #[tokio::test]
+            async fn cancel_in_flight() {
+                super::cancel_in_flight(&$row).await;
+            }
+            #[tokio::test]
+            async fn abort_stops_the_turn_and_its_tools() {
+                super::abort_stops_the_turn_and_its_tools(&$row).await;
+            }
+            #[tokio::test]
+            async fn a_killed_agent_desyncs_the_session() {
+                super::a_killed_agent_desyncs_the_session(&$row).await;
+            }
+            #[tokio::test]
+            async fn max_steps_is_429() {
+                super::max_steps_is_429(&$row).await;
+            }
+            #[tokio::test]
+            async fn sigterm_leaves_no_process_behind() {
+                super::sigterm_leaves_no_process_behind(&$row).await;
+            }
+        }
+    };
+}
+
+conformance!(opencode, super::OPENCODE);
+conformance!(claude_code, super::CLAUDE_CODE);
+conformance!(codex, super::CODEX);
