@@ -8,9 +8,11 @@
 //! Codex 0.169's `exec resume` takes no `--sandbox`/`--cd` (the reference passes one): every
 //! setting goes through `config.toml` and `-c key=value`, which both forms accept. Each
 //! process leads its own process group; abort and shutdown kill the group and anything that
-//! left it.
+//! left it. Health is the binary being runnable and no turn's process having been killed
+//! behind our back.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -488,8 +490,11 @@ pub struct Codex {
     setup: Mutex<Option<Setup>>,
     /// The committed thread (set when a turn that started it commits).
     thread: Mutex<Option<String>>,
-    /// The running turn's process group, for abort.
+    /// The running turn's process group, for abort (taken out by whoever kills it).
     active: Arc<Mutex<Option<u32>>>,
+    /// A turn's process was killed by a signal we did not send: the agent is not
+    /// trustworthy any more, and health says so.
+    killed: AtomicBool,
     logs: TaskTracker,
 }
 
@@ -607,6 +612,7 @@ impl Codex {
             setup: Mutex::new(None),
             thread: Mutex::new(None),
             active: Arc::new(Mutex::new(None)),
+            killed: AtomicBool::new(false),
             logs: TaskTracker::new(),
         })
     }
@@ -826,6 +832,16 @@ impl Codex {
             .await
             .map_err(|e| BackendError::Process(format!("cannot wait for codex: {e}")))?;
         published.reaped = true;
+        // Still published: nobody on our side ended it.
+        let ours = *lock(&self.active) != pgid;
+        if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&status)
+            && !ours
+        {
+            self.killed.store(true, Ordering::SeqCst);
+            return Err(BackendError::Process(format!(
+                "codex was killed by signal {sig}"
+            )));
+        }
         let code = proc::exit_code(status);
         if code != Some(0) {
             // Let the stderr copy catch up before quoting it.
@@ -974,9 +990,10 @@ impl Backend for Codex {
 
     fn health(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
-            lock(&self.setup)
-                .as_ref()
-                .is_some_and(|s| resolve_executable(&s.bin).is_some())
+            !self.killed.load(Ordering::SeqCst)
+                && lock(&self.setup)
+                    .as_ref()
+                    .is_some_and(|s| resolve_executable(&s.bin).is_some())
         })
     }
 
