@@ -341,9 +341,19 @@ async fn a_killed_agent_desyncs_the_session(row: &Row) {
     }
     let turn = bb.poll_turn(SESSION, "turn-k", 5, settled).await;
     assert_ne!(turn["status"], "committed", "{turn}");
-    let again = bb
-        .post(&path, &json!({"turn_id": "t", "messages": user("x")}))
-        .await;
+    // The session desyncs when the turn ends; a backend whose turn process died (one
+    // process per turn: codex) is found unhealthy by the health check that follows, with its
+    // retries: new turns are refused with 503 from then on.
+    let again = loop {
+        let again = bb
+            .post(&path, &json!({"turn_id": "t", "messages": user("x")}))
+            .await;
+        if again.status == 503 || killed.elapsed() > Duration::from_secs(10) {
+            break again;
+        }
+        assert_eq!(again.status, 409, "{again}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(again.status, 503, "{again}");
 }
 
