@@ -94,7 +94,7 @@ fn shell_call(id: &str, cmd: &str) -> Value {
 
 #[tokio::test]
 async fn two_turns_edit_a_file_resume_the_thread_and_replay() {
-    let work = scratch();
+    let work = scratch().unwrap();
     let target = work.path().join("hello.txt");
     let script = json!({
         "rules": [{"match": {"has_tools": false}, "text": "title"}],

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, Reply, opencode_registration, run_captured, workspace_bin,
+    BlackboxProcess, FakeLlm, Reply, opencode_registration, run_captured, user, workspace_bin,
 };
 use serde_json::{Value, json};
 
@@ -27,10 +27,6 @@ fn error(r: &Reply, status: u16, code: &str) -> Value {
     assert!(rid.starts_with("req-") && rid.len() == 12, "{r}");
     assert_eq!(r.request_id.as_deref(), Some(rid), "x-request-id differs");
     b.clone()
-}
-
-fn user(text: &str) -> Value {
-    json!([{"role": "user", "content": text}])
 }
 
 #[tokio::test]

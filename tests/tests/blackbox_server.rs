@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, live_group_members, opencode_registration, processes_with,
-    wait_group_gone,
+    BlackboxProcess, FakeLlm, last_text, live_group_members, opencode_registration, processes_with,
+    scratch, settled, user, wait_group_gone,
 };
 use serde_json::{Value, json};
 
@@ -40,22 +40,7 @@ async fn setup(
 }
 
 fn diag(bb: &BlackboxProcess, fake: &FakeLlm) -> String {
-    let log: Vec<String> = fake
-        .requests()
-        .unwrap_or_default()
-        .iter()
-        .map(|r| {
-            format!(
-                "#{} {} {} served_by={}",
-                r["seq"], r["method"], r["path"], r["served_by"]
-            )
-        })
-        .collect();
-    format!("{}\n--- fakellm ---\n{}", bb.describe(), log.join("\n"))
-}
-
-fn user(text: &str) -> Value {
-    json!([{"role": "user", "content": text}])
+    bb.diag(fake)
 }
 
 /// fakellm scripted to have opencode write `content` to `target` (call id `call_id`), then
@@ -73,27 +58,6 @@ fn write_script(target: &Path, content: &str, call_id: &str) -> Value {
              "usage": {"input_tokens": 130, "output_tokens": 2}}
         ]
     })
-}
-
-/// A turn that is neither queued nor inflight.
-fn settled(turn: &Value) -> bool {
-    !matches!(turn["status"].as_str(), Some("queued" | "inflight"))
-}
-
-/// The content of a turn's last output.
-fn last_text(outputs: &Value) -> &str {
-    outputs
-        .as_array()
-        .and_then(|o| o.last())
-        .and_then(|m| m["content"].as_str())
-        .unwrap_or("")
-}
-
-fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("bb-work-")
-        .tempdir()
-        .unwrap()
 }
 
 #[tokio::test]
@@ -174,7 +138,7 @@ async fn register_is_idempotent_and_rebinds_only_without_open_sessions() {
 
 #[tokio::test]
 async fn a_sync_turn_writes_a_file_and_replays_without_a_second_run() {
-    let work = scratch();
+    let work = scratch().unwrap();
     let target = work.path().join("hello.txt");
     let content = "hello from the blackbox\n";
     let (fake, bb, reg) = setup(
@@ -548,7 +512,7 @@ async fn a_backend_timeout_is_unknown_desynced_and_504() {
 
 #[tokio::test]
 async fn max_steps_ends_the_turn_with_429() {
-    let work = scratch();
+    let work = scratch().unwrap();
     let script = json!({
         "rules": [{"match": {"has_tools": false}, "text": "title"}],
         "steps": [

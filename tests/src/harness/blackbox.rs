@@ -263,14 +263,16 @@ pub fn last_text(outputs: &Value) -> &str {
 
 /// A scratch directory for files the agent writes.
 ///
-/// # Panics
+/// # Errors
 /// When no temp directory can be made.
-#[must_use]
-pub fn scratch() -> tempfile::TempDir {
+pub fn scratch() -> Result<tempfile::TempDir, HarnessError> {
     tempfile::Builder::new()
         .prefix("bb-work-")
         .tempdir()
-        .expect("a temp dir")
+        .map_err(|source| HarnessError::Io {
+            path: std::env::temp_dir(),
+            source,
+        })
 }
 
 /// A registration of `blackbox_type` with `backend_options` for `router` (fakellm's base URL),
