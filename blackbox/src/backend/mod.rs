@@ -4,6 +4,7 @@
 //! scope, its deadline and its cancellation; a backend only drives its agent.
 
 pub mod claude_code;
+pub mod codex;
 pub mod opencode;
 
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use crate::model::{AdapterResponse, BackendCapabilities, Message, Object, Runtim
 use crate::proxy::LlmProxy;
 
 /// Backends this server runs.
-pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "claude_code"];
+pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "claude_code", "codex"];
 
 /// Backends the protocol names (the reference runs all four).
 pub const KNOWN_BACKENDS: &[&str] = &["opencode", "openclaw", "claude_code", "codex"];
@@ -200,6 +201,12 @@ pub fn create(blackbox_type: &str, backend_options: &Object) -> Result<Box<dyn B
                 message: e.to_string(),
                 details: details(),
             }),
+        "codex" => codex::Codex::new(backend_options)
+            .map(|b| Box::new(b) as Box<dyn Backend>)
+            .map_err(|e| ApiError::Request {
+                message: e.to_string(),
+                details: details(),
+            }),
         known if KNOWN_BACKENDS.contains(&known) => Err(ApiError::Request {
             message: format!(
                 "blackbox_type {known} is not implemented by this server (implemented: {}).",
@@ -254,7 +261,7 @@ mod tests {
 
     #[test]
     fn unknown_and_unimplemented_types_are_request_errors() {
-        for t in ["codex", "nope"] {
+        for t in ["openclaw", "nope"] {
             let err = create(t, &Object::new()).unwrap_err();
             let (status, body) = err.render("r");
             assert_eq!(status.as_u16(), 400);

@@ -1,7 +1,7 @@
 //! `blackbox-server` as a child process for the blackbox tests: loopback port 0, a temp runtime
 //! root, the real agent CLIs from the clients cache, and a JSON-over-HTTP helper that returns
 //! status, `x-request-id` and body together. Also the registrations the paddock sends (opencode,
-//! Claude Code), the small helpers every blackbox test uses (turn bodies, settled turns,
+//! Claude Code, codex), the small helpers every blackbox test uses (turn bodies, settled turns,
 //! diagnostics), and process lookups for the no-orphan checks.
 
 use std::path::{Path, PathBuf};
@@ -58,6 +58,7 @@ impl BlackboxProcess {
             })?;
         let opencode = client_bin("opencode")?;
         let claude = client_bin("claude")?;
+        let codex = client_bin("codex")?;
         let mut cmd = Command::new(workspace_bin("agentbox-blackbox", "blackbox-server")?);
         cmd.env_clear()
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -67,6 +68,7 @@ impl BlackboxProcess {
             .env("BBS_RUNTIME_ROOT", runtime_root.path())
             .env("OPENCODE_BIN", opencode)
             .env("CLAUDE_CODE_BIN", claude)
+            .env("CODEX_BIN", codex)
             .envs(env.iter().copied());
         let (service, address) = Service::start_listening(
             "blackbox-server",

@@ -1,0 +1,315 @@
+//! blackbox-server's codex backend end to end: the server as a process, the real Codex
+//! (`codex exec --json`, one process per turn) behind it, fakellm (chat completions) as the
+//! router; the in-process proxy translates Codex's Responses calls to chat and back, streamed.
+//! Register, a turn whose scripted shell call really edits a file, a second turn resuming
+//! the same thread, idempotent retry, abort of a turn in flight, and the rollout headers
+//! fakellm sees.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use agentbox_tests::harness::{
+    BlackboxProcess, FakeLlm, client_bin, live_group_members, processes_with, registration,
+    scratch, user, wait_group_gone,
+};
+use serde_json::{Value, json};
+
+const SESSION: &str = "sess-codex";
+
+fn fakellm_bin() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_fakellm"))
+}
+
+fn codex_bin() -> String {
+    client_bin("codex").unwrap().display().to_string()
+}
+
+/// The paddock's codex registration (its defaults) for `router`, `extra_options` merged over
+/// the backend options.
+fn codex_registration(router: &str, extra_options: &Value) -> Value {
+    let mut options = json!({
+        "model": {"id": "proxy-model", "name": "Dressage Proxy"},
+        "model_provider_id": "dressage_proxy",
+        "sandbox_mode": "danger-full-access",
+        "approval_policy": "never",
+        "skip_git_repo_check": true,
+        "ignore_rules": true,
+        "web_search": "disabled",
+    });
+    if let (Some(o), Some(extra)) = (options.as_object_mut(), extra_options.as_object()) {
+        for (k, v) in extra {
+            o.insert(k.clone(), v.clone());
+        }
+    }
+    registration("codex", options, router, SESSION, &json!({}))
+}
+
+async fn setup(script: &Value) -> (FakeLlm, BlackboxProcess, Value) {
+    let fake = FakeLlm::start(fakellm_bin(), script).unwrap();
+    let bb = BlackboxProcess::start(&[]).unwrap();
+    let r = bb
+        .post(
+            "/v1/rollout/register",
+            &codex_registration(&fake.base_url(), &json!({})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r}\n{}", bb.describe());
+    (fake, bb, r.body)
+}
+
+fn diag(bb: &BlackboxProcess, fake: &FakeLlm, runtime_dir: &str) -> String {
+    let log: Vec<String> = fake
+        .requests()
+        .unwrap_or_default()
+        .iter()
+        .map(|r| {
+            format!(
+                "#{} {} {} served_by={} body={}",
+                r["seq"],
+                r["method"],
+                r["path"],
+                r["served_by"],
+                r["body"].to_string().chars().take(3000).collect::<String>()
+            )
+        })
+        .collect();
+    let read = |name: &str| {
+        std::fs::read_to_string(PathBuf::from(runtime_dir).join("logs").join(name))
+            .unwrap_or_default()
+    };
+    format!(
+        "{}\n--- fakellm ---\n{}\n--- codex stdout ---\n{}\n--- codex stderr ---\n{}",
+        bb.describe(),
+        log.join("\n"),
+        read("codex.stdout.log"),
+        read("codex.stderr.log")
+    )
+}
+
+/// Codex 0.169's shell tool: `exec_command` with one `cmd` string.
+fn shell_call(id: &str, cmd: &str) -> Value {
+    json!({"id": id, "name": "exec_command", "input": {"cmd": cmd}})
+}
+
+#[tokio::test]
+async fn two_turns_edit_a_file_resume_the_thread_and_replay() {
+    let work = scratch().unwrap();
+    let target = work.path().join("hello.txt");
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [
+            {"match": {"has_tools": true, "body_contains": "Create hello"},
+             "tool_calls": [shell_call(
+                 "call_cx_write",
+                 &format!("printf 'hello from codex\\n' > {}", target.display()),
+             )],
+             "usage": {"input_tokens": 100, "output_tokens": 20}},
+            {"match": {"has_tools": true, "body_contains": "call_cx_write"},
+             "text": "file written",
+             "usage": {"input_tokens": 130, "output_tokens": 2}},
+            {"match": {"has_tools": true, "body_contains": "Append a line"},
+             "tool_calls": [shell_call(
+                 "call_cx_append",
+                 &format!("echo second >> {}", target.display()),
+             )],
+             "usage": {"input_tokens": 200, "output_tokens": 10}},
+            {"match": {"has_tools": true, "body_contains": "call_cx_append"},
+             "text": "second turn done",
+             "usage": {"input_tokens": 220, "output_tokens": 3}}
+        ]
+    });
+    let (fake, bb, reg) = setup(&script).await;
+    let rt = reg["binding"]["runtime_dir"].as_str().unwrap().to_owned();
+    assert_eq!(reg["capabilities"]["system_message"], true);
+    assert_eq!(reg["capabilities"]["multi_message_input"], false);
+    // The isolated Codex home: a config whose provider is the proxy's Responses endpoint.
+    let config = std::fs::read_to_string(PathBuf::from(&rt).join("home/.codex/config.toml"))
+        .expect("config.toml");
+    let port = std::fs::read_to_string(PathBuf::from(&rt).join("run/proxy.port")).unwrap();
+    assert!(
+        config.contains(&format!(
+            "base_url = \"http://127.0.0.1:{}/v1\"",
+            port.trim()
+        )),
+        "{config}"
+    );
+    assert!(config.contains("wire_api = \"responses\""), "{config}");
+    let status = bb.get("/v1/status").await;
+    assert!(
+        status.body["implemented_backends"]
+            .as_array()
+            .is_some_and(|b| b.contains(&json!("codex"))),
+        "{status}"
+    );
+
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let turn1 = json!({"turn_id": "turn-1", "messages": user("Create hello.txt"), "metadata": {}});
+    let r = bb.post(&path, &turn1).await;
+    assert_eq!(r.status, 200, "{r}\n{}", diag(&bb, &fake, &rt));
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        "hello from codex\n"
+    );
+    let body = &r.body;
+    assert_eq!(body["idempotent_replay"], false);
+    assert_eq!(body["backend"]["type"], "codex");
+    let thread = body["backend"]["backend_session_id"]
+        .as_str()
+        .expect("a thread id")
+        .to_owned();
+    assert!(!thread.is_empty());
+    let outputs = body["outputs"].as_array().unwrap();
+    assert_eq!(outputs.last().unwrap()["content"], "file written", "{body}");
+    // The proxy's counts: two model calls, one tool call, the scripted tokens.
+    assert_eq!(body["usage"]["steps"], 2, "{body}");
+    assert_eq!(body["usage"]["tool_calls"], 1, "{body}");
+    assert_eq!(body["usage"]["input_tokens"], 230, "{body}");
+    assert_eq!(body["usage"]["output_tokens"], 22, "{body}");
+
+    // Every proxied call carries the rollout headers; Codex's own key never arrives.
+    let requests = fake.chat_requests().unwrap();
+    assert!(requests.len() >= 2, "{}", diag(&bb, &fake, &rt));
+    for req in &requests {
+        let h = &req["headers"];
+        assert_eq!(h["x-session-id"], SESSION, "{req}");
+        assert_eq!(h["x-instance-id"], "inst-001", "{req}");
+        assert_eq!(h["x-turn-id"], "turn-1", "{req}");
+        assert_eq!(h["x-smg-routing-key"], SESSION, "{req}");
+        assert_eq!(h["x-dressage-partial-rollout"], "1", "{req}");
+        assert_eq!(req["body"]["model"], "proxy-model", "{req}");
+    }
+    let seen = fake.requests().unwrap().len();
+
+    // The same turn again: the committed result, no new Codex run, no model call.
+    let replay = bb.post(&path, &turn1).await;
+    assert_eq!(replay.status, 200, "{replay}");
+    assert_eq!(replay.body["idempotent_replay"], true);
+    assert_eq!(replay.body["outputs"], body["outputs"]);
+    assert_eq!(
+        fake.requests().unwrap().len(),
+        seen,
+        "the replay reached the model"
+    );
+    let conflict = bb
+        .post(
+            &path,
+            &json!({"turn_id": "turn-1", "messages": user("else")}),
+        )
+        .await;
+    assert_eq!(conflict.status, 409, "{conflict}");
+
+    // Second turn: `codex exec resume <thread>`, so the model sees the first turn's history.
+    let turn2 = json!({"turn_id": "turn-2", "messages": user("Append a line"), "metadata": {}});
+    let r2 = bb.post(&path, &turn2).await;
+    assert_eq!(r2.status, 200, "{r2}\n{}", diag(&bb, &fake, &rt));
+    assert_eq!(
+        std::fs::read_to_string(&target).unwrap(),
+        "hello from codex\nsecond\n"
+    );
+    assert_eq!(r2.body["backend"]["backend_session_id"], thread.as_str());
+    assert_eq!(
+        r2.body["outputs"].as_array().unwrap().last().unwrap()["content"],
+        "second turn done"
+    );
+    let second: Vec<Value> = fake
+        .chat_requests()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r["headers"]["x-turn-id"] == "turn-2")
+        .collect();
+    assert!(!second.is_empty(), "{}", diag(&bb, &fake, &rt));
+    let first_body = second[0]["body"].to_string();
+    assert!(
+        first_body.contains("Create hello.txt") && first_body.contains("file written"),
+        "turn 2 did not resume the thread: {first_body}"
+    );
+    let session = bb.get(&format!("/v1/sessions/{SESSION}")).await;
+    assert_eq!(session.body["turn_count"], 2, "{session}");
+    assert_eq!(session.body["backend_session_id"], thread.as_str());
+    // Codex ran per turn and is gone.
+    let pid: u32 = std::fs::read_to_string(PathBuf::from(&rt).join("run/codex.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(live_group_members(pid).is_empty());
+}
+
+#[tokio::test]
+async fn abort_kills_the_running_codex_and_its_tools() {
+    let marker = format!("sleep 2718.{}", std::process::id());
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [
+            {"match": {"has_tools": true},
+             "tool_calls": [shell_call("call_cx_sleep", &marker)]},
+        ],
+        "fallback": {"text": "done"}
+    });
+    let (fake, bb, reg) = setup(&script).await;
+    let rt = reg["binding"]["runtime_dir"].as_str().unwrap().to_owned();
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let submit = json!({"turn_id": "turn-s", "mode": "async", "messages": user("wait")});
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while processes_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the tool never ran\n{}",
+            diag(&bb, &fake, &rt)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid: u32 = std::fs::read_to_string(PathBuf::from(&rt).join("run/codex.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!live_group_members(pid).is_empty());
+    let abort = bb
+        .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
+        .await;
+    assert_eq!(abort.status, 200, "{abort}");
+    assert_eq!(abort.body["state"], "aborted", "{abort}");
+    let turn = bb
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-s"))
+        .await;
+    assert_eq!(turn.body["status"], "unknown", "{turn}");
+    assert_eq!(turn.body["error"]["error"], "aborted");
+    let left = wait_group_gone(pid, Duration::from_secs(10));
+    assert!(left.is_empty(), "codex survived the abort: {left:?}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the agent's tool survived the abort"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_missing_binary_is_a_register_error_and_the_server_stays_usable() {
+    let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
+    let bb = BlackboxProcess::start(&[("CODEX_BIN", "/nonexistent/codex")]).unwrap();
+    let r = bb
+        .post(
+            "/v1/rollout/register",
+            &codex_registration(&fake.base_url(), &json!({})),
+        )
+        .await;
+    assert!(r.status >= 400, "{r}");
+    assert!(r.body.to_string().contains("codex binary not found"), "{r}");
+    // A good registration afterwards works.
+    let good = codex_registration(&fake.base_url(), &json!({"executable": codex_bin()}));
+    let ok = bb.post("/v1/rollout/register", &good).await;
+    assert_eq!(ok.status, 200, "{ok}\n{}", bb.describe());
+    let bad = bb
+        .post(
+            "/v1/rollout/register",
+            &codex_registration(&fake.base_url(), &json!({"sandbox_mode": "yolo"})),
+        )
+        .await;
+    assert!(bad.status == 400 || bad.status == 409, "{bad}");
+}
