@@ -53,16 +53,23 @@ pub fn workspace_bin(package: &str, bin: &str) -> Result<PathBuf, HarnessError> 
         "--quiet",
         "--profile",
         profile,
-        "-p",
-        package,
-        "--bin",
-        bin,
+        // Every binary of the workspace, as `cargo nextest run --workspace` builds them: with the
+        // workspace's feature unification, so a stale-looking binary costs a no-op check, never
+        // a rebuild of its dependencies with other features (which took minutes under load).
+        "--workspace",
+        "--bins",
         "--target-dir",
     ]
     .map(Into::into)
     .into();
     args.push(target_dir.into());
     cargo(&args)?;
+    if !path.is_file() {
+        return Err(HarnessError::Build(format!(
+            "package {package} built no binary {}",
+            path.display()
+        )));
+    }
     Ok(path)
 }
 
