@@ -23,10 +23,10 @@
 //! `{upstream_origin}{path}`, untagged, as the reference does. `GET /__proxy_health` answers
 //! `{"ok": true}`.
 //!
-//! Modules: [`state`] (turn scope, pause, in-flight marks and waits), [`headers`],
-//! [`rewrite`] (request policy), [`meter`] (usage counts from chat answers), [`upstream`]
-//! (classifying and answering upstream failures, the keepalive prelude), [`routes`] (the
-//! handler), [`control`] (a loopback control API for running the proxy alone: tests, bench).
+//! Modules: `state` (turn scope, pause, in-flight marks and waits), `headers`, `rewrite`
+//! (request policy), `meter` (usage counts from chat answers), `upstream` (classifying and
+//! answering upstream failures, the keepalive prelude), `routes` (the handler), `control` (a
+//! loopback control API for running the proxy alone: tests, bench).
 
 mod control;
 mod headers;
@@ -158,6 +158,8 @@ pub(crate) struct Settings {
     origin: String,
     api_path: String,
     chat_url: String,
+    /// `chat_url` parsed once (reqwest would parse the string on every call).
+    chat_target: reqwest::Url,
     tags: Tags,
     policy: rewrite::Policy,
     router_timeout: Duration,
@@ -189,6 +191,9 @@ impl Settings {
         } else {
             format!("{origin}{api_path}/chat/completions")
         };
+        let chat_target = reqwest::Url::parse(&chat_url).map_err(|e| {
+            ProxyError::Config(format!("upstream_origin: {chat_url:?} is not a URL: {e}"))
+        })?;
         let header_value = |what: &str, v: &str| {
             HeaderValue::from_str(v)
                 .map_err(|_| ProxyError::Config(format!("{what}: not a valid header value")))
@@ -218,6 +223,7 @@ impl Settings {
             origin,
             api_path,
             chat_url,
+            chat_target,
             tags: Tags {
                 sticky_header,
                 session_id: header_value("bound_session_id", &cfg.bound_session_id)?,

@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 
 use super::headers::{self, CallKind};
 use super::meter::{ChatMeter, Metered};
-use super::rewrite;
+use super::rewrite::{self, Edit};
 use super::state::{Admission, CallGuard, Recorded};
 use super::upstream::{self, Prelude, Synthetic};
 use super::{Core, MAX_REQUEST_BODY};
@@ -218,14 +218,16 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
         Api::Chat => {
             let peeked = rewrite::peek(&bytes, policy).map_err(CallError::NotJson)?;
             // A complying body goes as the client sent it: no parse, no re-serializing.
-            let out = if peeked.needs_rewrite {
-                let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(&bytes) else {
-                    return Err(CallError::NotJson("expected an object".into()));
-                };
-                rewrite::apply(&mut map, policy);
-                Bytes::from(Value::Object(map).to_string())
-            } else {
-                bytes
+            let out = match &peeked.edit {
+                Edit::None => bytes,
+                Edit::Add(members) => Bytes::from(rewrite::splice(&bytes, members)),
+                Edit::Rewrite => {
+                    let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(&bytes) else {
+                        return Err(CallError::NotJson("expected an object".into()));
+                    };
+                    rewrite::apply(&mut map, policy);
+                    Bytes::from(Value::Object(map).to_string())
+                }
             };
             Ok((out, Back::Chat, peeked.stream))
         }
@@ -313,7 +315,7 @@ async fn model_call(
     let resp = match core
         .upstream
         .client()
-        .post(url)
+        .post(core.settings.chat_target.clone())
         .headers(headers)
         .body(body)
         .send()
