@@ -281,10 +281,11 @@ impl Server {
             proxy,
             monitor: self.inner.shutdown.child_token(),
         });
+        // Read before taking the lock: the history of a session this registration creates.
+        let (history, trace) = initial_history(bound.info.system_prompt.as_ref());
         let created = {
             let mut core = self.core();
             let blackbox_type = req.blackbox_type.clone();
-            let prompt = bound.info.system_prompt.clone();
             // SIGTERM arrived while the agent started: shutdown did not see this binding, so
             // it is stopped here instead of installed.
             let made = if core.state == ServerState::ShuttingDown {
@@ -292,7 +293,6 @@ impl Server {
             } else {
                 core.sessions
                     .get_or_create(&session_id, effective.max_sessions, || {
-                        let (history, trace) = initial_history(prompt.as_ref());
                         Session::new(session_id.clone(), blackbox_type, history, trace)
                     })
                     .map_err(Some)
