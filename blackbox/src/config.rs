@@ -72,11 +72,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
         "the openclaw binary (backend not implemented yet)",
     ),
     ("CLAUDE_CODE_BIN", "claude", "the Claude Code binary"),
-    (
-        "CODEX_BIN",
-        "codex",
-        "the Codex binary (backend not implemented yet)",
-    ),
+    ("CODEX_BIN", "codex", "the Codex binary"),
 ];
 
 /// The `--help` epilogue: every variable with its default.
