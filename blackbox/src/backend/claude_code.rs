@@ -881,25 +881,14 @@ impl ClaudeCode {
         if let Err(e) = proc::terminate_group(&mut r.child, TERM_GRACE).await {
             tracing::warn!(error = %e, "cannot terminate claude");
         }
-        if let Some(pgid) = r.pgid
-            && let Err(e) = proc::signal_group(pgid, Signal::KILL)
-        {
-            tracing::warn!(pgid, error = %e, "cannot kill claude's group");
-        }
-        proc::signal_each(&tree, Signal::KILL);
+        super::kill_leftovers(r.pgid, &tree, "claude");
         true
     }
 
     async fn stop(&self) {
         self.end_process().await;
         *self.running.lock().await = None;
-        self.logs.close();
-        if tokio::time::timeout(Duration::from_secs(2), self.logs.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("claude's output pipes stayed open after it stopped");
-        }
+        super::close_logs(&self.logs, "claude").await;
     }
 }
 

@@ -555,10 +555,7 @@ async fn kill_group(slot: &Mutex<Option<u32>>) -> bool {
     while alive() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    if let Err(e) = proc::signal_group(pgid, Signal::KILL) {
-        tracing::warn!(pgid, error = %e, "cannot kill codex's group");
-    }
-    proc::signal_each(&tree, Signal::KILL);
+    super::kill_leftovers(Some(pgid), &tree, "codex");
     true
 }
 
@@ -593,10 +590,7 @@ impl Drop for Published<'_> {
         }
         if let (false, Some(pgid)) = (self.reaped, self.pgid) {
             let tree = proc::descendants(pgid);
-            if let Err(e) = proc::signal_group(pgid, Signal::KILL) {
-                tracing::warn!(pgid, error = %e, "cannot kill codex's group");
-            }
-            proc::signal_each(&tree, Signal::KILL);
+            super::kill_leftovers(Some(pgid), &tree, "codex");
         }
     }
 }
@@ -947,13 +941,7 @@ impl Codex {
 
     async fn stop(&self) {
         kill_group(&self.active).await;
-        self.logs.close();
-        if tokio::time::timeout(Duration::from_secs(2), self.logs.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("codex's output pipes stayed open after it stopped");
-        }
+        super::close_logs(&self.logs, "codex").await;
     }
 }
 

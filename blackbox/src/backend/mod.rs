@@ -185,6 +185,29 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 /// The backend for `blackbox_type`, its options checked now (before anything starts).
 ///
 /// # Errors
+/// SIGKILL to what is left of an agent's process group `pgid` and to `tree`, its descendants
+/// found earlier (tool runners that moved to groups of their own); `who` names the agent in
+/// the log.
+pub(crate) fn kill_leftovers(pgid: Option<u32>, tree: &[u32], who: &str) {
+    if let Some(pgid) = pgid
+        && let Err(e) = agentbox_sandbox::proc::signal_group(pgid, rustix::process::Signal::KILL)
+    {
+        tracing::warn!(pgid, error = %e, "cannot kill {who}'s group");
+    }
+    agentbox_sandbox::proc::signal_each(tree, rustix::process::Signal::KILL);
+}
+
+/// Closes `logs` (the tasks copying an agent's output) and waits up to 2 s for its pipes to end.
+pub(crate) async fn close_logs(logs: &tokio_util::task::TaskTracker, who: &str) {
+    logs.close();
+    if tokio::time::timeout(Duration::from_secs(2), logs.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("{who}'s output pipes stayed open after it stopped");
+    }
+}
+
 /// 400 for an unknown or unimplemented type, or options that do not fit.
 pub fn create(blackbox_type: &str, backend_options: &Object) -> Result<Box<dyn Backend>, ApiError> {
     let details = || obj(serde_json::json!({"blackbox_type": blackbox_type}));

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use agentbox_sandbox::proc::{self, ChildSetup};
 use futures_util::future::BoxFuture;
-use rustix::process::Signal;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -718,20 +717,9 @@ impl Opencode {
                 tracing::warn!(error = %e, "cannot terminate opencode");
             }
             // Members that ignored SIGTERM while the leader exited share its group still.
-            if let Some(pgid) = r.pgid
-                && let Err(e) = proc::signal_group(pgid, Signal::KILL)
-            {
-                tracing::warn!(pgid, error = %e, "cannot kill opencode's group");
-            }
-            proc::signal_each(&tree, Signal::KILL);
+            super::kill_leftovers(r.pgid, &tree, "opencode");
         }
-        self.logs.close();
-        if tokio::time::timeout(Duration::from_secs(2), self.logs.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("opencode's output pipes stayed open after it stopped");
-        }
+        super::close_logs(&self.logs, "opencode").await;
     }
 }
 
