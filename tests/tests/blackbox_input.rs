@@ -8,7 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, Reply, opencode_registration, run_captured, user, workspace_bin,
+    BlackboxProcess, FakeLlm, Reply, opencode_registration, run_captured, user, user_turn,
+    workspace_bin,
 };
 use serde_json::{Value, json};
 
@@ -41,10 +42,7 @@ async fn bad_input_gets_the_reference_status_and_body() {
 
     // Nothing registered: turns are 503 (which the paddock retries), sessions unknown.
     let r = bb
-        .post(
-            "/v1/sessions/sess-001/messages",
-            &json!({"turn_id": "t", "messages": user("x")}),
-        )
+        .post("/v1/sessions/sess-001/messages", &user_turn("t", "x"))
         .await;
     let b = error(&r, 503, "service_unavailable");
     assert_eq!(b["details"]["state"], "idle");
@@ -53,69 +51,50 @@ async fn bad_input_gets_the_reference_status_and_body() {
     let r = bb.post("/v1/rollout/pause", &json!({})).await;
     error(&r, 503, "service_unavailable");
 
-    // Bad registrations: 400, and the server stays idle.
+    // Bad registrations: 400, and the server stays idle. Each case spoils a good registration
+    // and checks what the answer says about it.
     let good = opencode_registration(&fake.base_url(), "sess-001", &json!({}));
-    let mut no_session = good.clone();
-    no_session
-        .as_object_mut()
-        .unwrap()
-        .remove("bound_session_id");
-    let b = error(
-        &bb.post("/v1/rollout/register", &no_session).await,
-        400,
-        "request_error",
-    );
-    assert_eq!(b["message"], "bound_session_id is required.");
-    let mut bad_opts = good.clone();
-    bad_opts["backend_options"]["model_limit"] = json!({"context": 200_000});
-    let b = error(
-        &bb.post("/v1/rollout/register", &bad_opts).await,
-        400,
-        "request_error",
-    );
-    let msg = b["message"].as_str().unwrap();
-    assert!(
-        msg.contains("Invalid opencode backend_options") && msg.contains("model_limit"),
-        "{msg}"
-    );
-    let mut bad_proxy = good.clone();
-    bad_proxy["backend_options"]["proxy"] = json!({"enabled": false});
-    error(
-        &bb.post("/v1/rollout/register", &bad_proxy).await,
-        400,
-        "request_error",
-    );
-    let mut bad_type = good.clone();
-    bad_type["blackbox_type"] = json!("nope");
-    let b = error(
-        &bb.post("/v1/rollout/register", &bad_type).await,
-        400,
-        "request_error",
-    );
-    assert_eq!(b["details"]["blackbox_type"], "nope");
-    let mut bad_config = good.clone();
-    bad_config["server_config"] = json!({"execute_cmd_timeout": 0});
-    let b = error(
-        &bb.post("/v1/rollout/register", &bad_config).await,
-        400,
-        "request_error",
-    );
-    assert_eq!(b["message"], "Request validation failed.");
-    let mut bad_id = good.clone();
-    bad_id["bound_session_id"] = json!("no spaces");
-    let b = error(
-        &bb.post("/v1/rollout/register", &bad_id).await,
-        400,
-        "request_error",
-    );
-    assert_eq!(b["message"], "session_id has invalid format.");
-    let mut relative = good.clone();
-    relative["system_prompt_file"] = json!("prompt.txt");
-    error(
-        &bb.post("/v1/rollout/register", &relative).await,
-        400,
-        "request_error",
-    );
+    let cases: [(fn(&mut Value), fn(&Value)); 7] = [
+        (
+            |r| {
+                r.as_object_mut().unwrap().remove("bound_session_id");
+            },
+            |b| assert_eq!(b["message"], "bound_session_id is required."),
+        ),
+        (
+            |r| r["backend_options"]["model_limit"] = json!({"context": 200_000}),
+            |b| {
+                let msg = b["message"].as_str().unwrap();
+                assert!(
+                    msg.contains("Invalid opencode backend_options") && msg.contains("model_limit"),
+                    "{msg}"
+                );
+            },
+        ),
+        (
+            |r| r["backend_options"]["proxy"] = json!({"enabled": false}),
+            |_| {},
+        ),
+        (
+            |r| r["blackbox_type"] = json!("nope"),
+            |b| assert_eq!(b["details"]["blackbox_type"], "nope"),
+        ),
+        (
+            |r| r["server_config"] = json!({"execute_cmd_timeout": 0}),
+            |b| assert_eq!(b["message"], "Request validation failed."),
+        ),
+        (
+            |r| r["bound_session_id"] = json!("no spaces"),
+            |b| assert_eq!(b["message"], "session_id has invalid format."),
+        ),
+        (|r| r["system_prompt_file"] = json!("prompt.txt"), |_| {}),
+    ];
+    for (spoil, check) in cases {
+        let mut bad = good.clone();
+        spoil(&mut bad);
+        let r = bb.post("/v1/rollout/register", &bad).await;
+        check(&error(&r, 400, "request_error"));
+    }
     let status = bb.get("/v1/status").await;
     assert_eq!(status.body["status"], "idle", "{status}");
 
@@ -143,11 +122,8 @@ async fn bad_input_gets_the_reference_status_and_body() {
     }
     // Unknown session: this binding serves only its own.
     let b = error(
-        &bb.post(
-            "/v1/sessions/sess-999/messages",
-            &json!({"turn_id": "t", "messages": user("x")}),
-        )
-        .await,
+        &bb.post("/v1/sessions/sess-999/messages", &user_turn("t", "x"))
+            .await,
         409,
         "bound_session_mismatch",
     );
@@ -162,51 +138,42 @@ async fn bad_input_gets_the_reference_status_and_body() {
     );
     // Bad ids, in the path and in the body.
     let b = error(
-        &bb.post(
-            "/v1/sessions/-bad/messages",
-            &json!({"turn_id": "t", "messages": user("x")}),
-        )
-        .await,
+        &bb.post("/v1/sessions/-bad/messages", &user_turn("t", "x"))
+            .await,
         400,
         "request_error",
     );
     assert_eq!(b["message"], "session_id has invalid format.");
     assert_eq!(b["details"]["session_id"], "-bad");
-    let b = error(
-        &bb.post(path, &json!({"turn_id": "t/../x", "messages": user("x")}))
-            .await,
-        400,
-        "request_error",
-    );
-    assert_eq!(b["message"], "turn_id has invalid format.");
-    let long = "t".repeat(129);
-    let b = error(
-        &bb.get(&format!("/v1/sessions/sess-001/turns/{long}")).await,
-        400,
-        "request_error",
-    );
-    assert_eq!(b["message"], "turn_id has invalid format.");
-    // A system message in a turn (the prompt comes from system_prompt_file at register).
-    let b = error(
-        &bb.post(
+    // A bad turn id (in the body and in the path), a system message in a turn (the prompt comes
+    // from system_prompt_file at register), no messages: 400 with the reference's message.
+    let long = format!("/v1/sessions/sess-001/turns/{}", "t".repeat(129));
+    let system = json!({"turn_id": "t", "messages": [{"role": "system", "content": "be terse"}]});
+    for (target, body, message) in [
+        (
             path,
-            &json!({"turn_id": "t", "messages": [{"role": "system", "content": "be terse"}]}),
-        )
-        .await,
-        400,
-        "request_error",
-    );
-    assert_eq!(
-        b["message"],
-        "opencode phase 1 only accepts a user message."
-    );
-    let b = error(
-        &bb.post(path, &json!({"turn_id": "t", "messages": []}))
-            .await,
-        400,
-        "request_error",
-    );
-    assert_eq!(b["message"], "messages must not be empty.");
+            Some(user_turn("t/../x", "x")),
+            "turn_id has invalid format.",
+        ),
+        (long.as_str(), None, "turn_id has invalid format."),
+        (
+            path,
+            Some(system),
+            "opencode phase 1 only accepts a user message.",
+        ),
+        (
+            path,
+            Some(json!({"turn_id": "t", "messages": []})),
+            "messages must not be empty.",
+        ),
+    ] {
+        let r = match &body {
+            Some(body) => bb.post(target, body).await,
+            None => bb.get(target).await,
+        };
+        let b = error(&r, 400, "request_error");
+        assert_eq!(b["message"], message, "{target} {body:?}");
+    }
     // A body over 20 MiB.
     let mut big = br#"{"turn_id": "t", "messages": [{"role": "user", "content": ""#.to_vec();
     big.resize((20 << 20) + 1, b'a');
@@ -218,16 +185,12 @@ async fn bad_input_gets_the_reference_status_and_body() {
     );
     assert_eq!(b["details"]["limit_bytes"], 20 << 20);
     // Bad query values.
-    error(
-        &bb.get("/v1/sessions/sess-001/turns/t?wait=-1").await,
-        400,
-        "request_error",
-    );
-    error(
-        &bb.get("/v1/sessions/sess-001?include_turns=maybe").await,
-        400,
-        "request_error",
-    );
+    for target in [
+        "/v1/sessions/sess-001/turns/t?wait=-1",
+        "/v1/sessions/sess-001?include_turns=maybe",
+    ] {
+        error(&bb.get(target).await, 400, "request_error");
+    }
     // Unknown routes and methods: FastAPI's bodies.
     let r = bb.get("/v1/nothing").await;
     assert_eq!((r.status, &r.body), (404, &json!({"detail": "Not Found"})));

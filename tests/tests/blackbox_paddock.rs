@@ -39,6 +39,15 @@ fn register_payload(router: &str, session_id: &str, prompt: &Path) -> Value {
     v
 }
 
+/// `register_agent`: the registration of `session_id` on `fake`, posted with retry; it must
+/// succeed.
+async fn register(bb: &BlackboxProcess, fake: &FakeLlm, session_id: &str, prompt: &Path) -> Reply {
+    let payload = register_payload(&fake.base_url(), session_id, prompt);
+    let reg = post_with_retry(bb, "/v1/rollout/register", &payload).await;
+    assert_eq!(reg.status, 200, "{reg}\n{}", bb.describe());
+    reg
+}
+
 /// `post_json_with_retry`: retried on 503 (and connect errors), anything else raised.
 async fn post_with_retry(bb: &BlackboxProcess, path: &str, body: &Value) -> Reply {
     for _ in 0..6 {
@@ -109,13 +118,7 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
     // health, then register.
     let h = bb.get("/health").await;
     assert_eq!(h.status, 200);
-    let reg = post_with_retry(
-        &bb,
-        "/v1/rollout/register",
-        &register_payload(&fake.base_url(), "sess-ep-1", &prompt),
-    )
-    .await;
-    assert_eq!(reg.status, 200, "{reg}\n{}", bb.describe());
+    let reg = register(&bb, &fake, "sess-ep-1", &prompt).await;
     assert_eq!(reg.body["binding"]["bound_sandbox_id"], "sbx-episode");
     assert_eq!(reg.body["binding"]["system_prompt"]["applies_to"], "build");
     assert_eq!(reg.body["config"]["backend_timeout"], 1800.0);
@@ -152,8 +155,8 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
 
     // execute_cmd as build_execute_cmd_payload sends it (timeout null).
     let cmd = bb
-        .post(
-            "/v1/sessions/sess-ep-1/execute_cmd",
+        .execute_cmd(
+            "sess-ep-1",
             &json!({"cmd": format!("cat {}", answer.display()), "timeout": null}),
         )
         .await;
@@ -226,13 +229,7 @@ async fn a_paddock_episode_as_the_reference_client_drives_it() {
         (200, Some("aborted")),
         "{a}"
     );
-    let reg2 = post_with_retry(
-        &bb,
-        "/v1/rollout/register",
-        &register_payload(&fake.base_url(), "sess-ep-2", &prompt),
-    )
-    .await;
-    assert_eq!(reg2.status, 200, "{reg2}\n{}", bb.describe());
+    let reg2 = register(&bb, &fake, "sess-ep-2", &prompt).await;
     assert_ne!(
         reg2.body["binding"]["runtime_id"],
         reg.body["binding"]["runtime_id"]

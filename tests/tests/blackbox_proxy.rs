@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{BlackboxProxy, FakeLlm, parse_sse};
+use agentbox_tests::harness::{BlackboxProxy, FakeLlm, get_json, parse_sse};
 use serde_json::{Value, json};
 
 fn fakellm(script: &Value) -> FakeLlm {
@@ -47,16 +47,39 @@ impl Reply {
     fn json(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("{e}: {}", self.text))
     }
+
+    /// The body of a 200 answer, as JSON.
+    fn ok_json(&self) -> Value {
+        assert_eq!(self.status, 200, "{}", self.text);
+        self.json()
+    }
+
+    /// The frames of a 200 event stream whose first and last events are `first` and `last`.
+    fn events(&self, first: &str, last: &str) -> Vec<agentbox_tests::harness::SseFrame> {
+        assert_eq!(self.status, 200, "{}", self.text);
+        let frames = parse_sse(&self.text);
+        let names = event_names(&frames);
+        assert_eq!(names.first(), Some(&first), "{}", self.text);
+        assert_eq!(names.last(), Some(&last), "{}", self.text);
+        frames
+    }
 }
 
 async fn post(proxy: &BlackboxProxy, path: &str, body: &Value, headers: &[(&str, &str)]) -> Reply {
-    let client = reqwest::Client::new();
-    let mut req = client
-        .post(format!("{}{path}", proxy.base_url()))
-        .json(body);
+    post_url(format!("{}{path}", proxy.base_url()), body, headers).await
+}
+
+/// [`post`] to a whole URL (for a call made from a spawned task).
+async fn post_url(url: String, body: &Value, headers: &[(&str, &str)]) -> Reply {
+    let mut req = reqwest::Client::new().post(url).json(body);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
+    read_reply(req).await
+}
+
+/// Sends `req` and reads the answer whole.
+async fn read_reply(req: reqwest::RequestBuilder) -> Reply {
     let resp = req.send().await.unwrap();
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
@@ -90,6 +113,16 @@ async fn open_turn(proxy: &BlackboxProxy, turn: &str) {
 
 async fn clear_turn(proxy: &BlackboxProxy) -> Value {
     control(proxy, "/turn/clear", Some(&json!({}))).await["counts"].clone()
+}
+
+/// Checks a turn's counts: steps, input tokens, output tokens and tool calls.
+fn assert_counts(counts: &Value, expected: [u64; 4]) {
+    for (key, want) in ["steps", "input_tokens", "output_tokens", "tool_calls"]
+        .into_iter()
+        .zip(expected)
+    {
+        assert_eq!(counts[key], want, "{key}: {counts}");
+    }
 }
 
 /// The requests fakellm got on its chat completions endpoint.
@@ -212,8 +245,7 @@ async fn chat_passes_through_streamed_and_not_and_usage_is_counted() {
     let (fake, proxy) = start(&script, &[]);
     open_turn(&proxy, "t1").await;
     let r = post(&proxy, "/v1/chat/completions", &chat(false), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let v = r.json();
+    let v = r.ok_json();
     assert_eq!(v["choices"][0]["message"]["content"], "one");
     assert_eq!(v["usage"]["prompt_tokens"], 10);
     // The client asked for no usage in its stream; the router is asked for it anyway.
@@ -262,8 +294,7 @@ async fn anthropic_is_sent_as_chat_and_answered_as_anthropic() {
     body["tools"] =
         json!([{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]);
     let r = post(&proxy, "/v1/messages", &body, &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let v = r.json();
+    let v = r.ok_json();
     assert_eq!(v["type"], "message");
     assert_eq!(v["stop_reason"], "tool_use");
     assert_eq!(
@@ -273,11 +304,7 @@ async fn anthropic_is_sent_as_chat_and_answered_as_anthropic() {
     );
     assert_eq!(v["content"][2]["input"], json!({"cmd": "ls"}));
     let r = post(&proxy, "/v1/messages", &anthropic(true), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let frames = parse_sse(&r.text);
-    let names = event_names(&frames);
-    assert_eq!(names.first(), Some(&"message_start"), "{}", r.text);
-    assert_eq!(names.last(), Some(&"message_stop"), "{}", r.text);
+    let frames = r.events("message_start", "message_stop");
     let text: String = frames
         .iter()
         .filter(|f| f.event.as_deref() == Some("content_block_delta"))
@@ -286,10 +313,7 @@ async fn anthropic_is_sent_as_chat_and_answered_as_anthropic() {
         .collect();
     assert_eq!(text, "streamed", "{}", r.text);
     let counts = clear_turn(&proxy).await;
-    assert_eq!(counts["steps"], 2);
-    assert_eq!(counts["input_tokens"], 16);
-    assert_eq!(counts["output_tokens"], 6);
-    assert_eq!(counts["tool_calls"], 1);
+    assert_counts(&counts, [2, 16, 6, 1]);
     let calls = upstream_calls(&fake);
     assert_eq!(calls.len(), 2);
     let sent = &calls[0]["body"];
@@ -321,8 +345,7 @@ async fn responses_are_sent_as_chat_and_answered_as_responses() {
                            {"type": "web_search_preview"}]);
     body["max_output_tokens"] = json!(128);
     let r = post(&proxy, "/v1/responses", &body, &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let v = r.json();
+    let v = r.ok_json();
     assert_eq!(v["object"], "response");
     assert_eq!(v["status"], "completed");
     assert_eq!(
@@ -334,11 +357,8 @@ async fn responses_are_sent_as_chat_and_answered_as_responses() {
     assert_eq!(v["usage"]["input_tokens"], 5);
     assert_eq!(v["usage"]["output_tokens"], 7);
     let r = post(&proxy, "/v1/responses", &responses(true), &[]).await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    let frames = parse_sse(&r.text);
+    let frames = r.events("response.created", "response.completed");
     let names = event_names(&frames);
-    assert_eq!(names.first(), Some(&"response.created"), "{}", r.text);
-    assert_eq!(names.last(), Some(&"response.completed"), "{}", r.text);
     assert!(
         names.contains(&"response.function_call_arguments.delta"),
         "{names:?}"
@@ -359,10 +379,7 @@ async fn responses_are_sent_as_chat_and_answered_as_responses() {
     assert_eq!(r.status, 429);
     assert_eq!(r.json()["error"]["code"], "max_steps_exceeded");
     let counts = clear_turn(&proxy).await;
-    assert_eq!(counts["steps"], 3);
-    assert_eq!(counts["input_tokens"], 16);
-    assert_eq!(counts["output_tokens"], 10);
-    assert_eq!(counts["tool_calls"], 2);
+    assert_counts(&counts, [3, 16, 10, 2]);
     let calls = upstream_calls(&fake);
     let sent = &calls[0]["body"];
     assert_eq!(
@@ -464,17 +481,10 @@ async fn pause_holds_new_calls_until_resume() {
     .await;
     assert_eq!(paused["status"], "paused");
     assert_eq!(paused["quiesced"], true, "the router's answer is passed on");
-    let base = proxy.base_url();
+    let url = format!("{}/v1/chat/completions", proxy.base_url());
     let held = tokio::spawn(async move {
         let started = Instant::now();
-        let status = reqwest::Client::new()
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&chat(false))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16();
+        let status = post_url(url, &chat(false), &[]).await.status;
         (status, started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -530,18 +540,8 @@ async fn drain_waits_for_a_streaming_call() {
                                    "usage": {"input_tokens": 3, "output_tokens": 8}}]});
     let (_fake, proxy) = start(&script, &[]);
     open_turn(&proxy, "t1").await;
-    let base = proxy.base_url();
-    let call = tokio::spawn(async move {
-        reqwest::Client::new()
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&chat(true))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    });
+    let url = format!("{}/v1/chat/completions", proxy.base_url());
+    let call = tokio::spawn(async move { post_url(url, &chat(true), &[]).await.text });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let state = control(&proxy, "/pause_state", None).await;
     assert_eq!(state["http_inflight_requests"], 1, "{state}");
@@ -708,10 +708,7 @@ async fn router_errors_are_answered_and_recorded_as_the_reference_does() {
 #[tokio::test]
 async fn other_requests_are_forwarded_untagged() {
     let (fake, proxy) = start(&json!({"count_tokens": 42, "models": ["m1"]}), &[]);
-    let models: Value = reqwest::get(format!("{}/v1/models", proxy.base_url()))
-        .await
-        .unwrap()
-        .json()
+    let models = get_json(&format!("{}/v1/models", proxy.base_url()))
         .await
         .unwrap();
     assert_eq!(models["data"][0]["id"], "m1");
@@ -720,10 +717,7 @@ async fn other_requests_are_forwarded_untagged() {
     for req in fake.requests().unwrap() {
         assert!(req["headers"].get("x-smg-routing-key").is_none(), "{req}");
     }
-    let health: Value = reqwest::get(format!("{}/__proxy_health", proxy.base_url()))
-        .await
-        .unwrap()
-        .json()
+    let health = get_json(&format!("{}/__proxy_health", proxy.base_url()))
         .await
         .unwrap();
     assert_eq!(health, json!({"ok": true}));
@@ -732,24 +726,18 @@ async fn other_requests_are_forwarded_untagged() {
 #[tokio::test]
 async fn bad_requests_are_refused_in_the_clients_protocol() {
     let (fake, proxy) = start(&json!({"fallback": {"text": "ok"}}), &[]);
-    let client = reqwest::Client::new();
-    let r = client
-        .post(format!("{}/v1/chat/completions", proxy.base_url()))
-        .body("{not json")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let v: Value = r.json().await.unwrap();
-    assert_eq!(v["error"]["type"], "invalid_request_error");
-    let r = client
-        .post(format!("{}/v1/messages", proxy.base_url()))
-        .body("[]")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let v: Value = r.json().await.unwrap();
-    assert_eq!(v["type"], "error");
+    let raw = |path: &str, body: &'static str| {
+        read_reply(
+            reqwest::Client::new()
+                .post(format!("{}{path}", proxy.base_url()))
+                .body(body),
+        )
+    };
+    let r = raw("/v1/chat/completions", "{not json").await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    let r = raw("/v1/messages", "[]").await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["type"], "error");
     assert!(upstream_calls(&fake).is_empty());
 }

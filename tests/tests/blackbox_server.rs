@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, last_text, live_group_members, opencode_registration, processes_with,
-    scratch, settled, user, wait_group_gone,
+    BlackboxProcess, FakeLlm, assert_rollout_headers, last_text, live_group_members,
+    opencode_registration, processes_with, scratch, settled, user, user_turn, wait_group_gone,
 };
 use serde_json::{Value, json};
 
@@ -149,7 +149,7 @@ async fn a_sync_turn_writes_a_file_and_replays_without_a_second_run() {
     .await;
     let turn = json!({"turn_id": "turn-1", "messages": user("Create hello.txt"), "metadata": {}});
     let path = format!("/v1/sessions/{SESSION}/messages");
-    let r = bb.post(&path, &turn).await;
+    let r = bb.turn(SESSION, &turn).await;
     assert_eq!(r.status, 200, "{r}\n{}", diag(&bb, &fake));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), content);
     let body = &r.body;
@@ -182,30 +182,14 @@ async fn a_sync_turn_writes_a_file_and_replays_without_a_second_run() {
     // Every proxied model call carries the rollout headers.
     let requests = fake.chat_requests().unwrap();
     assert!(requests.len() >= 2, "{}", diag(&bb, &fake));
-    for req in &requests {
-        let h = &req["headers"];
-        assert_eq!(h["x-session-id"], SESSION, "{req}");
-        assert_eq!(h["x-instance-id"], "inst-001", "{req}");
-        assert_eq!(h["x-turn-id"], "turn-1", "{req}");
-        assert_eq!(h["x-smg-routing-key"], SESSION, "{req}");
-        assert_eq!(h["x-dressage-partial-rollout"], "1", "{req}");
-    }
-    let seen = fake.requests().unwrap().len();
+    assert_rollout_headers(&requests, SESSION, "turn-1");
 
     // The same turn again: the committed result, and no new model call.
-    let replay = bb.post(&path, &turn).await;
-    assert_eq!(replay.status, 200, "{replay}");
-    assert_eq!(replay.body["idempotent_replay"], true);
-    assert_eq!(replay.body["outputs"], body["outputs"]);
-    assert_eq!(
-        fake.requests().unwrap().len(),
-        seen,
-        "the replay reached the model"
-    );
+    bb.assert_replay(&fake, &path, &turn, body).await;
 
     // Same turn id, other messages: 409.
-    let other = json!({"turn_id": "turn-1", "messages": user("Something else")});
-    let conflict = bb.post(&path, &other).await;
+    let other = user_turn("turn-1", "Something else");
+    let conflict = bb.turn(SESSION, &other).await;
     assert_eq!(conflict.status, 409, "{conflict}");
     assert_eq!(conflict.body["details"]["turn_id"], "turn-1");
 
@@ -237,16 +221,15 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
     });
     // One committed turn at most (BBS_MAX_TURNS through the registration's server_config).
     let (fake, bb, _) = setup(&script, &[], &json!({"server_config": {"max_turns": 1}})).await;
-    let path = format!("/v1/sessions/{SESSION}/messages");
     let submit =
         json!({"turn_id": "turn-a", "mode": "async", "messages": user("slow"), "metadata": {}});
-    let r = bb.post(&path, &submit).await;
+    let r = bb.turn(SESSION, &submit).await;
     assert_eq!(r.status, 202, "{r}");
     assert_eq!(r.body["status"], "queued");
     assert_eq!(r.body["idempotent_replay"], false);
     assert_eq!(r.body["turn_id"], "turn-a");
     // A retried submit re-attaches.
-    let again = bb.post(&path, &submit).await;
+    let again = bb.turn(SESSION, &submit).await;
     assert_eq!(
         (again.status, again.body["idempotent_replay"].as_bool()),
         (202, Some(true)),
@@ -254,7 +237,7 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
     );
     // Async without a turn id: 400.
     let no_id = bb
-        .post(&path, &json!({"mode": "async", "messages": user("x")}))
+        .turn(SESSION, &json!({"mode": "async", "messages": user("x")}))
         .await;
     assert_eq!(no_id.status, 400, "{no_id}");
     assert_eq!(
@@ -264,11 +247,10 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
 
     // Wait until the model call is held, then long-poll: the snapshot comes back when the
     // wait expires (never a 504).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while fake.chat_requests().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "{}", diag(&bb, &fake));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    bb.wait_for("no model call", &fake, Duration::from_secs(60), || {
+        !fake.chat_requests().unwrap().is_empty()
+    })
+    .await;
     let started = Instant::now();
     let poll = bb
         .get(&format!("/v1/sessions/{SESSION}/turns/turn-a?wait=1.5"))
@@ -283,17 +265,10 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
     );
 
     // Another turn or a command while this one is active: 409.
-    let busy = bb
-        .post(&path, &json!({"turn_id": "turn-b", "messages": user("x")}))
-        .await;
+    let busy = bb.turn(SESSION, &user_turn("turn-b", "x")).await;
     assert_eq!(busy.status, 409, "{busy}");
     assert_eq!(busy.body["details"]["active_turn_id"], "turn-a");
-    let cmd = bb
-        .post(
-            &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            &json!({"cmd": "true"}),
-        )
-        .await;
+    let cmd = bb.execute_cmd(SESSION, &json!({"cmd": "true"})).await;
     assert_eq!(cmd.status, 409, "{cmd}");
     assert_eq!(cmd.body["details"]["active_turn_id"], "turn-a");
 
@@ -313,36 +288,27 @@ async fn async_turns_long_poll_cancel_and_block_execute_cmd() {
 
     // The session still takes turns.
     let next = json!({"turn_id": "turn-c", "mode": "async", "messages": user("go on")});
-    let r = bb.post(&path, &next).await;
+    let r = bb.turn(SESSION, &next).await;
     assert_eq!(r.status, 202, "{r}");
     let done = bb.poll_turn(SESSION, "turn-c", 5, settled).await;
     assert_eq!(done["status"], "committed", "{done}\n{}", diag(&bb, &fake));
     assert_eq!(last_text(&done["outputs"]), "second turn done");
     assert_eq!(done["backend"]["type"], "opencode");
-    let limit = bb
-        .post(
-            &path,
-            &json!({"turn_id": "turn-d", "messages": user("more")}),
-        )
-        .await;
+    let limit = bb.turn(SESSION, &user_turn("turn-d", "more")).await;
     assert_eq!(limit.status, 429, "{limit}");
     assert_eq!(limit.body["error"], "too_many_requests");
     assert_eq!(limit.body["details"]["max_turns"], 1);
     let missing = bb
         .get(&format!("/v1/sessions/{SESSION}/turns/turn-zzz"))
         .await;
-    assert_eq!(
-        (missing.status, missing.body["error"].as_str()),
-        (404, Some("not_found"))
-    );
+    assert_eq!(missing.status_and_error(), (404, Some("not_found")));
 }
 
 #[tokio::test]
 async fn execute_cmd_runs_commands_with_a_timeout() {
     let (_fake, bb, _) = setup(&json!({}), &[], &json!({})).await;
-    let path = format!("/v1/sessions/{SESSION}/execute_cmd");
     let r = bb
-        .post(&path, &json!({"cmd": "echo out; echo err >&2; exit 7"}))
+        .execute_cmd(SESSION, &json!({"cmd": "echo out; echo err >&2; exit 7"}))
         .await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.body["stdout"], "out\n");
@@ -355,8 +321,8 @@ async fn execute_cmd_runs_commands_with_a_timeout() {
     let marker = &format!("sleep 4242.{}", std::process::id());
     let started = Instant::now();
     let r = bb
-        .post(
-            &path,
+        .execute_cmd(
+            SESSION,
             &json!({"cmd": format!("{marker} & {marker}"), "timeout": 1}),
         )
         .await;
@@ -375,15 +341,13 @@ async fn execute_cmd_runs_commands_with_a_timeout() {
         (json!({"cmd": "true", "timeout": 0}), 400),
         (json!({"timeout": 3}), 400),
     ] {
-        let r = bb.post(&path, &body).await;
+        let r = bb.execute_cmd(SESSION, &body).await;
         assert_eq!(r.status, status, "{body}: {r}");
         assert_eq!(r.body["error"], "request_error", "{r}");
     }
-    let other = bb
-        .post("/v1/sessions/sess-999/execute_cmd", &json!({"cmd": "true"}))
-        .await;
+    let other = bb.execute_cmd("sess-999", &json!({"cmd": "true"})).await;
     assert_eq!(
-        (other.status, other.body["error"].as_str()),
+        other.status_and_error(),
         (409, Some("bound_session_mismatch"))
     );
 }
@@ -401,18 +365,12 @@ async fn abort_stops_the_turn_and_its_tool_processes() {
         "fallback": {"text": "done"}
     });
     let (fake, bb, reg) = setup(&script, &[], &json!({})).await;
-    let path = format!("/v1/sessions/{SESSION}/messages");
     let submit = json!({"turn_id": "turn-s", "mode": "async", "messages": user("wait")});
-    assert_eq!(bb.post(&path, &submit).await.status, 202);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while processes_with(marker).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the tool never ran\n{}",
-            diag(&bb, &fake)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_eq!(bb.turn(SESSION, &submit).await.status, 202);
+    bb.wait_for("the tool never ran", &fake, Duration::from_secs(60), || {
+        !processes_with(marker).is_empty()
+    })
+    .await;
     let abort = bb
         .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
         .await;
@@ -427,21 +385,18 @@ async fn abort_stops_the_turn_and_its_tool_processes() {
     assert_eq!(turn.body["status"], "unknown", "{turn}");
     assert_eq!(turn.body["error"]["error"], "aborted");
     assert_eq!(turn.body["error"]["http_status"], 409);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !processes_with(marker).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the agent's tool survived the abort"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    bb.wait_for(
+        "the agent's tool survived the abort",
+        &fake,
+        Duration::from_secs(10),
+        || processes_with(marker).is_empty(),
+    )
+    .await;
     let again = bb
         .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
         .await;
     assert_eq!(again.body["mode"], "noop");
-    let refused = bb
-        .post(&path, &json!({"turn_id": "turn-t", "messages": user("x")}))
-        .await;
+    let refused = bb.turn(SESSION, &user_turn("turn-t", "x")).await;
     assert_eq!(refused.status, 409, "{refused}");
     assert!(
         refused.body["message"]
@@ -449,12 +404,7 @@ async fn abort_stops_the_turn_and_its_tool_processes() {
             .unwrap()
             .contains("aborted")
     );
-    let cmd = bb
-        .post(
-            &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            &json!({"cmd": "true"}),
-        )
-        .await;
+    let cmd = bb.execute_cmd(SESSION, &json!({"cmd": "true"})).await;
     assert_eq!(cmd.status, 409, "{cmd}");
     drop(reg);
 }
@@ -471,14 +421,8 @@ async fn a_backend_timeout_is_unknown_desynced_and_504() {
         &json!({"server_config": {"backend_timeout": 3}}),
     )
     .await;
-    let path = format!("/v1/sessions/{SESSION}/messages");
     let started = Instant::now();
-    let r = bb
-        .post(
-            &path,
-            &json!({"turn_id": "turn-slow", "messages": user("slow")}),
-        )
-        .await;
+    let r = bb.turn(SESSION, &user_turn("turn-slow", "slow")).await;
     assert_eq!(r.status, 504, "{r}\n{}", bb.describe());
     assert_eq!(r.body["error"], "backend_timeout");
     assert_eq!(r.body["details"]["turn_id"], "turn-slow");
@@ -493,20 +437,10 @@ async fn a_backend_timeout_is_unknown_desynced_and_504() {
         504
     );
     // Replaying the same turn: the session is desynced, so 409 (the reference's order).
-    let next = bb
-        .post(
-            &path,
-            &json!({"turn_id": "turn-next", "messages": user("retry")}),
-        )
-        .await;
+    let next = bb.turn(SESSION, &user_turn("turn-next", "retry")).await;
     assert_eq!(next.status, 409, "{next}");
     assert!(next.body["message"].as_str().unwrap().contains("desynced"));
-    let cmd = bb
-        .post(
-            &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            &json!({"cmd": "true"}),
-        )
-        .await;
+    let cmd = bb.execute_cmd(SESSION, &json!({"cmd": "true"})).await;
     assert_eq!(cmd.status, 409, "{cmd}");
 }
 
@@ -530,24 +464,14 @@ async fn max_steps_ends_the_turn_with_429() {
         "proxy": {"max_steps": 1}
     }});
     let (fake, bb, _) = setup(&script, &[], &extra).await;
-    let r = bb
-        .post(
-            &format!("/v1/sessions/{SESSION}/messages"),
-            &json!({"turn_id": "turn-m", "messages": user("write twice")}),
-        )
-        .await;
+    let r = bb.turn(SESSION, &user_turn("turn-m", "write twice")).await;
     assert_eq!(r.status, 429, "{r}\n{}", diag(&bb, &fake));
     assert_eq!(r.body["error"], "max_steps_exceeded");
     assert_eq!(r.body["details"]["max_steps"], 1);
     let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
     assert_eq!(s.body["state"], "desynced");
     // A known agent stop: the sandbox may still be harvested.
-    let cmd = bb
-        .post(
-            &format!("/v1/sessions/{SESSION}/execute_cmd"),
-            &json!({"cmd": "echo ok"}),
-        )
-        .await;
+    let cmd = bb.execute_cmd(SESSION, &json!({"cmd": "echo ok"})).await;
     assert_eq!(
         (cmd.status, cmd.body["stdout"].as_str()),
         (200, Some("ok\n")),
@@ -595,12 +519,7 @@ async fn a_killed_agent_desyncs_the_session_within_the_health_interval() {
     assert_eq!(status.body["sessions"]["desynced_count"], 1, "{status}");
     let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
     assert_eq!(s.body["state"], "desynced");
-    let turn = bb
-        .post(
-            &format!("/v1/sessions/{SESSION}/messages"),
-            &json!({"turn_id": "t", "messages": user("x")}),
-        )
-        .await;
+    let turn = bb.turn(SESSION, &user_turn("t", "x")).await;
     assert_eq!(turn.status, 503, "{turn}");
 }
 
@@ -624,14 +543,12 @@ async fn pause_holds_a_model_call_until_resume_and_its_time_is_not_counted() {
         &json!({"server_config": {"backend_timeout": 25}}),
     )
     .await;
-    let path = format!("/v1/sessions/{SESSION}/messages");
     let submit = json!({"turn_id": "turn-p", "mode": "async", "messages": user("nap")});
-    assert_eq!(bb.post(&path, &submit).await.status, 202);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while fake.chat_requests().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "{}", diag(&bb, &fake));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eq!(bb.turn(SESSION, &submit).await.status, 202);
+    bb.wait_for("no model call", &fake, Duration::from_secs(60), || {
+        !fake.chat_requests().unwrap().is_empty()
+    })
+    .await;
     let p = bb
         .post("/v1/rollout/pause", &json!({"reason": "weight_update"}))
         .await;
@@ -716,35 +633,14 @@ async fn sigterm_stops_everything_within_the_shutdown_timeout() {
     let runtime_dir = PathBuf::from(reg["binding"]["runtime_dir"].as_str().unwrap());
     let opencode = BlackboxProcess::opencode_pid(runtime_dir.to_str().unwrap()).unwrap();
     let submit = json!({"turn_id": "turn-k", "mode": "async", "messages": user("wait")});
-    let r = bb
-        .post(&format!("/v1/sessions/{SESSION}/messages"), &submit)
-        .await;
+    let r = bb.turn(SESSION, &submit).await;
     assert_eq!(r.status, 202);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while processes_with(marker).is_empty() {
-        assert!(
-            Instant::now() < deadline,
-            "the tool never ran\n{}",
-            diag(&bb, &fake)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let pid = rustix::process::Pid::from_raw(i32::try_from(bb.pid()).unwrap()).unwrap();
-    let sent = Instant::now();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    while bb.is_running() {
-        assert!(
-            sent.elapsed() < Duration::from_secs(15),
-            "still running\n{}",
-            bb.describe()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        sent.elapsed() < Duration::from_secs(12),
-        "{:?}",
-        sent.elapsed()
-    );
+    bb.wait_for("the tool never ran", &fake, Duration::from_secs(60), || {
+        !processes_with(marker).is_empty()
+    })
+    .await;
+    let took = bb.terminate(Duration::from_secs(15)).await;
+    assert!(took < Duration::from_secs(12), "{took:?}");
     assert!(bb.stderr().contains("shut down"), "{}", bb.describe());
     let left = wait_group_gone(opencode, Duration::from_secs(2));
     assert!(left.is_empty(), "opencode survived: {left:?}");

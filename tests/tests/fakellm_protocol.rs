@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{FakeLlm, SseFrame, parse_sse, strs, unix_request};
+use agentbox_tests::harness::{FakeLlm, SseFrame, get_json, parse_sse, strs, unix_request};
 use serde_json::{Value, json};
 
 fn bin() -> &'static Path {
@@ -397,10 +397,7 @@ async fn count_tokens_and_models_do_not_consume_steps() {
         .unwrap();
     assert!(n > 0);
 
-    let models: Value = reqwest::get(format!("{}/v1/models", fake.base_url()))
-        .await
-        .unwrap()
-        .json()
+    let models = get_json(&format!("{}/v1/models", fake.base_url()))
         .await
         .unwrap();
     assert_eq!(models["object"], "list");

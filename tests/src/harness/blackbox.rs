@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -22,6 +22,17 @@ pub struct BlackboxProcess {
     http: reqwest::Client,
     // Declared last so the process is gone before its files are removed.
     runtime_root: tempfile::TempDir,
+}
+
+/// Starts `bin` of the blackbox crate with the arguments and environment `prepare` gives it,
+/// and waits for its `listening on <rest>` line; returns the rest.
+pub(super) fn start_bin(
+    bin: &str,
+    prepare: impl FnOnce(&mut Command),
+) -> Result<(Service, String), HarnessError> {
+    let mut cmd = Command::new(workspace_bin("agentbox-blackbox", bin)?);
+    prepare(&mut cmd);
+    Service::start_listening(bin, cmd, Duration::from_secs(30), "listening on ")
 }
 
 /// One answer.
@@ -59,23 +70,18 @@ impl BlackboxProcess {
         let opencode = client_bin("opencode")?;
         let claude = client_bin("claude")?;
         let codex = client_bin("codex")?;
-        let mut cmd = Command::new(workspace_bin("agentbox-blackbox", "blackbox-server")?);
-        cmd.env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("RUST_LOG", "info")
-            .env("BBS_HOST", "127.0.0.1")
-            .env("BBS_PORT", "0")
-            .env("BBS_RUNTIME_ROOT", runtime_root.path())
-            .env("OPENCODE_BIN", opencode)
-            .env("CLAUDE_CODE_BIN", claude)
-            .env("CODEX_BIN", codex)
-            .envs(env.iter().copied());
-        let (service, address) = Service::start_listening(
-            "blackbox-server",
-            cmd,
-            Duration::from_secs(30),
-            "listening on ",
-        )?;
+        let (service, address) = start_bin("blackbox-server", |cmd| {
+            cmd.env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("RUST_LOG", "info")
+                .env("BBS_HOST", "127.0.0.1")
+                .env("BBS_PORT", "0")
+                .env("BBS_RUNTIME_ROOT", runtime_root.path())
+                .env("OPENCODE_BIN", opencode)
+                .env("CLAUDE_CODE_BIN", claude)
+                .env("CODEX_BIN", codex)
+                .envs(env.iter().copied());
+        })?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(300))
             .build()
@@ -237,12 +243,127 @@ impl BlackboxProcess {
             .collect();
         format!("{}\n--- fakellm ---\n{}", self.describe(), log.join("\n"))
     }
+
+    /// `POST /v1/sessions/{session}/messages`: submits a turn.
+    ///
+    /// # Panics
+    /// As [`BlackboxProcess::get`].
+    pub async fn turn(&self, session: &str, body: &Value) -> Reply {
+        self.post(&format!("/v1/sessions/{session}/messages"), body)
+            .await
+    }
+
+    /// `POST /v1/sessions/{session}/execute_cmd`.
+    ///
+    /// # Panics
+    /// As [`BlackboxProcess::get`].
+    pub async fn execute_cmd(&self, session: &str, body: &Value) -> Reply {
+        self.post(&format!("/v1/sessions/{session}/execute_cmd"), body)
+            .await
+    }
+
+    /// Waits until `cond` holds, looking every 50 ms.
+    ///
+    /// # Panics
+    /// With `what` and [`BlackboxProcess::diag`] when it does not hold within `timeout`.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        fake: &super::FakeLlm,
+        timeout: Duration,
+        cond: impl Fn() -> bool,
+    ) {
+        let deadline = Instant::now() + timeout;
+        while !cond() {
+            assert!(Instant::now() < deadline, "{what}\n{}", self.diag(fake));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends SIGTERM to the server (not its group: the server must stop its agents itself)
+    /// and waits for it to exit; returns how long that took.
+    ///
+    /// # Panics
+    /// When the signal cannot be sent or the server still runs after `limit`.
+    pub async fn terminate(&mut self, limit: Duration) -> Duration {
+        let pid = i32::try_from(self.pid())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .unwrap_or_else(|| panic!("pid {} out of range", self.pid()));
+        let sent = Instant::now();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM)
+            .unwrap_or_else(|e| panic!("SIGTERM: {e}"));
+        while self.is_running() {
+            assert!(sent.elapsed() < limit, "still running\n{}", self.describe());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        sent.elapsed()
+    }
+
+    /// Posts the committed turn `turn` to `path` again and checks it is replayed: the same
+    /// outputs as `committed`, and no new model call.
+    ///
+    /// # Panics
+    /// When it is not.
+    pub async fn assert_replay(
+        &self,
+        fake: &super::FakeLlm,
+        path: &str,
+        turn: &Value,
+        committed: &Value,
+    ) {
+        let logged = || {
+            fake.requests()
+                .unwrap_or_else(|e| panic!("fakellm's log: {e}"))
+                .len()
+        };
+        let seen = logged();
+        let replay = self.post(path, turn).await;
+        assert_eq!(replay.status, 200, "{replay}");
+        assert_eq!(replay.body["idempotent_replay"], true);
+        assert_eq!(replay.body["outputs"], committed["outputs"]);
+        assert_eq!(logged(), seen, "the replay reached the model");
+    }
+}
+
+impl Reply {
+    /// Its status and its `error` code, to compare at once.
+    #[must_use]
+    pub fn status_and_error(&self) -> (u16, Option<&str>) {
+        (self.status, self.body["error"].as_str())
+    }
+}
+
+/// Checks that every proxied model call in `requests` (fakellm's log) carries the rollout
+/// headers of `session`'s turn `turn` (instance `inst-001`, as [`registration`] binds it).
+///
+/// # Panics
+/// On the first header that is missing or differs.
+pub fn assert_rollout_headers(requests: &[Value], session: &str, turn: &str) {
+    let expected = [
+        ("x-session-id", session),
+        ("x-instance-id", "inst-001"),
+        ("x-turn-id", turn),
+        ("x-smg-routing-key", session),
+        ("x-dressage-partial-rollout", "1"),
+    ];
+    for req in requests {
+        for (name, value) in expected {
+            assert_eq!(req["headers"][name], value, "{name} in {req}");
+        }
+    }
 }
 
 /// A turn's `messages`: one user message.
 #[must_use]
 pub fn user(text: &str) -> Value {
     json!([{"role": "user", "content": text}])
+}
+
+/// A sync turn body: `turn_id` with one user message.
+#[must_use]
+pub fn user_turn(turn_id: &str, text: &str) -> Value {
+    json!({"turn_id": turn_id, "messages": user(text)})
 }
 
 /// A turn that is neither queued nor inflight.

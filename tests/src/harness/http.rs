@@ -84,6 +84,14 @@ pub fn parse_sse(body: &str) -> Vec<SseFrame> {
         .collect()
 }
 
+/// `GET url` (plain HTTP), its body as JSON.
+///
+/// # Errors
+/// When the request fails or the body is not JSON.
+pub async fn get_json(url: &str) -> Result<serde_json::Value, reqwest::Error> {
+    reqwest::get(url).await?.json().await
+}
+
 /// `key` of every object in the JSON array `array`, as strings. An assertion helper: panics
 /// when `array` is not an array or a `key` is not a string.
 #[must_use]

@@ -30,15 +30,16 @@ mod process;
 mod proxy;
 
 pub use blackbox::{
-    BlackboxProcess, Reply, claude_code_registration, last_text, opencode_options,
-    opencode_registration, processes_with, registration, scratch, settled, user,
+    BlackboxProcess, Reply, assert_rollout_headers, claude_code_registration, last_text,
+    opencode_options, opencode_registration, processes_with, registration, scratch, settled, user,
+    user_turn,
 };
 pub use clients::{
     claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
 };
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, cargo, workspace_bin};
 pub use fake::FakeLlm;
-pub use http::{SseFrame, UnixResponse, parse_sse, strs, unix_json, unix_request};
+pub use http::{SseFrame, UnixResponse, get_json, parse_sse, strs, unix_json, unix_request};
 pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
 pub use proxy::BlackboxProxy;
 

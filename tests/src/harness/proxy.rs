@@ -1,11 +1,10 @@
 //! `blackbox-proxy` (blackbox-server's rollout LLM proxy, run alone) as a child process for the
 //! proxy's integration tests and the bench: its agent-facing address and its control API.
 
-use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{HarnessError, Service, workspace_bin};
+use super::{HarnessError, Service};
 
 deref_to_service!(BlackboxProxy);
 
@@ -24,19 +23,13 @@ impl BlackboxProxy {
     /// # Errors
     /// When the binary cannot be built or the proxy does not come up.
     pub fn start(upstream: &str, args: &[&str]) -> Result<Self, HarnessError> {
-        let mut cmd =
-            std::process::Command::new(workspace_bin("agentbox-blackbox", "blackbox-proxy")?);
-        cmd.arg("--upstream")
-            .arg(upstream)
-            .args(args)
-            .env_clear()
-            .env("RUST_LOG", "info");
-        let (service, line) = Service::start_listening(
-            "blackbox-proxy",
-            cmd,
-            Duration::from_secs(30),
-            "listening on ",
-        )?;
+        let (service, line) = super::blackbox::start_bin("blackbox-proxy", |cmd| {
+            cmd.arg("--upstream")
+                .arg(upstream)
+                .args(args)
+                .env_clear()
+                .env("RUST_LOG", "info");
+        })?;
         let (address, control) = line
             .split_once(" control ")
             .map(|(a, c)| (a.to_owned(), c.to_owned()))
