@@ -405,9 +405,10 @@ pub struct TurnErrorBody {
     pub details: Object,
 }
 
-/// A turn, as `include_turns` shows it.
+/// A turn, as `include_turns` shows it (its error as [`TurnErrorBody`]); the session keeps the
+/// same record with its error typed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct TurnRecord {
+pub struct TurnRecord<E = TurnErrorBody> {
     /// Its id.
     pub turn_id: String,
     /// Hash of its messages: a retry must match it.
@@ -419,11 +420,28 @@ pub struct TurnRecord {
     /// Its result, once committed.
     pub response: Option<AdapterResponse>,
     /// Its error, once failed.
-    pub error: Option<TurnErrorBody>,
+    pub error: Option<E>,
     /// When accepted.
     pub created_at: Timestamp,
     /// Last change.
     pub updated_at: Timestamp,
+}
+
+impl<E> TurnRecord<E> {
+    /// The same record with its error passed through `f`.
+    #[must_use]
+    pub fn map_error<F>(&self, f: impl FnOnce(&E) -> F) -> TurnRecord<F> {
+        TurnRecord {
+            turn_id: self.turn_id.clone(),
+            request_fingerprint: self.request_fingerprint.clone(),
+            status: self.status,
+            request_messages: self.request_messages.clone(),
+            response: self.response.clone(),
+            error: self.error.as_ref().map(f),
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+        }
+    }
 }
 
 /// `POST /v1/rollout/register`.

@@ -30,25 +30,11 @@ pub enum TurnIdMode {
     Explicit,
 }
 
-/// A turn: its record plus what waiters and cancellers need.
+/// A turn: its record (with the typed error) plus what waiters and cancellers need.
 #[derive(Debug)]
 pub struct Turn {
-    /// Its id.
-    pub turn_id: String,
-    /// Hash of its messages.
-    pub fingerprint: String,
-    /// Where it is.
-    pub status: TurnStatus,
-    /// Its input.
-    pub messages: Vec<Message>,
-    /// Its result, once committed.
-    pub response: Option<AdapterResponse>,
-    /// Its error, once failed, cancelled or unknown.
-    pub error: Option<TurnError>,
-    /// Accepted.
-    pub created_at: Timestamp,
-    /// Last change.
-    pub updated_at: Timestamp,
+    /// Its id, input, status, result or error and times.
+    pub record: TurnRecord<TurnError>,
     /// Becomes `true` when the turn reaches a terminal status.
     done: watch::Sender<bool>,
     /// Cancels its execution task.
@@ -71,28 +57,28 @@ impl Turn {
     pub fn queued(turn_id: String, fingerprint: String, messages: Vec<Message>) -> Turn {
         let now = Timestamp::now();
         Turn {
-            turn_id,
-            fingerprint,
-            status: TurnStatus::Queued,
-            messages,
-            response: None,
-            error: None,
-            created_at: now,
-            updated_at: now,
+            record: TurnRecord {
+                turn_id,
+                request_fingerprint: fingerprint,
+                status: TurnStatus::Queued,
+                request_messages: messages,
+                response: None,
+                error: None,
+                created_at: now,
+                updated_at: now,
+            },
             done: watch::channel(false).0,
             cancel: CancellationToken::new(),
         }
     }
 
     fn go(&mut self, to: TurnStatus) -> Result<(), InvalidTransition> {
-        if !self.status.can_become(to) {
-            return Err(InvalidTransition {
-                from: self.status,
-                to,
-            });
+        let r = &mut self.record;
+        if !r.status.can_become(to) {
+            return Err(InvalidTransition { from: r.status, to });
         }
-        self.status = to;
-        self.updated_at = Timestamp::now();
+        r.status = to;
+        r.updated_at = Timestamp::now();
         if !to.is_active() {
             self.done.send_replace(true);
         }
@@ -113,7 +99,7 @@ impl Turn {
     /// When the turn is not inflight.
     pub fn commit(&mut self, response: AdapterResponse) -> Result<(), InvalidTransition> {
         self.go(TurnStatus::Committed)?;
-        self.response = Some(response);
+        self.record.response = Some(response);
         Ok(())
     }
 
@@ -123,7 +109,7 @@ impl Turn {
     /// When the turn cannot reach `to` from where it is.
     pub fn end(&mut self, to: TurnStatus, error: TurnError) -> Result<(), InvalidTransition> {
         self.go(to)?;
-        self.error = Some(error);
+        self.record.error = Some(error);
         Ok(())
     }
 
@@ -135,17 +121,8 @@ impl Turn {
 
     /// The `include_turns` form.
     #[must_use]
-    pub fn record(&self) -> TurnRecord {
-        TurnRecord {
-            turn_id: self.turn_id.clone(),
-            request_fingerprint: self.fingerprint.clone(),
-            status: self.status,
-            request_messages: self.messages.clone(),
-            response: self.response.clone(),
-            error: self.error.as_ref().map(TurnError::body),
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-        }
+    pub fn ledger_entry(&self) -> TurnRecord {
+        self.record.map_error(TurnError::body)
     }
 }
 
@@ -193,18 +170,18 @@ impl SessionData {
     /// The turn `turn_id`.
     #[must_use]
     pub fn turn(&self, turn_id: &str) -> Option<&Turn> {
-        self.turns.iter().find(|t| t.turn_id == turn_id)
+        self.turns.iter().find(|t| t.record.turn_id == turn_id)
     }
 
     /// The turn `turn_id`, mutable.
     pub fn turn_mut(&mut self, turn_id: &str) -> Option<&mut Turn> {
-        self.turns.iter_mut().find(|t| t.turn_id == turn_id)
+        self.turns.iter_mut().find(|t| t.record.turn_id == turn_id)
     }
 
     /// The queued or inflight turn, if any (at most one).
     #[must_use]
     pub fn active_turn(&self) -> Option<&Turn> {
-        self.turns.iter().find(|t| t.status.is_active())
+        self.turns.iter().find(|t| t.record.status.is_active())
     }
 
     /// Whether `execute_cmd` may run although the session is desynced: its latest turn stopped
@@ -215,11 +192,16 @@ impl SessionData {
             return false;
         }
         let latest = self.turns.iter().max_by(|a, b| {
-            (a.updated_at, a.created_at, &a.turn_id).cmp(&(b.updated_at, b.created_at, &b.turn_id))
+            (a.record.updated_at, a.record.created_at, &a.record.turn_id).cmp(&(
+                b.record.updated_at,
+                b.record.created_at,
+                &b.record.turn_id,
+            ))
         });
         latest.is_some_and(|t| {
-            t.status == TurnStatus::Unknown
-                && t.error
+            t.record.status == TurnStatus::Unknown
+                && t.record
+                    .error
                     .as_ref()
                     .is_some_and(|e| e.code.allows_post_agent_commands())
         })
@@ -438,7 +420,7 @@ mod tests {
             t.end(TurnStatus::Cancelled, error(TurnErrorCode::Cancelled))
                 .is_err()
         );
-        assert_eq!(t.record().error.unwrap().http_status, 504);
+        assert_eq!(t.ledger_entry().error.unwrap().http_status, 504);
     }
 
     #[test]

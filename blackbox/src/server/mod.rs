@@ -363,7 +363,7 @@ impl Server {
         for s in &sessions {
             crate::exec::kill_published(&s.cmd);
             let d = s.lock();
-            for t in d.turns.iter().filter(|t| t.status.is_active()) {
+            for t in d.turns.iter().filter(|t| t.record.status.is_active()) {
                 t.cancel.cancel();
             }
         }

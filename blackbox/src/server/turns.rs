@@ -199,7 +199,7 @@ impl Server {
             let turn_id = d.resolve_turn_id(session_id, req.turn_id.as_deref())?;
             let fingerprint = messages_fingerprint(&req.messages);
             if let Some(existing) = d.turn(&turn_id) {
-                if existing.fingerprint != fingerprint {
+                if existing.record.request_fingerprint != fingerprint {
                     return Err(ApiError::conflict(
                         "Same turn_id was already used with a different request body.",
                         json!({"session_id": session_id, "turn_id": turn_id}),
@@ -208,7 +208,7 @@ impl Server {
                 // Committed: replay; queued/inflight: re-attach; other terminal: as is.
                 return Ok(Submission {
                     turn_id,
-                    status: existing.status,
+                    status: existing.record.status,
                     idempotent_replay: true,
                     instance_id,
                 });
@@ -217,7 +217,7 @@ impl Server {
                 return Err(ApiError::conflict(
                     "Session already has an active turn in progress.",
                     json!({"session_id": session_id, "turn_id": turn_id,
-                           "active_turn_id": active.turn_id}),
+                           "active_turn_id": active.record.turn_id}),
                 ));
             }
             (turn_id, fingerprint)
@@ -275,12 +275,12 @@ impl Server {
             message: "Turn record disappeared before completion.".into(),
             details: obj(json!({"session_id": session_id, "turn_id": sub.turn_id})),
         })?;
-        match (&turn.status, &turn.response) {
+        match (&turn.record.status, &turn.record.response) {
             (TurnStatus::Committed, Some(resp)) => Ok(MessageResponse {
                 request_id: String::new(),
                 session_id: session_id.to_owned(),
                 instance_id: sub.instance_id,
-                turn_id: turn.turn_id.clone(),
+                turn_id: turn.record.turn_id.clone(),
                 state: d.state,
                 idempotent_replay: sub.idempotent_replay,
                 outputs: resp.outputs.clone(),
@@ -290,13 +290,13 @@ impl Server {
                 },
                 usage: resp.usage,
             }),
-            _ => Err(ApiError::Turn(turn.error.clone().unwrap_or_else(|| {
-                TurnError {
+            _ => Err(ApiError::Turn(turn.record.error.clone().unwrap_or_else(
+                || TurnError {
                     code: TurnErrorCode::BackendError,
                     message: "Turn failed.".into(),
-                    details: turn_details(session_id, &turn.turn_id, None),
-                }
-            }))),
+                    details: turn_details(session_id, &turn.record.turn_id, None),
+                },
+            ))),
         }
     }
 
@@ -323,7 +323,7 @@ impl Server {
         {
             let mut d = session.lock();
             match d.turn_mut(&turn_id) {
-                Some(t) if t.status == TurnStatus::Queued => {
+                Some(t) if t.record.status == TurnStatus::Queued => {
                     if let Err(e) = t.start() {
                         tracing::error!(error = %e, "turn start");
                         return;
@@ -361,7 +361,7 @@ impl Server {
                 let mut d = session.lock();
                 let Some(t) = d
                     .turn_mut(&turn_id)
-                    .filter(|t| t.status == TurnStatus::Inflight)
+                    .filter(|t| t.record.status == TurnStatus::Inflight)
                 else {
                     // Aborted while in flight: the result is not committed.
                     return;
@@ -450,7 +450,7 @@ impl Server {
             .shutdown_started
             .load(std::sync::atomic::Ordering::SeqCst);
         let mut d = session.lock();
-        let Some(t) = d.turn_mut(turn_id).filter(|t| t.status.is_active()) else {
+        let Some(t) = d.turn_mut(turn_id).filter(|t| t.record.status.is_active()) else {
             return;
         };
         let details = turn_details(session_id, turn_id, None);
@@ -539,7 +539,7 @@ impl Server {
             let mut d = session.lock();
             let Some(t) = d
                 .turn_mut(turn_id)
-                .filter(|t| t.status == TurnStatus::Inflight)
+                .filter(|t| t.record.status == TurnStatus::Inflight)
             else {
                 return;
             };
@@ -582,7 +582,7 @@ impl Server {
             let t = d
                 .turn(turn_id)
                 .ok_or_else(|| ApiError::no_turn(session_id, turn_id))?;
-            t.status.is_active().then(|| t.watch_done())
+            t.record.status.is_active().then(|| t.watch_done())
         };
         if let Some(mut done) = done.filter(|_| !wait.is_zero()) {
             let wait = wait.min(MAX_TURN_WAIT);
@@ -597,14 +597,14 @@ impl Server {
         let t = d
             .turn(turn_id)
             .ok_or_else(|| ApiError::no_turn(session_id, turn_id))?;
-        let committed = t.status == TurnStatus::Committed;
-        let resp = t.response.as_ref().filter(|_| committed);
+        let committed = t.record.status == TurnStatus::Committed;
+        let resp = t.record.response.as_ref().filter(|_| committed);
         Ok(TurnStatusResponse {
             request_id: String::new(),
             session_id: session_id.to_owned(),
             instance_id,
-            turn_id: t.turn_id.clone(),
-            status: t.status,
+            turn_id: t.record.turn_id.clone(),
+            status: t.record.status,
             state: d.state,
             outputs: resp.map(|r| r.outputs.clone()),
             usage: resp.map(|r| r.usage),
@@ -612,13 +612,13 @@ impl Server {
                 kind: blackbox_type,
                 backend_session_id: Some(r.backend_session_id.clone()),
             }),
-            error: if t.status.is_active() || committed {
+            error: if t.record.status.is_active() || committed {
                 None
             } else {
-                t.error.as_ref().map(TurnError::body)
+                t.record.error.as_ref().map(TurnError::body)
             },
-            created_at: t.created_at,
-            updated_at: t.updated_at,
+            created_at: t.record.created_at,
+            updated_at: t.record.updated_at,
         })
     }
 
@@ -640,7 +640,7 @@ impl Server {
             let t = d
                 .turn_mut(turn_id)
                 .ok_or_else(|| ApiError::no_turn(session_id, turn_id))?;
-            let (status, inflight) = match t.status {
+            let (status, inflight) = match t.record.status {
                 TurnStatus::Queued => {
                     let error = TurnError {
                         code: TurnErrorCode::Cancelled,
@@ -694,12 +694,12 @@ impl Server {
                 (d.state, AbortMode::Noop)
             } else {
                 d.set_state(SessionState::Aborted);
-                for t in d.turns.iter_mut().filter(|t| t.status.is_active()) {
+                for t in d.turns.iter_mut().filter(|t| t.record.status.is_active()) {
                     t.cancel.cancel();
                     let error = TurnError {
                         code: TurnErrorCode::Aborted,
                         message: "Session was aborted while turn was in flight.".into(),
-                        details: turn_details(session_id, &t.turn_id, None),
+                        details: turn_details(session_id, &t.record.turn_id, None),
                     };
                     if let Err(e) = t.end(TurnStatus::Unknown, error) {
                         tracing::error!(error = %e, "turn abort");
@@ -761,8 +761,8 @@ impl Server {
                     .iter()
                     .map(|t| {
                         (
-                            t.turn_id.clone(),
-                            serde_json::to_value(t.record()).unwrap_or(Value::Null),
+                            t.record.turn_id.clone(),
+                            serde_json::to_value(t.ledger_entry()).unwrap_or(Value::Null),
                         )
                     })
                     .collect()
@@ -810,7 +810,7 @@ impl Server {
             if let Some(active) = d.active_turn() {
                 return Err(ApiError::conflict(
                     "Session has an active turn in progress and cannot execute commands.",
-                    json!({"session_id": session_id, "active_turn_id": active.turn_id}),
+                    json!({"session_id": session_id, "active_turn_id": active.record.turn_id}),
                 ));
             }
         }
