@@ -132,20 +132,16 @@ pub async fn run_shell(
 mod tests {
     use super::*;
 
-    fn slot() -> GroupSlot {
-        Arc::new(Mutex::new(None))
+    /// Runs `cmd` with `timeout`; its result and the slot it ran in.
+    async fn run(cmd: &str, timeout: Duration) -> (ExecuteCmdResult, GroupSlot) {
+        let slot: GroupSlot = Arc::new(Mutex::new(None));
+        let out = run_shell(cmd, timeout, &slot).await.unwrap();
+        (out, slot)
     }
 
     #[tokio::test]
     async fn output_and_exit_code() {
-        let s = slot();
-        let out = run_shell(
-            "echo out; echo err >&2; exit 3",
-            Duration::from_secs(10),
-            &s,
-        )
-        .await
-        .unwrap();
+        let (out, s) = run("echo out; echo err >&2; exit 3", Duration::from_secs(10)).await;
         assert_eq!(
             (out.stdout.as_str(), out.stderr.as_str()),
             ("out\n", "err\n")
@@ -157,16 +153,13 @@ mod tests {
 
     #[tokio::test]
     async fn timeout_kills_the_whole_group() {
-        let s = slot();
         let started = Instant::now();
         // The background sleep keeps stdout open and ignores the shell's death.
-        let out = run_shell(
+        let (out, _) = run(
             "trap '' TERM; sleep 300 & echo $!; wait",
             Duration::from_millis(500),
-            &s,
         )
-        .await
-        .unwrap();
+        .await;
         assert!(out.timed_out);
         assert!(
             started.elapsed() < Duration::from_secs(8),
@@ -183,14 +176,11 @@ mod tests {
 
     #[tokio::test]
     async fn output_is_capped() {
-        let s = slot();
-        let out = run_shell(
+        let (out, _) = run(
             "head -c 9000000 /dev/zero | tr '\\0' x",
             Duration::from_secs(20),
-            &s,
         )
-        .await
-        .unwrap();
+        .await;
         assert_eq!(out.stdout.len() as u64, OUTPUT_CAP);
         assert!(out.stdout_truncated && !out.stderr_truncated);
         assert_eq!(out.returncode, Some(0));
