@@ -6,14 +6,15 @@
 
 use std::time::{Duration, Instant};
 
+use axum::Json;
 use axum::Router;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, Request, State};
+use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -34,6 +35,28 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// This request's id (`req-xxxxxxxx`).
 #[derive(Debug, Clone)]
 struct Rid(String);
+
+/// What every handler takes: the server and this request's id (set by [`scope`]).
+struct Ctx {
+    s: Server,
+    rid: Rid,
+}
+
+impl FromRequestParts<Server> for Ctx {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, s: &Server) -> Result<Self, Self::Rejection> {
+        // `scope` sets it on every request; a fresh one keeps an answer's id well formed.
+        let rid = parts.extensions.get::<Rid>().cloned();
+        Ok(Ctx {
+            s: s.clone(),
+            rid: rid.unwrap_or_else(|| Rid(crate::ids::request_id())),
+        })
+    }
+}
+
+/// Path parameters, or the rejection [`path_params`] turns into a validation error.
+type Params<T> = Result<Path<T>, PathRejection>;
 
 /// The server's router.
 pub fn router(server: Server) -> Router {
@@ -168,7 +191,7 @@ fn positive(loc: &[&str], v: Option<f64>) -> Result<(), ApiError> {
 }
 
 /// Path parameters; a rejection (bad percent-encoding) is a validation error.
-fn path_params<T>(p: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+fn path_params<T>(p: Params<T>) -> Result<T, ApiError> {
     p.map(|Path(v)| v)
         .map_err(|e| validation("value_error", vec![json!("path")], e.body_text()))
 }
@@ -203,7 +226,7 @@ async fn health() -> Response {
     Json(json!({"healthy": true, "version": env!("CARGO_PKG_VERSION")})).into_response()
 }
 
-async fn status(State(s): State<Server>, Extension(rid): Extension<Rid>) -> Response {
+async fn status(Ctx { s, rid }: Ctx) -> Response {
     ok(&rid, StatusCode::OK, &s.status())
 }
 
@@ -215,11 +238,7 @@ fn answer<T: Serialize>(rid: &Rid, r: Result<T, ApiError>) -> Response {
     }
 }
 
-async fn register(
-    State(s): State<Server>,
-    Extension(rid): Extension<Rid>,
-    req: Request,
-) -> Response {
+async fn register(Ctx { s, rid }: Ctx, req: Request) -> Response {
     let r = async {
         let r: RegisterRequest = body(req).await?;
         if let Some(o) = &r.server_config {
@@ -239,7 +258,7 @@ async fn register(
     answer(&rid, r.await)
 }
 
-async fn pause(State(s): State<Server>, Extension(rid): Extension<Rid>, req: Request) -> Response {
+async fn pause(Ctx { s, rid }: Ctx, req: Request) -> Response {
     let r = async {
         let r: PauseRequest = body(req).await?;
         positive(&["body", "timeout_seconds"], r.timeout_seconds)?;
@@ -248,7 +267,7 @@ async fn pause(State(s): State<Server>, Extension(rid): Extension<Rid>, req: Req
     answer(&rid, r.await)
 }
 
-async fn resume(State(s): State<Server>, Extension(rid): Extension<Rid>, req: Request) -> Response {
+async fn resume(Ctx { s, rid }: Ctx, req: Request) -> Response {
     let r = async { s.resume(&body::<ResumeRequest>(req).await?).await };
     answer(&rid, r.await)
 }
@@ -257,12 +276,7 @@ async fn pause_state(State(s): State<Server>) -> Response {
     Json(s.pause_state()).into_response()
 }
 
-async fn messages(
-    State(s): State<Server>,
-    Extension(rid): Extension<Rid>,
-    p: Result<Path<String>, PathRejection>,
-    req: Request,
-) -> Response {
+async fn messages(Ctx { s, rid }: Ctx, p: Params<String>, req: Request) -> Response {
     let r = async {
         let session_id = path_params(p)?;
         let r: MessageRequest = body(req).await?;
@@ -317,9 +331,8 @@ fn wait_param(pairs: &[(String, String)]) -> Result<f64, ApiError> {
 }
 
 async fn get_turn(
-    State(s): State<Server>,
-    Extension(rid): Extension<Rid>,
-    p: Result<Path<(String, String)>, PathRejection>,
+    Ctx { s, rid }: Ctx,
+    p: Params<(String, String)>,
     RawQuery(q): RawQuery,
 ) -> Response {
     let r = async {
@@ -331,11 +344,7 @@ async fn get_turn(
     answer(&rid, r.await)
 }
 
-async fn cancel_turn(
-    State(s): State<Server>,
-    Extension(rid): Extension<Rid>,
-    p: Result<Path<(String, String)>, PathRejection>,
-) -> Response {
+async fn cancel_turn(Ctx { s, rid }: Ctx, p: Params<(String, String)>) -> Response {
     let r = async {
         let (session_id, turn_id) = path_params(p)?;
         s.cancel_turn(&session_id, &turn_id).await
@@ -343,12 +352,7 @@ async fn cancel_turn(
     answer(&rid, r.await)
 }
 
-async fn execute_cmd(
-    State(s): State<Server>,
-    Extension(rid): Extension<Rid>,
-    p: Result<Path<String>, PathRejection>,
-    req: Request,
-) -> Response {
+async fn execute_cmd(Ctx { s, rid }: Ctx, p: Params<String>, req: Request) -> Response {
     let r = async {
         let session_id = path_params(p)?;
         let r: ExecuteCmdRequest = body(req).await?;
@@ -358,12 +362,7 @@ async fn execute_cmd(
     answer(&rid, r.await)
 }
 
-async fn get_session(
-    State(s): State<Server>,
-    Extension(rid): Extension<Rid>,
-    p: Result<Path<String>, PathRejection>,
-    RawQuery(q): RawQuery,
-) -> Response {
+async fn get_session(Ctx { s, rid }: Ctx, p: Params<String>, RawQuery(q): RawQuery) -> Response {
     let r = (|| {
         let session_id = path_params(p)?;
         let pairs = query_pairs(q.as_deref());
@@ -374,11 +373,7 @@ async fn get_session(
     answer(&rid, r)
 }
 
-async fn abort(
-    State(s): State<Server>,
-    Extension(rid): Extension<Rid>,
-    p: Result<Path<String>, PathRejection>,
-) -> Response {
+async fn abort(Ctx { s, rid }: Ctx, p: Params<String>) -> Response {
     let r = async { s.abort(&path_params(p)?).await };
     answer(&rid, r.await)
 }
