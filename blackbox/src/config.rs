@@ -153,20 +153,35 @@ pub struct Config {
     pub bins: Bins,
 }
 
-/// Reads one variable with `parse`; unset means `default`.
+/// Reads one variable of [`VARIABLES`] with `parse`; unset means its listed default, parsed
+/// the same way, so the default `--help` shows is the one used.
 fn var<T>(
     env: &dyn HostEnv,
     name: &'static str,
-    default: T,
     parse: impl Fn(&str) -> Result<T, String>,
 ) -> Result<T, ConfigError> {
-    match env.var(name) {
-        None => Ok(default),
-        Some(value) => parse(value.trim()).map_err(|reason| ConfigError {
-            name,
-            value,
-            reason,
-        }),
+    let listed = VARIABLES
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, default, _)| (*default).to_owned());
+    let value = env.var(name).or(listed).unwrap_or_default();
+    parse(value.trim()).map_err(|reason| ConfigError {
+        name,
+        value,
+        reason,
+    })
+}
+
+fn port(s: &str) -> Result<u16, String> {
+    s.parse()
+        .map_err(|_| "not a port number (0-65535)".to_owned())
+}
+
+fn absolute(s: &str) -> Result<String, String> {
+    if s.starts_with('/') {
+        Ok(s.to_owned())
+    } else {
+        Err("must be an absolute path".into())
     }
 }
 
@@ -222,50 +237,34 @@ impl Config {
     /// The first variable that is set to something invalid.
     pub fn from_env(env: &dyn HostEnv) -> Result<Config, ConfigError> {
         let server = ServerConfig {
-            host: var(env, "BBS_HOST", "0.0.0.0".into(), text)?,
-            port: var(env, "BBS_PORT", 23456, |s| {
-                s.parse::<u16>()
-                    .map_err(|_| "not a port number (0-65535)".to_owned())
-            })?,
-            runtime_root: var(
-                env,
-                "BBS_RUNTIME_ROOT",
-                "/tmp/blackbox_server".into(),
-                |s| {
-                    if s.starts_with('/') {
-                        Ok(s.to_owned())
-                    } else {
-                        Err("must be an absolute path".into())
-                    }
-                },
-            )?,
-            max_sessions: var(env, "BBS_MAX_SESSIONS", 1, int(1))?,
-            max_turns: var(env, "BBS_MAX_TURNS", 200, int(0))?,
-            backend_timeout: var(env, "BBS_BACKEND_TIMEOUT", 960.0, seconds(true))?,
-            execute_cmd_timeout: var(env, "BBS_EXECUTE_CMD_TIMEOUT", 600.0, seconds(true))?,
-            router_timeout: var(env, "BBS_ROUTER_TIMEOUT", 600_000, int(1))?,
-            shutdown_timeout: var(env, "BBS_SHUTDOWN_TIMEOUT", 30.0, seconds(false))?,
+            host: var(env, "BBS_HOST", text)?,
+            port: var(env, "BBS_PORT", port)?,
+            runtime_root: var(env, "BBS_RUNTIME_ROOT", absolute)?,
+            max_sessions: var(env, "BBS_MAX_SESSIONS", int(1))?,
+            max_turns: var(env, "BBS_MAX_TURNS", int(0))?,
+            backend_timeout: var(env, "BBS_BACKEND_TIMEOUT", seconds(true))?,
+            execute_cmd_timeout: var(env, "BBS_EXECUTE_CMD_TIMEOUT", seconds(true))?,
+            router_timeout: var(env, "BBS_ROUTER_TIMEOUT", int(1))?,
+            shutdown_timeout: var(env, "BBS_SHUTDOWN_TIMEOUT", seconds(false))?,
             health_check_interval: 2.0,
             health_check_timeout: 60.0,
             runtime_health_check_interval: var(
                 env,
                 "BBS_RUNTIME_HEALTH_CHECK_INTERVAL",
-                10.0,
                 seconds(true),
             )?,
-            runtime_health_check_retries: var(env, "BBS_RUNTIME_HEALTH_CHECK_RETRIES", 3, int(1))?,
+            runtime_health_check_retries: var(env, "BBS_RUNTIME_HEALTH_CHECK_RETRIES", int(1))?,
             runtime_health_check_retry_delay: var(
                 env,
                 "BBS_RUNTIME_HEALTH_CHECK_RETRY_DELAY",
-                0.5,
                 seconds(false),
             )?,
         };
         let bins = Bins {
-            opencode: var(env, "OPENCODE_BIN", "opencode".into(), text)?,
-            openclaw: var(env, "OPENCLAW_BIN", "openclaw".into(), text)?,
-            claude_code: var(env, "CLAUDE_CODE_BIN", "claude".into(), text)?,
-            codex: var(env, "CODEX_BIN", "codex".into(), text)?,
+            opencode: var(env, "OPENCODE_BIN", text)?,
+            openclaw: var(env, "OPENCLAW_BIN", text)?,
+            claude_code: var(env, "CLAUDE_CODE_BIN", text)?,
+            codex: var(env, "CODEX_BIN", text)?,
         };
         Ok(Config { server, bins })
     }
@@ -324,6 +323,13 @@ pub struct ServerConfigOverride {
     pub runtime_health_check_retry_delay: Option<f64>,
 }
 
+/// `field` replaced by `with`, when given.
+fn set<T: Clone>(field: &mut T, with: &Option<T>) {
+    if let Some(v) = with {
+        field.clone_from(v);
+    }
+}
+
 impl ServerConfigOverride {
     /// The range checks of the reference's model, as `(field, message)` pairs.
     #[must_use]
@@ -374,33 +380,24 @@ impl ServerConfigOverride {
     #[must_use]
     pub fn apply(&self, base: &ServerConfig) -> ServerConfig {
         let mut c = base.clone();
-        if let Some(v) = &self.runtime_root {
-            c.runtime_root.clone_from(v);
-        }
-        if let Some(v) = self.max_sessions {
-            c.max_sessions = v;
-        }
-        if let Some(v) = self.max_turns {
-            c.max_turns = v;
-        }
-        if let Some(v) = self.backend_timeout {
-            c.backend_timeout = v;
-        }
-        if let Some(v) = self.execute_cmd_timeout {
-            c.execute_cmd_timeout = v;
-        }
-        if let Some(v) = self.router_timeout {
-            c.router_timeout = v;
-        }
-        if let Some(v) = self.runtime_health_check_interval {
-            c.runtime_health_check_interval = v;
-        }
-        if let Some(v) = self.runtime_health_check_retries {
-            c.runtime_health_check_retries = v;
-        }
-        if let Some(v) = self.runtime_health_check_retry_delay {
-            c.runtime_health_check_retry_delay = v;
-        }
+        set(&mut c.runtime_root, &self.runtime_root);
+        set(&mut c.max_sessions, &self.max_sessions);
+        set(&mut c.max_turns, &self.max_turns);
+        set(&mut c.backend_timeout, &self.backend_timeout);
+        set(&mut c.execute_cmd_timeout, &self.execute_cmd_timeout);
+        set(&mut c.router_timeout, &self.router_timeout);
+        set(
+            &mut c.runtime_health_check_interval,
+            &self.runtime_health_check_interval,
+        );
+        set(
+            &mut c.runtime_health_check_retries,
+            &self.runtime_health_check_retries,
+        );
+        set(
+            &mut c.runtime_health_check_retry_delay,
+            &self.runtime_health_check_retry_delay,
+        );
         c
     }
 }
