@@ -3,7 +3,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use agentbox_policy::config::ProcessEnv;
@@ -21,12 +20,9 @@ fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match agentbox_http::runtime("agentbox-bridge") {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("agentbox-bridge: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let listener = match tokio::net::TcpListener::bind(config.bridge.listen).await {
@@ -39,23 +35,17 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        match listener.local_addr() {
-            Ok(addr) => {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "listening on {addr}");
-                let _ = out.flush();
-            }
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
             Err(e) => {
                 eprintln!("agentbox-bridge: {e}");
                 return ExitCode::FAILURE;
             }
-        }
+        };
+        // A closed stdout only loses the announcement; the listener serves all the same.
+        let _ = agentbox_http::announce_listening(addr);
         let shutdown = CancellationToken::new();
-        let signals = shutdown.clone();
-        tokio::spawn(async move {
-            agentbox_http::shutdown_signal().await;
-            signals.cancel();
-        });
+        agentbox_http::cancel_on_shutdown_signal(&shutdown);
         agentbox_http::serve_tcp(listener, agentbox_bridge::router(bridge), shutdown).await;
         ExitCode::SUCCESS
     })

@@ -4,7 +4,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use agentbox_gateway::{Gateway, GatewayOptions};
@@ -19,12 +18,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match agentbox_http::runtime("agentbox-gateway") {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("agentbox-gateway: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(run(GatewayOptions::from_config(&config, &ProcessEnv)))
 }
@@ -54,16 +50,9 @@ async fn run(opts: GatewayOptions) -> ExitCode {
     for (tid, err) in gw.restore() {
         eprintln!("agentbox-gateway: task {tid} not restored: {err}");
     }
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "listening on unix:{}", path.display());
-        let _ = out.flush();
-    }
-    let signals = shutdown.clone();
-    tokio::spawn(async move {
-        agentbox_http::shutdown_signal().await;
-        signals.cancel();
-    });
+    // A closed stdout only loses the announcement; the socket serves all the same.
+    let _ = agentbox_http::announce_listening(format_args!("unix:{}", path.display()));
+    agentbox_http::cancel_on_shutdown_signal(&shutdown);
     let persister = tokio::spawn(gw.clone().run_persister());
     agentbox_http::serve_unix(listener, agentbox_gateway::control::router(gw), shutdown).await;
     if let Err(e) = persister.await {

@@ -555,6 +555,36 @@ pub fn start_daemon(
     })
 }
 
+/// The multi-threaded runtime a daemon's `main` runs on. A runtime that cannot start is
+/// reported on stderr as `<program>: cannot start the runtime: <error>` and becomes exit code 1.
+pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    tokio::runtime::Runtime::new().map_err(|e| {
+        eprintln!("{program}: cannot start the runtime: {e}");
+        std::process::ExitCode::FAILURE
+    })
+}
+
+/// Prints `listening on <address>` on stdout and flushes it: the line the tests and the
+/// daemons' supervisors wait for before they connect.
+///
+/// # Errors
+/// When stdout cannot be written.
+pub fn announce_listening(address: impl std::fmt::Display) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "listening on {address}")?;
+    out.flush()
+}
+
+/// Cancels `token` on SIGTERM or SIGINT (see [`shutdown_signal`]), from a spawned task.
+pub fn cancel_on_shutdown_signal(token: &CancellationToken) {
+    let token = token.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        token.cancel();
+    });
+}
+
 /// Resolves on SIGTERM (systemd's stop) or SIGINT.
 pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};

@@ -10,7 +10,6 @@
 //! Exit codes: 0 after a clean shutdown, 78 (`EX_CONFIG`) for a bad config or an unknown
 //! service user, 77 (`EX_NOPERM`) when not root, 1 for other startup failures.
 
-use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -132,15 +131,9 @@ pub fn main(args: Args) -> ExitCode {
     if let Err(e) = &cgroups {
         tracing::error!(error = %e, "cgroups unavailable; sandboxes will be refused");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match agentbox_http::runtime("agentbox-launcher") {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("agentbox-launcher: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     let socket = data.socket_path();
     let settings = Settings {
@@ -170,11 +163,8 @@ pub fn main(args: Args) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "listening on unix:{}", socket.display());
-            let _ = out.flush();
-        }
+        // A closed stdout only loses the announcement; the socket serves all the same.
+        let _ = agentbox_http::announce_listening(format_args!("unix:{}", socket.display()));
         let shutdown = launcher.shutdown_token();
         // Waiting for the signal alongside the server (not in a spawned task) leaves nothing
         // running once serving ends.

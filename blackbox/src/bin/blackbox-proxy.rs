@@ -6,7 +6,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -104,16 +103,10 @@ async fn run(args: Args) -> Result<(), String> {
     let (Ok(p), Ok(c)) = addrs else {
         return Err("cannot read the listeners' addresses".into());
     };
-    let mut out = std::io::stdout();
-    writeln!(out, "listening on {p} control {c}")
-        .and_then(|()| out.flush())
+    agentbox_http::announce_listening(format_args!("{p} control {c}"))
         .map_err(|e| format!("stdout: {e}"))?;
     let stop = CancellationToken::new();
-    let on_signal = stop.clone();
-    tokio::spawn(async move {
-        agentbox_http::shutdown_signal().await;
-        on_signal.cancel();
-    });
+    agentbox_http::cancel_on_shutdown_signal(&stop);
     serve_standalone(proxy, control, cfg, stop)
         .await
         .map_err(|e| e.to_string())
