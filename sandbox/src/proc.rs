@@ -445,6 +445,13 @@ mod tests {
             .unwrap()
     }
 
+    /// `/bin/sh -c script` with its stdout piped.
+    fn sh(script: &str) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.args(["-c", script]).stdout(Stdio::piped());
+        cmd
+    }
+
     #[test]
     fn capture_caps_and_reports_truncation() {
         let rt = rt();
@@ -475,9 +482,7 @@ mod tests {
     fn capture_drains_a_real_child() {
         let rt = rt();
         rt.block_on(async {
-            let mut cmd = tokio::process::Command::new("/bin/sh");
-            cmd.args(["-c", "head -c 1000000 /dev/zero"])
-                .stdout(Stdio::piped());
+            let cmd = sh("head -c 1000000 /dev/zero");
             let mut child = ChildSetup::new(0, 0).spawn(cmd).unwrap();
             let pipe = child.stdout.take().unwrap();
             let mut mem = Memory::default();
@@ -502,12 +507,7 @@ mod tests {
     fn group_kill_leaves_no_process() {
         let rt = rt();
         rt.block_on(async {
-            let mut cmd = tokio::process::Command::new("/bin/sh");
-            cmd.args([
-                "-c",
-                "trap '' TERM; (trap '' TERM; sleep 600) & echo $!; wait",
-            ])
-            .stdout(Stdio::piped());
+            let cmd = sh("trap '' TERM; (trap '' TERM; sleep 600) & echo $!; wait");
             let mut child = ChildSetup::new(0, 0).new_session().spawn(cmd).unwrap();
             let mut out = child.stdout.take().unwrap();
             let mut line = Vec::new();
@@ -600,8 +600,7 @@ mod tests {
                 k = keep_r.as_raw_fd(),
                 d = drop_r.as_raw_fd()
             );
-            let mut cmd = tokio::process::Command::new("/bin/sh");
-            cmd.args(["-c", &script]).stdout(Stdio::piped());
+            let cmd = sh(&script);
             let child = ChildSetup::new(64123, 64124)
                 .groups(&[64125])
                 .keep(&[keep_r.as_raw_fd()])
@@ -623,9 +622,7 @@ mod tests {
     fn same_identity_keeps_uid_and_groups() {
         let rt = rt();
         rt.block_on(async {
-            let mut cmd = tokio::process::Command::new("/bin/sh");
-            cmd.args(["-c", "id -u; id -g; cat /proc/self/status | grep ^Groups:"])
-                .stdout(Stdio::piped());
+            let cmd = sh("id -u; id -g; cat /proc/self/status | grep ^Groups:");
             let child = ChildSetup::same_identity()
                 .new_session()
                 .spawn(cmd)
@@ -647,9 +644,7 @@ mod tests {
     fn descendants_include_those_that_left_the_group() {
         let rt = rt();
         rt.block_on(async {
-            let mut cmd = tokio::process::Command::new("/bin/sh");
-            cmd.args(["-c", "setsid sleep 600 & echo $!; wait"])
-                .stdout(Stdio::piped());
+            let cmd = sh("setsid sleep 600 & echo $!; wait");
             let mut child = ChildSetup::same_identity()
                 .new_session()
                 .spawn(cmd)
