@@ -155,10 +155,12 @@ macro_rules! display_as_str {
 
 display_as_str!(RunState, BackendState);
 
-/// What a sandboxed command left, as [`AgentStatus`] and [`CheckResult`] both report it.
-/// `exit_code` is the command's status, `128 + signal` when it was killed.
+/// `GET /agents/{tid}` (and the body of `POST /agents` and `DELETE /agents/{tid}`).
+/// `exit_code` is the sandboxed command's status, `128 + signal` when it was killed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RunOutput {
+pub struct AgentStatus {
+    pub tid: String,
+    pub state: RunState,
     pub exit_code: Option<i32>,
     pub oom_killed: bool,
     pub timed_out: bool,
@@ -168,24 +170,13 @@ pub struct RunOutput {
     pub disk_exceeded: bool,
     /// bwrap failed to set the sandbox up (a mount, the seccomp filter, executing the
     /// command): the command never ran, `exit_code` is `null`, bwrap's message is in `stderr`,
-    /// and an agent's `state` is `failed`. Without this, a setup failure looked like the
-    /// command exiting 1.
+    /// and `state` is `failed`. Without this, a setup failure looked like the command exiting 1.
     #[serde(default)]
     pub setup_failed: bool,
     pub stdout: String,
     pub stderr: String,
     /// Whether stdout or stderr hit `limits.output_cap_kb` and lost output.
     pub truncated: bool,
-}
-
-/// `GET /agents/{tid}` (and the body of `POST /agents` and `DELETE /agents/{tid}`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AgentStatus {
-    pub tid: String,
-    pub state: RunState,
-    /// Inline in the JSON, between `state` and `result_commit`.
-    #[serde(flatten)]
-    pub output: RunOutput,
     /// The `agent/<tid>` commit in the shadow repository, when a snapshot existed.
     pub result_commit: Option<String>,
     /// Why starting, handing back or collecting went wrong, if it did.
@@ -196,9 +187,18 @@ pub struct AgentStatus {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckResult {
     pub tid: String,
-    /// Inline in the JSON.
-    #[serde(flatten)]
-    pub output: RunOutput,
+    pub exit_code: Option<i32>,
+    pub oom_killed: bool,
+    pub timed_out: bool,
+    /// As in [`AgentStatus`].
+    #[serde(default)]
+    pub disk_exceeded: bool,
+    /// As in [`AgentStatus`].
+    #[serde(default)]
+    pub setup_failed: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub truncated: bool,
 }
 
 /// `POST /repo/snapshot` → `{repo, sha}`.

@@ -83,7 +83,7 @@ async fn typed_answers_errors_and_raw_access() {
     );
     let status: AgentStatus = launcher.agent(&tid).await.unwrap();
     assert_eq!(status.state, RunState::Exited);
-    assert_eq!(status.output.stdout.len(), 100_000);
+    assert_eq!(status.stdout.len(), 100_000);
     // Twice more over the pooled connection.
     for _ in 0..2 {
         assert_eq!(launcher.wait_agent(&tid).await.unwrap(), status);

@@ -12,8 +12,8 @@ use agentbox_api::gateway::{
 use agentbox_api::launcher::{
     AgentRequest, AgentStatus, BackendStartResult, BackendState, BackendStatus, BackendStopResult,
     CheckRequest, CheckResult, DeleteBranchRequest, DeleteBranchResult, DeliverRequest,
-    DeliverResult, DiskMode, DiskStatus, HostCheck, HostStatus, LauncherStatus, RunOutput,
-    RunState, RunSummary, SnapshotRequest, SnapshotResult,
+    DeliverResult, DiskMode, DiskStatus, HostCheck, HostStatus, LauncherStatus, RunState,
+    RunSummary, SnapshotRequest, SnapshotResult,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -180,16 +180,14 @@ fn launcher_answers() {
     let status = AgentStatus {
         tid: "t1".into(),
         state: RunState::TimedOut,
-        output: RunOutput {
-            exit_code: Some(137),
-            oom_killed: false,
-            timed_out: true,
-            disk_exceeded: false,
-            setup_failed: false,
-            stdout: "out".into(),
-            stderr: String::new(),
-            truncated: false,
-        },
+        exit_code: Some(137),
+        oom_killed: false,
+        timed_out: true,
+        disk_exceeded: false,
+        setup_failed: false,
+        stdout: "out".into(),
+        stderr: String::new(),
+        truncated: false,
         result_commit: None,
         error: Some("e".into()),
     };
@@ -202,16 +200,14 @@ fn launcher_answers() {
     round_trip(
         &CheckResult {
             tid: "c".into(),
-            output: RunOutput {
-                exit_code: None,
-                oom_killed: true,
-                timed_out: false,
-                disk_exceeded: true,
-                setup_failed: true,
-                stdout: String::new(),
-                stderr: "x".into(),
-                truncated: true,
-            },
+            exit_code: None,
+            oom_killed: true,
+            timed_out: false,
+            disk_exceeded: true,
+            setup_failed: true,
+            stdout: String::new(),
+            stderr: "x".into(),
+            truncated: true,
         },
         &json!({"tid": "c", "exit_code": null, "oom_killed": true, "timed_out": false,
             "disk_exceeded": true, "setup_failed": true, "stdout": "", "stderr": "x", "truncated": true}),

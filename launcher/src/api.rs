@@ -4,6 +4,6 @@
 pub use agentbox_api::launcher::{
     AgentRequest, AgentStatus, BackendStartResult, BackendState, BackendStatus, BackendStopResult,
     CheckRequest, CheckResult, DeleteBranchRequest, DeleteBranchResult, DeliverRequest,
-    DeliverResult, DiskMode, DiskStatus, HostCheck, HostStatus, LauncherStatus, RunOutput,
-    RunState, RunSummary, SnapshotRequest, SnapshotResult,
+    DeliverResult, DiskMode, DiskStatus, HostCheck, HostStatus, LauncherStatus, RunState,
+    RunSummary, SnapshotRequest, SnapshotResult,
 };

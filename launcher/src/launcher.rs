@@ -34,7 +34,7 @@ use tokio_util::task::TaskTracker;
 use crate::api::{
     AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
     DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, DiskMode, DiskStatus,
-    HostStatus, LauncherStatus, RunOutput, RunSummary, SnapshotRequest, SnapshotResult,
+    HostStatus, LauncherStatus, RunSummary, SnapshotRequest, SnapshotResult,
 };
 use agentbox_sandbox::bwrap::{self, Mounts, Plan, Program, RunAs};
 use agentbox_sandbox::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
@@ -448,9 +448,21 @@ impl Launcher {
                 .ok_or(LauncherError::Internal("check vanished"))?;
             (e.phase, e.outcome.clone())
         };
+        let cap = self.output_cap();
         let result = CheckResult {
             tid: tid.to_string(),
-            output: self.run_output(&tid, LogKind::Check, phase, &outcome),
+            exit_code: outcome.exit_code,
+            oom_killed: outcome.oom_killed,
+            timed_out: phase == Phase::Done(Final::TimedOut),
+            disk_exceeded: outcome.disk_exceeded,
+            setup_failed: outcome.setup_failed,
+            stdout: self
+                .data
+                .read_log(&tid, LogKind::Check, Stream::Stdout, cap),
+            stderr: self
+                .data
+                .read_log(&tid, LogKind::Check, Stream::Stderr, cap),
+            truncated: outcome.truncated,
         };
         self.data.remove_logs(&tid, LogKind::Check);
         if let Some(err) = outcome.error {
@@ -940,28 +952,21 @@ impl Launcher {
                 Some(_) | None => return Err(LauncherError::UnknownTask(tid.to_string())),
             }
         };
+        let cap = self.output_cap();
         Ok(AgentStatus {
             tid: tid.to_string(),
             state: phase.state(),
-            output: self.run_output(tid, LogKind::Agent, phase, &outcome),
-            result_commit: outcome.result_commit,
-            error: outcome.error,
-        })
-    }
-
-    /// What run `tid` left: its outcome and its `kind` logs (capped).
-    fn run_output(&self, tid: &Tid, kind: LogKind, phase: Phase, outcome: &Outcome) -> RunOutput {
-        let cap = self.output_cap();
-        RunOutput {
             exit_code: outcome.exit_code,
             oom_killed: outcome.oom_killed,
             timed_out: phase == Phase::Done(Final::TimedOut),
             disk_exceeded: outcome.disk_exceeded,
             setup_failed: outcome.setup_failed,
-            stdout: self.data.read_log(tid, kind, Stream::Stdout, cap),
-            stderr: self.data.read_log(tid, kind, Stream::Stderr, cap),
+            stdout: self.data.read_log(tid, LogKind::Agent, Stream::Stdout, cap),
+            stderr: self.data.read_log(tid, LogKind::Agent, Stream::Stderr, cap),
             truncated: outcome.truncated,
-        }
+            result_commit: outcome.result_commit,
+            error: outcome.error,
+        })
     }
 
     /// `GET /agents/{tid}`, optionally waiting until the run is done. The wait ends when the
