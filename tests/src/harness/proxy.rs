@@ -1,7 +1,6 @@
 //! `blackbox-proxy` (blackbox-server's rollout LLM proxy, run alone) as a child process for the
 //! proxy's integration tests and the bench: its agent-facing address and its control API.
 
-
 use serde_json::Value;
 
 use super::{HarnessError, Service};
