@@ -225,7 +225,7 @@ fn resolve_status(e: &ResolveError) -> (StatusCode, &'static str) {
         | ResolveError::OtherRoot { .. }
         | ResolveError::BadComponent { .. }
         | ResolveError::Openat2Unavailable { .. }
-        | ResolveError::Io { .. } => (StatusCode::BAD_REQUEST, "unsafe_path"),
+        | ResolveError::Io(_) => (StatusCode::BAD_REQUEST, "unsafe_path"),
     }
 }
 

@@ -329,7 +329,7 @@ fn why_refused(e: &ResolveError) -> &'static str {
         | ResolveError::Changed { .. }
         | ResolveError::OtherRoot { .. }
         | ResolveError::Openat2Unavailable { .. }
-        | ResolveError::Io { .. } => "it cannot be opened safely",
+        | ResolveError::Io(_) => "it cannot be opened safely",
     }
 }
 

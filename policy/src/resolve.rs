@@ -187,13 +187,30 @@ pub enum ResolveError {
     },
     #[error("{path}: openat2 is not available on this kernel")]
     Openat2Unavailable { path: String },
-    #[error("{path}: {op}: {source}")]
-    Io {
-        path: String,
-        op: &'static str,
-        #[source]
-        source: Errno,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
+}
+
+/// A system call on a path failed: the path as shown, the call, its errno. The resolver's
+/// and the sandbox walker's errors share it.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {op}: {source}")]
+pub struct PathIoError {
+    pub path: String,
+    pub op: &'static str,
+    #[source]
+    pub source: Errno,
+}
+
+impl PathIoError {
+    /// `op` failed at `path` with `source`.
+    pub fn new(path: impl Into<String>, op: &'static str, source: Errno) -> Self {
+        PathIoError {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
 }
 
 /// Which resolution code path to use.
@@ -238,11 +255,8 @@ impl Root {
             }
             Err(e) => return Err(map_errno(e, shown, "open root")),
         };
-        let identity = Identity::of(fd.as_fd()).map_err(|source| ResolveError::Io {
-            path: shown.clone(),
-            op: "stat root",
-            source,
-        })?;
+        let identity = Identity::of(fd.as_fd())
+            .map_err(|e| PathIoError::new(shown.as_str(), "stat root", e))?;
         if identity.kind != Kind::Dir {
             return Err(ResolveError::WrongKind {
                 path: shown,
@@ -367,11 +381,7 @@ impl Root {
     /// root: what every component of the walk, and the final handle of either strategy, must
     /// pass.
     fn checked_identity(&self, fd: BorrowedFd<'_>, shown: &str) -> Result<Identity, ResolveError> {
-        let identity = Identity::of(fd).map_err(|source| ResolveError::Io {
-            path: shown.to_owned(),
-            op: "stat",
-            source,
-        })?;
+        let identity = Identity::of(fd).map_err(|e| PathIoError::new(shown, "stat", e))?;
         if identity.kind == Kind::Symlink {
             return Err(ResolveError::Symlink {
                 path: shown.to_owned(),
@@ -472,11 +482,7 @@ fn classify_not_dir(path: &Path, shown: String) -> ResolveError {
                 expected: Kind::Dir,
                 found,
             },
-            None => ResolveError::Io {
-                path: shown,
-                op: "open root",
-                source: Errno::NOTDIR,
-            },
+            None => PathIoError::new(shown, "open root", Errno::NOTDIR).into(),
         },
         Err(e) => map_errno(e, shown, "stat root"),
     }
@@ -490,7 +496,7 @@ fn map_errno(e: Errno, path: String, op: &'static str) -> ResolveError {
         Errno::XDEV => ResolveError::CrossesMount { path },
         Errno::NOENT => ResolveError::NotFound { path },
         Errno::NOTDIR => ResolveError::NotADirectory { path },
-        source => ResolveError::Io { path, op, source },
+        source => PathIoError { path, op, source }.into(),
     }
 }
 
@@ -561,11 +567,8 @@ impl Resolved {
                 path: self.shown.clone(),
             });
         }
-        let now = Identity::of(self.fd.as_fd()).map_err(|source| ResolveError::Io {
-            path: self.shown.clone(),
-            op: "stat",
-            source,
-        })?;
+        let now = Identity::of(self.fd.as_fd())
+            .map_err(|e| PathIoError::new(self.shown.as_str(), "stat", e))?;
         let again = root.resolve(&self.rel)?;
         if again.identity.same_object(&now) && again.identity.kind == now.kind {
             Ok(now)

@@ -36,7 +36,7 @@
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
-use agentbox_policy::resolve::Kind;
+use agentbox_policy::resolve::{Kind, PathIoError};
 use rustix::fs::{self, AtFlags, FileType, Mode, OFlags, StatxFlags};
 use rustix::io::Errno;
 
@@ -106,13 +106,8 @@ pub enum WalkError {
     Changed { path: String },
     #[error("more than {0} entries")]
     TooManyEntries(u64),
-    #[error("{path}: {op}: {source}")]
-    Io {
-        path: String,
-        op: &'static str,
-        #[source]
-        source: Errno,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     /// A hand-over that failed after it had begun changing owners (the tree changed between
     /// the scan and the second pass): part of the tree belongs to the new owner now.
     #[error("{0} (part of the tree was already handed over)")]
@@ -127,7 +122,7 @@ impl WalkError {
             WalkError::Refused { .. }
             | WalkError::Changed { .. }
             | WalkError::TooManyEntries(_)
-            | WalkError::Io { .. } => false,
+            | WalkError::Io(_) => false,
         }
     }
 }
@@ -249,11 +244,7 @@ impl Frame {
 
 /// `op` failed at `path`.
 fn io(path: &str, op: &'static str, source: Errno) -> WalkError {
-    WalkError::Io {
-        path: path.to_owned(),
-        op,
-        source,
-    }
+    PathIoError::new(path, op, source).into()
 }
 
 fn read_names(dir: BorrowedFd<'_>, path: &str) -> Result<Vec<CString>, WalkError> {
@@ -651,11 +642,7 @@ pub fn visit(
     limits: WalkLimits,
     mut visitor: impl FnMut(&Seen<'_>),
 ) -> Result<VisitReport, WalkError> {
-    let io = |op, source| WalkError::Io {
-        path: ".".to_owned(),
-        op,
-        source,
-    };
+    let io = |op, source| WalkError::from(PathIoError::new(".", op, source));
     let top_stat = stat_fd(top).map_err(|e| io("stat", e))?;
     if top_stat.kind != Kind::Dir {
         return Err(WalkError::Refused {
