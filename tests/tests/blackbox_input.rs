@@ -17,6 +17,11 @@ fn fakellm_bin() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_fakellm"))
 }
 
+/// Makes a good registration bad.
+type Spoil = fn(&mut Value);
+/// Checks the body of the refusal.
+type Check = fn(&Value);
+
 /// An error answer of the reference's shape; returns its body.
 fn error(r: &Reply, status: u16, code: &str) -> Value {
     assert_eq!(r.status, status, "{r}");
@@ -54,7 +59,7 @@ async fn bad_input_gets_the_reference_status_and_body() {
     // Bad registrations: 400, and the server stays idle. Each case spoils a good registration
     // and checks what the answer says about it.
     let good = opencode_registration(&fake.base_url(), "sess-001", &json!({}));
-    let cases: [(fn(&mut Value), fn(&Value)); 7] = [
+    let cases: [(Spoil, Check); 7] = [
         (
             |r| {
                 r.as_object_mut().unwrap().remove("bound_session_id");
