@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use agentbox_api::gateway::TaskState;
 use agentbox_policy::id::Tid;
-use cli_common::{Stack, agent_owned, agent_processes, git, write_script};
+use cli_common::{Stack, git, write_script};
 use serde_json::Value;
 
 #[tokio::test]
@@ -24,7 +24,7 @@ async fn run_delivers_the_branch_and_the_summary_shows_the_budget() {
     let mut steps = first["steps"].as_array().unwrap().clone();
     steps.extend(second["steps"].as_array().unwrap().iter().cloned());
     let script = serde_json::json!({"rules": first["rules"], "steps": steps});
-    let stack = Stack::start(&script, "");
+    let stack = Stack::start(&script, "", 64500);
     let repo = stack.repo.display().to_string();
 
     // --json: one object on stdout.
@@ -129,7 +129,7 @@ async fn run_delivers_the_branch_and_the_summary_shows_the_budget() {
 async fn sigint_mid_run_stops_everything_and_closes_the_task() {
     // The second turn hangs in the model for two minutes: the agent is mid-run when Ctrl-C
     // comes, having already written a file as its agent uid.
-    let stack = Stack::start(&write_script("half.txt", "half", 120_000), "");
+    let stack = Stack::start(&write_script("half.txt", "half", 120_000), "", 64510);
     let repo = stack.repo.display().to_string();
     let mut child = stack
         .cli(&[
@@ -174,7 +174,7 @@ async fn sigint_mid_run_stops_everything_and_closes_the_task() {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(
-        !agent_processes().is_empty(),
+        !stack.agent_processes().is_empty(),
         "the agent runs as its own uid"
     );
 
@@ -205,7 +205,7 @@ async fn sigint_mid_run_stops_everything_and_closes_the_task() {
     assert!(err.contains("stopping:"), "{diag}");
 
     // Nothing running, nothing the agent's, the task closed, no branch delivered.
-    assert_eq!(agent_processes(), Vec::<String>::new(), "{diag}");
+    assert_eq!(stack.agent_processes(), Vec::<String>::new(), "{diag}");
     let task_dir = stack.gateway.data_dir().join("tasks/cli-int");
     let workspace = task_dir.join("workspace");
     assert!(
@@ -213,7 +213,7 @@ async fn sigint_mid_run_stops_everything_and_closes_the_task() {
         "the agent did write: {diag}"
     );
     assert_eq!(
-        agent_owned(&task_dir),
+        stack.agent_owned(&task_dir),
         Vec::<std::path::PathBuf>::new(),
         "{diag}"
     );

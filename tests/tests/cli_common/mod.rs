@@ -17,10 +17,7 @@ use serde_json::Value;
 
 /// The service user's uid/gid (no passwd entry needed: `--service-uid`).
 pub const SERVICE: u32 = 64030;
-/// The first agent uid of these tests' launchers: a range of their own, so a scan for leftover
-/// processes and files cannot see other tests' agents.
-pub const AGENT_UID: u32 = 64500;
-/// Agent uids in the range.
+/// Agent uids in each stack's range.
 pub const AGENT_UIDS: u32 = 10;
 const BRIDGE_TOKEN: &str = "cli-bridge-token-0123456789";
 
@@ -33,6 +30,9 @@ pub struct Stack {
     pub repo: PathBuf,
     pub base_sha: String,
     pub config: PathBuf,
+    /// The first uid of this stack's agent range: each test passes its own (64500, 64510, ...),
+    /// so a scan for leftover processes and files cannot see another test's agents.
+    pub agent_uid: u32,
     // Declared last so the processes are gone before the files.
     pub base: tempfile::TempDir,
 }
@@ -51,9 +51,10 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
 }
 
 impl Stack {
-    /// Starts everything with fakellm running `script`; the catalogue has `gpt` (remote,
-    /// openai, with prices) and `extra_toml` is appended to the config.
-    pub fn start(script: &Value, extra_toml: &str) -> Stack {
+    /// Starts everything with fakellm running `script` and agent uids from `agent_uid`; the
+    /// catalogue has `gpt` (remote, openai, with prices) and `extra_toml` is appended to the
+    /// launcher's part of the config.
+    pub fn start(script: &Value, extra_toml: &str, agent_uid: u32) -> Stack {
         let base = tempfile::Builder::new().prefix("cli-").tempdir().unwrap();
         std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let repos = base.path().join("repos");
@@ -95,7 +96,7 @@ impl Stack {
         let data = gateway.data_dir();
         let claude = readable_client("claude", base.path()).unwrap_or_else(|e| panic!("{e}"));
         let shared = format!(
-            "agent_uid = {AGENT_UID}\nagent_gid = {AGENT_UID}\nagent_uid_count = {AGENT_UIDS}\n\
+            "agent_uid = {agent_uid}\nagent_gid = {agent_uid}\nagent_uid_count = {AGENT_UIDS}\n\
              [launcher]\nclaude_bin = {claude:?}\nrepo_roots = [{repos:?}]\n\
              venv_root = \"/nonexistent/venvs\"\n{extra_toml}"
         );
@@ -115,6 +116,7 @@ impl Stack {
             repo,
             base_sha,
             config,
+            agent_uid,
             base,
         }
     }
@@ -159,10 +161,33 @@ pub fn cli_with(config: &Path, args: &[&str]) -> Command {
     cmd
 }
 
+impl Stack {
+    /// Live processes whose uid is in this stack's agent range (see [`agent_processes`]).
+    pub fn agent_processes(&self) -> Vec<String> {
+        agent_processes(self.agent_uid..self.agent_uid + AGENT_UIDS)
+    }
+
+    /// Files under `dir` owned by an agent uid or gid of this stack.
+    pub fn agent_owned(&self, dir: &Path) -> Vec<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let range = self.agent_uid..self.agent_uid + AGENT_UIDS;
+        walkdir::WalkDir::new(dir)
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.path()
+                    .symlink_metadata()
+                    .is_ok_and(|m| range.contains(&m.uid()) || range.contains(&m.gid()))
+            })
+            .map(|e| e.path().to_path_buf())
+            .collect()
+    }
+}
+
 /// Live processes whose uid is in this stack's agent range, as `pid uids name state ppid`. A
 /// zombie is not counted: it has exited (bwrap's inner process, orphaned when the sandbox is
 /// killed, waits a moment for init to reap it).
-pub fn agent_processes() -> Vec<String> {
+pub fn agent_processes(range: std::ops::Range<u32>) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
@@ -181,11 +206,7 @@ pub fn agent_processes() -> Vec<String> {
         let zombie = status
             .lines()
             .any(|l| l.starts_with("State:") && l.contains('Z'));
-        if !zombie
-            && uids
-                .iter()
-                .any(|u| (AGENT_UID..AGENT_UID + AGENT_UIDS).contains(u))
-        {
+        if !zombie && uids.iter().any(|u| range.contains(u)) {
             let field = |k: &str| {
                 status
                     .lines()
@@ -203,22 +224,6 @@ pub fn agent_processes() -> Vec<String> {
         }
     }
     found
-}
-
-/// Files under `dir` owned by an agent uid or gid of this stack.
-pub fn agent_owned(dir: &Path) -> Vec<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let range = AGENT_UID..AGENT_UID + AGENT_UIDS;
-    walkdir::WalkDir::new(dir)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| {
-            e.path()
-                .symlink_metadata()
-                .is_ok_and(|m| range.contains(&m.uid()) || range.contains(&m.gid()))
-        })
-        .map(|e| e.path().to_path_buf())
-        .collect()
 }
 
 /// A fakellm script for Claude Code in chat mode (through the bridge): write `content` to
