@@ -30,25 +30,21 @@ fn out(text: &str) -> Result<(), CliError> {
         .map_err(io("writing to stdout"))
 }
 
+/// `call` on `daemon` once its socket answers; either failure as the error people see.
+async fn reach<T>(
+    d: &Daemons,
+    daemon: Daemon,
+    call: impl std::future::Future<Output = Result<T, agentbox_api::ClientError>>,
+) -> Result<T, CliError> {
+    d.probe(daemon).await?;
+    call.await.map_err(|e| d.error(daemon, None, e))
+}
+
 /// `agentbox status`: both daemons (each may be down), tasks, backends, host readiness. Exits
 /// with the first unreachable daemon's code, after printing what it could.
 pub async fn status(d: &Daemons, json: bool) -> Result<ExitCode, CliError> {
-    let launcher = match d.probe(Daemon::Launcher).await {
-        Ok(()) => d
-            .launcher
-            .status()
-            .await
-            .map_err(|e| d.error(Daemon::Launcher, None, e)),
-        Err(e) => Err(e),
-    };
-    let gateway = match d.probe(Daemon::Gateway).await {
-        Ok(()) => d
-            .gateway
-            .status()
-            .await
-            .map_err(|e| d.error(Daemon::Gateway, None, e)),
-        Err(e) => Err(e),
-    };
+    let launcher = reach(d, Daemon::Launcher, d.launcher.status()).await;
+    let gateway = reach(d, Daemon::Gateway, d.gateway.status()).await;
     if json {
         let part = |r: Result<serde_json::Value, &CliError>| match r {
             Ok(v) => v,
@@ -334,12 +330,7 @@ pub async fn backend_start(d: &Daemons, model: &str) -> Result<ExitCode, CliErro
             model: model.to_owned(),
             known: d.config.models.keys().map(ToString::to_string).collect(),
         })?;
-    d.probe(Daemon::Launcher).await?;
-    let r = d
-        .launcher
-        .start_backend(&id)
-        .await
-        .map_err(|e| d.error(Daemon::Launcher, None, e))?;
+    let r = reach(d, Daemon::Launcher, d.launcher.start_backend(&id)).await?;
     let stopped = if r.stopped.is_empty() {
         String::new()
     } else {
@@ -356,12 +347,7 @@ pub async fn backend_start(d: &Daemons, model: &str) -> Result<ExitCode, CliErro
 
 /// `agentbox backends stop`.
 pub async fn backends_stop(d: &Daemons) -> Result<ExitCode, CliError> {
-    d.probe(Daemon::Launcher).await?;
-    let r = d
-        .launcher
-        .stop_backends()
-        .await
-        .map_err(|e| d.error(Daemon::Launcher, None, e))?;
+    let r = reach(d, Daemon::Launcher, d.launcher.stop_backends()).await?;
     out(&if r.stopped.is_empty() {
         "no backend was running\n".to_owned()
     } else {

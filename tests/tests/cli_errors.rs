@@ -55,27 +55,21 @@ fn help_documents_the_exit_codes() {
     }
 }
 
+/// `agentbox ARGS...` with [`lone_config`], to its end.
+fn lone(args: &[&str]) -> Output {
+    let dir = tempfile::tempdir().unwrap();
+    cli_with(&lone_config(dir.path()), args).output().unwrap()
+}
+
 #[test]
 fn unknown_model_is_64_and_names_the_catalogue() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = cli_with(
-        &lone_config(dir.path()),
-        &["run", "--repo", "/tmp", "--model", "nope", "hi"],
-    )
-    .output()
-    .unwrap();
+    let out = lone(&["run", "--repo", "/tmp", "--model", "nope", "hi"]);
     one_line(&out, 64, &["unknown model \"nope\"", "gpt", "config check"]);
 }
 
 #[test]
 fn missing_repository_is_65() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = cli_with(
-        &lone_config(dir.path()),
-        &["run", "--repo", "/nonexistent/repo", "--model", "gpt", "hi"],
-    )
-    .output()
-    .unwrap();
+    let out = lone(&["run", "--repo", "/nonexistent/repo", "--model", "gpt", "hi"]);
     one_line(&out, 65, &["/nonexistent/repo", "repo_roots"]);
 }
 
@@ -176,18 +170,6 @@ async fn refusals_by_the_daemons_are_65_and_66() {
     one_line(&out, 2, &["Bad_Id"]);
 }
 
-/// Runs `agentbox run` on the stack with `args` added; the summary on stdout, the last stderr
-/// line the advice.
-fn run(stack: &Stack, extra: &[&str]) -> (Output, String) {
-    let repo = stack.repo.display().to_string();
-    let mut args = vec!["run", "--repo", &repo, "--model", "gpt"];
-    args.extend_from_slice(extra);
-    args.push("Do the task.");
-    let out = stack.cli(&args).output().unwrap();
-    let diag = stack.describe(&out);
-    (out, diag)
-}
-
 fn last_line(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr)
         .lines()
@@ -212,7 +194,7 @@ async fn budget_exhausted_is_3() {
         "steps": [bash(1), bash(2), bash(3), {"match": {"has_tools": true}, "text": "done"}]
     });
     let stack = Stack::start(&script, "", 64520);
-    let (out, diag) = run(&stack, &["--budget-tokens", "1500", "--json"]);
+    let (out, diag) = stack.run(&["--budget-tokens", "1500", "--json", "Do the task."]);
     assert_eq!(out.status.code(), Some(3), "{diag}");
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["outcome"], "budget_exhausted", "{diag}");
@@ -230,7 +212,7 @@ async fn budget_exhausted_is_3() {
 async fn timeout_is_4() {
     // The second turn hangs in the model far past the run's timeout.
     let stack = Stack::start(&write_script("t.txt", "t", 120_000), "", 64530);
-    let (out, diag) = run(&stack, &["--timeout", "8", "--json"]);
+    let (out, diag) = stack.run(&["--timeout", "8", "--json", "Do the task."]);
     assert_eq!(out.status.code(), Some(4), "{diag}");
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["outcome"], "timed_out", "{diag}");
@@ -256,7 +238,7 @@ async fn oom_is_5() {
         ]
     });
     let stack = Stack::start(&script, "[launcher.limits]\nmemory_mb = 768\n", 64540);
-    let (out, diag) = run(&stack, &["--json"]);
+    let (out, diag) = stack.run(&["--json", "Do the task."]);
     assert_eq!(out.status.code(), Some(5), "{diag}");
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["outcome"], "oom_killed", "{diag}");

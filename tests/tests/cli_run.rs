@@ -13,36 +13,20 @@ use std::time::{Duration, Instant};
 
 use agentbox_api::gateway::TaskState;
 use agentbox_policy::id::Tid;
-use cli_common::{Stack, git, write_script};
+use cli_common::{Stack, git, interrupt, write_script, writes};
 use serde_json::Value;
 
 #[tokio::test]
 async fn run_delivers_the_branch_and_the_summary_shows_the_budget() {
     // Two runs, one after the other: the script's steps for the second follow the first's.
-    let first = write_script("fix1.txt", "fixed one", 0);
-    let second = write_script("fix2.txt", "fixed two", 0);
-    let mut steps = first["steps"].as_array().unwrap().clone();
-    steps.extend(second["steps"].as_array().unwrap().iter().cloned());
-    let script = serde_json::json!({"rules": first["rules"], "steps": steps});
-    let stack = Stack::start(&script, "", 64500);
-    let repo = stack.repo.display().to_string();
+    let stack = Stack::start(
+        &writes(&[("fix1.txt", "fixed one", 0), ("fix2.txt", "fixed two", 0)]),
+        "",
+        64500,
+    );
 
     // --json: one object on stdout.
-    let out = stack
-        .cli(&[
-            "run",
-            "--repo",
-            &repo,
-            "--model",
-            "gpt",
-            "--budget-tokens",
-            "1000000",
-            "--json",
-            "Write fix1.txt.",
-        ])
-        .output()
-        .unwrap();
-    let diag = stack.describe(&out);
+    let (out, diag) = stack.run(&["--budget-tokens", "1000000", "--json", "Write fix1.txt."]);
     assert!(out.status.success(), "{diag}");
     let s: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {diag}"));
     let tid = s["tid"].as_str().unwrap().to_owned();
@@ -92,22 +76,13 @@ async fn run_delivers_the_branch_and_the_summary_shows_the_budget() {
     assert!(!err.contains('\r'), "no spinner without a terminal: {diag}");
 
     // Text: the summary people read, with the budget and what is left of it.
-    let out = stack
-        .cli(&[
-            "run",
-            "--repo",
-            &repo,
-            "--model",
-            "gpt",
-            "--budget-tokens",
-            "500000",
-            "--tid",
-            "cli-text",
-            "Write fix2.txt.",
-        ])
-        .output()
-        .unwrap();
-    let diag = stack.describe(&out);
+    let (out, diag) = stack.run(&[
+        "--budget-tokens",
+        "500000",
+        "--tid",
+        "cli-text",
+        "Write fix2.txt.",
+    ]);
     assert!(out.status.success(), "{diag}");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("outcome   succeeded"), "{diag}");
@@ -178,22 +153,7 @@ async fn sigint_mid_run_stops_everything_and_closes_the_task() {
         "the agent runs as its own uid"
     );
 
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap(),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the CLI did not stop after SIGINT"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = interrupt(&mut child, Duration::from_secs(60));
     let stdout = std::io::read_to_string(child.stdout.take().unwrap()).unwrap();
     let err = lines.join().unwrap().join("\n");
     let diag = format!(

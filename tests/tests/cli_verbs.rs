@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{readable_client, workspace_bin};
-use cli_common::{SERVICE, Stack, cli_with, git, write_script};
+use cli_common::{SERVICE, Stack, cli_with, git, interrupt, writes};
 use serde_json::Value;
 
 fn text(out: &std::process::Output) -> String {
@@ -19,32 +19,22 @@ fn text(out: &std::process::Output) -> String {
 
 #[tokio::test]
 async fn status_logs_check_deliver_stop_and_backends() {
-    let first = write_script("kept.txt", "kept", 0);
-    let second = write_script("slow.txt", "slow", 4_000);
-    let mut steps = first["steps"].as_array().unwrap().clone();
-    steps.extend(second["steps"].as_array().unwrap().iter().cloned());
-    let script = serde_json::json!({"rules": first["rules"], "steps": steps});
-    let stack = Stack::start(&script, "", 64560);
+    let stack = Stack::start(
+        &writes(&[("kept.txt", "kept", 0), ("slow.txt", "slow", 4_000)]),
+        "",
+        64560,
+    );
     let repo = stack.repo.display().to_string();
 
     // run --keep: nothing delivered yet.
-    let out = stack
-        .cli(&[
-            "run",
-            "--repo",
-            &repo,
-            "--model",
-            "gpt",
-            "--tid",
-            "cli-v",
-            "--keep",
-            "--budget-usd",
-            "1",
-            "Write kept.txt.",
-        ])
-        .output()
-        .unwrap();
-    let diag = stack.describe(&out);
+    let (out, diag) = stack.run(&[
+        "--tid",
+        "cli-v",
+        "--keep",
+        "--budget-usd",
+        "1",
+        "Write kept.txt.",
+    ]);
     assert!(out.status.success(), "{diag}");
     assert!(text(&out).contains("branch    not delivered"), "{diag}");
     assert!(
@@ -235,19 +225,7 @@ fn up_runs_the_three_daemons_until_ctrl_c() {
     let config_s = config.display().to_string();
     assert_eq!(daemons(&config_s).len(), 3, "{:?}", daemons(&config_s));
 
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(i32::try_from(up.id()).unwrap()).unwrap(),
-        rustix::process::Signal::INT,
-    )
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = up.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "agentbox up did not stop");
-        std::thread::sleep(Duration::from_millis(100));
-    };
+    let status = interrupt(&mut up, Duration::from_secs(30));
     let err = std::io::read_to_string(up.stderr.take().unwrap()).unwrap();
     assert!(status.success(), "{status:?}: {err}");
     assert!(err.contains("Ctrl-C stops all three"), "{err}");

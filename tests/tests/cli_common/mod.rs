@@ -7,7 +7,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, ExitStatus, Output, Stdio};
 
 use agentbox_tests::harness::launcher::{chown_tree, git_with};
 use agentbox_tests::harness::{
@@ -37,17 +37,16 @@ pub struct Stack {
     pub base: tempfile::TempDir,
 }
 
+/// The config every test git command runs with (the repository is the service user's).
+const GIT_CONFIG: [&str; 3] = [
+    "safe.directory=*",
+    "user.name=t",
+    "user.email=t@example.com",
+];
+
 /// git in a test repository (owned by the service user; the test is root).
 pub fn git(dir: &Path, args: &[&str]) -> String {
-    git_with(
-        dir,
-        &[
-            "safe.directory=*",
-            "user.name=t",
-            "user.email=t@example.com",
-        ],
-        args,
-    )
+    git_with(dir, &GIT_CONFIG, args)
 }
 
 impl Stack {
@@ -60,10 +59,14 @@ impl Stack {
         let repos = base.path().join("repos");
         let repo = repos.join("proj");
         std::fs::create_dir_all(&repo).unwrap();
-        git(&repo, &["init", "--quiet", "--initial-branch=main"]);
         std::fs::write(repo.join("README.md"), "hello\n").unwrap();
-        git(&repo, &["add", "README.md"]);
-        git(&repo, &["commit", "--quiet", "-m", "initial"]);
+        for args in [
+            &["init", "--quiet", "--initial-branch=main"][..],
+            &["add", "README.md"],
+            &["commit", "--quiet", "-m", "initial"],
+        ] {
+            git(&repo, args);
+        }
         let base_sha = git(&repo, &["rev-parse", "HEAD"]);
         chown_tree(&repos, SERVICE);
 
@@ -126,6 +129,17 @@ impl Stack {
         cli_with(&self.config, args)
     }
 
+    /// `agentbox run --repo <ours> --model gpt ARGS...` (the prompt last in `args`) to its end;
+    /// the output and [`Stack::describe`] of it.
+    pub fn run(&self, args: &[&str]) -> (Output, String) {
+        let repo = self.repo.display().to_string();
+        let mut all = vec!["run", "--repo", &repo, "--model", "gpt"];
+        all.extend_from_slice(args);
+        let out = self.cli(&all).output().unwrap();
+        let diag = self.describe(&out);
+        (out, diag)
+    }
+
     /// Everything a failing test needs to see.
     pub fn describe(&self, out: &Output) -> String {
         format!(
@@ -184,6 +198,24 @@ impl Stack {
     }
 }
 
+/// Ctrl-C for `child` (SIGINT to it alone), then its exit status; fails the test if it is still
+/// there after `within`.
+pub fn interrupt(child: &mut std::process::Child, within: std::time::Duration) -> ExitStatus {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running {within:?} after SIGINT"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Live processes whose uid is in this stack's agent range, as `pid uids name state ppid`. A
 /// zombie is not counted: it has exited (bwrap's inner process, orphaned when the sandbox is
 /// killed, waits a moment for init to reap it).
@@ -224,6 +256,26 @@ pub fn agent_processes(range: std::ops::Range<u32>) -> Vec<String> {
         }
     }
     found
+}
+
+/// [`write_script`]s for runs one after the other: `(file, content, done_delay_ms)` each.
+pub fn writes(runs: &[(&str, &str, u64)]) -> Value {
+    chain(
+        &runs
+            .iter()
+            .map(|(f, c, d)| write_script(f, c, *d))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// One script whose steps are those of `scripts` in order (for runs one after the other),
+/// with the first one's rules.
+pub fn chain(scripts: &[Value]) -> Value {
+    let steps: Vec<Value> = scripts
+        .iter()
+        .flat_map(|s| s["steps"].as_array().cloned().unwrap_or_default())
+        .collect();
+    serde_json::json!({"rules": scripts[0]["rules"], "steps": steps})
 }
 
 /// A fakellm script for Claude Code in chat mode (through the bridge): write `content` to
