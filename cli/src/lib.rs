@@ -1,27 +1,45 @@
-//! The `agentbox` command line: argument parsing and the subcommands.
+//! The `agentbox` command line: argument parsing and the subcommands. It reaches the daemons
+//! only through `agentbox-api`'s typed clients ([`daemons`]); the work of `run` lives in
+//! [`run`] so other front doors (a demo, an MCP server) share it.
 //!
-//! Today it has `config check`, which loads `agentbox.toml` exactly as every daemon will and
-//! reports the catalogue, so an operator (or systemd's `ExecStartPre`) finds a bad key before
-//! a daemon refuses to start. `status` and `run` arrive with the launcher and gateway.
+//! - [`run`]: snapshot, gateway task, Claude Code in the sandbox, progress, deliver, summary.
+//! - [`verbs`]: `status`, `logs`, `stop`, `check`, `deliver`, `backends`.
+//! - [`render`]: the progress line and the summary as text.
+//! - [`error`]: every failure as one line and a documented exit code ([`error::EXIT_CODES`]).
+//! - [`config_check`]: `config check`.
 
 #![forbid(unsafe_code)]
 
+pub mod config_check;
+pub mod daemons;
+pub mod error;
+pub mod render;
+pub mod run;
+pub mod up;
+pub mod verbs;
+
+use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::io::Write;
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
-use agentbox_policy::config::{Backend, Config, HostEnv, config_path};
+use agentbox_api::gateway::Budget;
+use agentbox_policy::config::{Config, HostEnv, config_path};
+use agentbox_policy::id::Tid;
 use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
 
-/// `EX_CONFIG` from sysexits.h: the configuration is wrong, retrying will not help.
-const EX_CONFIG: u8 = 78;
+use crate::daemons::Daemons;
+use crate::error::{CliError, EXIT_CODES};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "agentbox",
     version,
-    about = "Run AI coding agents in sandboxes and meter every model call"
+    about = "Run AI coding agents in sandboxes and meter every model call",
+    after_help = EXIT_CODES
 )]
 struct Cli {
     /// The config file (default: $AGENTBOX_CONFIG, then /etc/agentbox/agentbox.toml).
@@ -38,6 +56,62 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// Run Claude Code on a snapshot of a repository in a sandbox, metered and budgeted, and
+    /// deliver its work as the branch agent/<tid>.
+    #[command(after_help = EXIT_CODES)]
+    Run(RunArgs),
+    /// Tasks, backends and host readiness.
+    Status {
+        /// One JSON object instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The agent's output (Claude Code's stream-json lines).
+    Logs {
+        /// The task id.
+        tid: String,
+        /// Keep printing until the run ends.
+        #[arg(long, short)]
+        follow: bool,
+        /// Its standard error instead.
+        #[arg(long)]
+        stderr: bool,
+    },
+    /// Stop a task: kill its sandbox, hand the workspace back, close its gateway task.
+    Stop {
+        /// The task id.
+        tid: String,
+    },
+    /// Run a command in a sandbox on the task's workspace (no network, no model), e.g. tests.
+    Check {
+        /// The task id.
+        tid: String,
+        /// Seconds before the check is killed.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// A venv under launcher.venv_root, mounted at /opt/venv.
+        #[arg(long)]
+        venv: Option<String>,
+        /// The command (run by /bin/sh -c; several words are quoted and joined).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Bring agent/<tid> into the repository the task was snapshotted from.
+    Deliver {
+        /// The task id.
+        tid: String,
+        /// The repository.
+        #[arg(long)]
+        repo: PathBuf,
+    },
+    /// Start or stop vLLM backends.
+    Backends {
+        #[command(subcommand)]
+        action: BackendsAction,
+    },
+    /// Run the launcher, gateway and bridge in the foreground on one data dir (a trial);
+    /// Ctrl-C stops all three.
+    Up(up::UpArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -50,7 +124,61 @@ enum ConfigAction {
     },
 }
 
-/// Runs the CLI with the given arguments; the exit code follows sysexits.h.
+#[derive(Debug, Subcommand)]
+enum BackendsAction {
+    /// Start the vLLM backend of a model (answers once it is healthy).
+    Start {
+        /// The model id.
+        model: String,
+    },
+    /// Stop every vLLM backend.
+    Stop,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The repository to work on (its top level, under one of launcher.repo_roots).
+    #[arg(long)]
+    repo: PathBuf,
+    /// The model, an id of the config's catalogue.
+    #[arg(long)]
+    model: String,
+    /// What to do; `-` reads it from standard input. It reaches the agent on its standard
+    /// input, never in a command line other users can see.
+    prompt: String,
+    /// The commit to start from (default: HEAD).
+    #[arg(long = "ref")]
+    git_ref: Option<String>,
+    /// Token budget (input + output + cache); the gateway refuses requests past it.
+    #[arg(long)]
+    budget_tokens: Option<u64>,
+    /// Cost budget in USD (the model needs prices in the catalogue).
+    #[arg(long)]
+    budget_usd: Option<f64>,
+    /// Seconds before the agent is killed.
+    #[arg(long, default_value_t = 3600)]
+    timeout: u64,
+    /// A venv under launcher.venv_root, mounted at /opt/venv.
+    #[arg(long)]
+    venv: Option<String>,
+    /// Extra environment for the agent, KEY=VALUE (repeatable; launcher.env_allowlist decides).
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Do not deliver: leave agent/<tid> in the task's shadow repository.
+    #[arg(long)]
+    keep: bool,
+    /// The task id (default: a fresh random one).
+    #[arg(long)]
+    tid: Option<String>,
+    /// The model name Claude Code is told (the gateway rewrites it to the catalogue's).
+    #[arg(long, default_value = "claude-sonnet-4-5")]
+    claude_model: String,
+    /// Print one JSON object (the summary, or the error) on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs the CLI with the given arguments; the exit codes are [`EXIT_CODES`].
 pub fn run<I: IntoIterator<Item = OsString>>(args: I, env: &dyn HostEnv) -> ExitCode {
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
@@ -60,84 +188,158 @@ pub fn run<I: IntoIterator<Item = OsString>>(args: I, env: &dyn HostEnv) -> Exit
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    match cli.command {
-        Command::Config {
-            action: ConfigAction::Check { json },
-        } => config_check(cli.config.as_deref(), json, env),
+    if let Command::Config {
+        action: ConfigAction::Check { json },
+    } = cli.command
+    {
+        return config_check::config_check(cli.config.as_deref(), json, env);
+    }
+    let json = matches!(&cli.command, Command::Run(RunArgs { json: true, .. }));
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            return fail(
+                &CliError::Io {
+                    what: "starting the async runtime".to_owned(),
+                    reason: e.to_string(),
+                },
+                json,
+            );
+        }
+    };
+    let config = config_path(cli.config.as_deref(), env);
+    match runtime.block_on(dispatch(cli.command, &config, env)) {
+        Ok(code) => code,
+        Err(e) => fail(&e, json),
     }
 }
 
-fn config_check(cli_path: Option<&std::path::Path>, json: bool, env: &dyn HostEnv) -> ExitCode {
-    let path = config_path(cli_path, env);
-    let config = match Config::load(&path, env) {
-        Ok(c) => c,
-        Err(e) => {
-            if json {
-                let body = serde_json::json!({"ok": false, "path": path, "key": e.key(), "error": e.to_string()});
-                println!("{body}");
-            } else {
-                eprintln!("agentbox: {e}");
-            }
-            return ExitCode::from(EX_CONFIG);
-        }
-    };
-    let models: Vec<serde_json::Value> = config
-        .models
-        .values()
-        .map(|m| {
-            let (backend, detail) = match &m.backend {
-                Backend::Vllm { port, .. } => ("vllm", format!("127.0.0.1:{port}")),
-                Backend::Ollama => ("ollama", config.gateway.ollama_url.to_string()),
-                Backend::Remote {
-                    provider, base_url, ..
-                } => ("remote", format!("{} {base_url}", provider.as_str())),
-            };
-            serde_json::json!({
-                "id": m.id, "backend": backend, "upstream_model": m.upstream_model,
-                "destination": detail, "cost_budgets": m.prices.is_some(),
-            })
-        })
-        .collect();
-    let mut out = std::io::stdout().lock();
-    let written = if json {
-        let body = serde_json::json!({
-            "ok": true, "path": path, "data_dir": config.data_dir,
-            "repo_roots": config.launcher.repo_roots, "models": models,
-        });
-        writeln!(out, "{body}")
-    } else {
-        let mut text = format!(
-            "{}: ok\ndata_dir: {}\nrepo_roots: {}\nmodels: {}\n",
-            path.display(),
-            config.data_dir.display(),
-            config
-                .launcher
-                .repo_roots
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
-            models.len()
-        );
-        for m in &models {
-            text.push_str(&format!(
-                "  {:<16} {:<7} {} -> {}{}\n",
-                m["id"].as_str().unwrap_or_default(),
-                m["backend"].as_str().unwrap_or_default(),
-                m["upstream_model"].as_str().unwrap_or_default(),
-                m["destination"].as_str().unwrap_or_default(),
-                if m["cost_budgets"] == true {
-                    ""
-                } else {
-                    " (no prices: token budgets only)"
-                },
-            ));
-        }
-        out.write_all(text.as_bytes())
-    };
-    match written {
-        Ok(()) => ExitCode::SUCCESS,
-        // A closed stdout (`| head`) is not a configuration problem.
-        Err(_) => ExitCode::from(74),
+/// Prints `e` as its one line (and, for `--json`, as a JSON object on stdout); its exit code.
+fn fail(e: &CliError, json: bool) -> ExitCode {
+    eprintln!("agentbox: {e}");
+    if json {
+        let body =
+            serde_json::json!({"ok": false, "error": e.to_string(), "exit_code": e.exit_code()});
+        println!("{body}");
     }
+    ExitCode::from(e.exit_code())
+}
+
+/// A token cancelled by the first SIGINT or SIGTERM.
+pub(crate) fn interrupt_token() -> Result<CancellationToken, CliError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let io = |e: std::io::Error| CliError::Io {
+        what: "installing the signal handlers".to_owned(),
+        reason: e.to_string(),
+    };
+    let mut int = signal(SignalKind::interrupt()).map_err(io)?;
+    let mut term = signal(SignalKind::terminate()).map_err(io)?;
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        cancel.cancel();
+    });
+    Ok(token)
+}
+
+/// A task id given on the command line.
+fn tid(s: &str) -> Result<Tid, CliError> {
+    Tid::parse(s).map_err(|e| CliError::Usage(format!("task id {s:?}: {e}")))
+}
+
+async fn dispatch(
+    command: Command,
+    config: &std::path::Path,
+    env: &dyn HostEnv,
+) -> Result<ExitCode, CliError> {
+    if let Command::Up(args) = command {
+        return up::up(&args, config, env).await;
+    }
+    let d = Daemons::new(Config::load(config, env)?);
+    match command {
+        Command::Run(args) => run_command(&d, args).await,
+        Command::Status { json } => verbs::status(&d, json).await,
+        Command::Logs {
+            tid: t,
+            follow,
+            stderr,
+        } => verbs::logs(&d, &tid(&t)?, follow, stderr).await,
+        Command::Stop { tid: t } => verbs::stop(&d, &tid(&t)?).await,
+        Command::Check {
+            tid: t,
+            timeout,
+            venv,
+            command,
+        } => verbs::check(&d, &tid(&t)?, timeout, venv, &command).await,
+        Command::Deliver { tid: t, repo } => verbs::deliver(&d, &tid(&t)?, &repo).await,
+        Command::Backends {
+            action: BackendsAction::Start { model },
+        } => verbs::backend_start(&d, &model).await,
+        Command::Backends {
+            action: BackendsAction::Stop,
+        } => verbs::backends_stop(&d).await,
+        Command::Config { .. } | Command::Up(_) => Ok(ExitCode::SUCCESS),
+    }
+}
+
+async fn run_command(d: &Daemons, args: RunArgs) -> Result<ExitCode, CliError> {
+    let prompt = if args.prompt == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| CliError::Io {
+                what: "reading the prompt from standard input".to_owned(),
+                reason: e.to_string(),
+            })?;
+        s
+    } else {
+        args.prompt
+    };
+    let mut env = BTreeMap::new();
+    for kv in &args.env {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| CliError::Usage(format!("--env {kv:?}: expected KEY=VALUE")))?;
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let opts = run::RunOptions {
+        repo: args.repo,
+        git_ref: args.git_ref,
+        model: args.model,
+        prompt,
+        tid: args.tid.as_deref().map(tid).transpose()?,
+        budget: Budget {
+            tokens: args.budget_tokens,
+            usd: args.budget_usd,
+        },
+        timeout_s: args.timeout,
+        venv: args.venv,
+        env,
+        keep: args.keep,
+        claude_model: args.claude_model,
+        poll: Duration::from_millis(500),
+    };
+    let cancel = interrupt_token()?;
+    let mut progress = render::Terminal::stderr();
+    let summary = run::run(d, &opts, &mut progress, &cancel).await?;
+    if args.json {
+        let body = serde_json::to_string(&summary).map_err(|e| CliError::Io {
+            what: "writing the summary".to_owned(),
+            reason: e.to_string(),
+        })?;
+        println!("{body}");
+    } else {
+        print!("{}", render::summary_text(&summary));
+    }
+    if let Some(advice) = summary.outcome.advice() {
+        eprintln!("agentbox: {advice}");
+    }
+    Ok(ExitCode::from(summary.outcome.exit_code()))
 }

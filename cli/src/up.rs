@@ -1,0 +1,208 @@
+//! `agentbox up`: the launcher, the gateway and the bridge in the foreground on one data dir,
+//! for a trial without systemd. The daemon binaries are the ones beside `agentbox` (or in
+//! `--bin-dir`); the launcher runs as root, the gateway and the bridge as the service uid; a
+//! bridge token is made up when none is set. Ctrl-C (or SIGTERM, or any of the three exiting)
+//! stops all three with SIGTERM, then SIGKILL after a grace period.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use agentbox_policy::config::{Config, HostEnv};
+use tokio::process::{Child, Command};
+
+use crate::daemons::Daemons;
+use crate::error::{CliError, Daemon};
+
+/// `agentbox up`'s options.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Where agentbox-launcher, agentbox-gateway and agentbox-bridge are (default: beside
+    /// this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+    /// The service uid (gateway, bridge, allowed callers); default: `service_user`'s uid from
+    /// /etc/passwd.
+    #[arg(long)]
+    service_uid: Option<u32>,
+    /// The launcher's cgroup directory name.
+    #[arg(long, default_value = "agentbox")]
+    cgroup_parent: String,
+}
+
+/// How long the daemons may take to answer on their sockets.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long they get between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+fn io(what: String) -> impl Fn(std::io::Error) -> CliError {
+    move |e| CliError::Io {
+        what: what.clone(),
+        reason: e.to_string(),
+    }
+}
+
+/// `name`'s uid and gid from `/etc/passwd`.
+fn passwd_ids(name: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|l| {
+        let f: Vec<&str> = l.split(':').collect();
+        match f.as_slice() {
+            [n, _, uid, gid, ..] if *n == name => Some((uid.parse().ok()?, gid.parse().ok()?)),
+            _ => None,
+        }
+    })
+}
+
+struct Running {
+    name: &'static str,
+    child: Child,
+}
+
+/// Runs the three daemons until interrupted; see the module docs.
+///
+/// # Errors
+/// A bad config, a missing binary, no service uid, or a daemon that does not come up.
+pub async fn up(
+    args: &UpArgs,
+    config_path: &Path,
+    env: &dyn HostEnv,
+) -> Result<ExitCode, CliError> {
+    let config = Config::load(config_path, env)?;
+    let bin_dir = match &args.bin_dir {
+        Some(d) => d.clone(),
+        None => std::env::current_exe()
+            .map_err(io("locating this binary".to_owned()))?
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    };
+    let (uid, gid) = match args.service_uid {
+        Some(u) => (u, u),
+        None => passwd_ids(&config.service_user).ok_or_else(|| {
+            CliError::Usage(format!(
+                "service_user {:?} has no passwd entry; create it or pass --service-uid",
+                config.service_user
+            ))
+        })?,
+    };
+    let token = match env.var(&config.bridge.token_env) {
+        Some(t) if !t.is_empty() => t,
+        Some(_) | None => crate::run::fresh_token()?,
+    };
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(io(format!("creating {}", config.data_dir.display())))?;
+    let cancel = crate::interrupt_token()?;
+    let spawn = |name: &'static str, service: bool| -> Result<Running, CliError> {
+        let mut cmd = Command::new(bin_dir.join(name));
+        cmd.arg("--config")
+            .arg(config_path)
+            .env("AGENTBOX_DATA", &config.data_dir)
+            .env(&config.bridge.token_env, &token)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        if service {
+            cmd.uid(uid).gid(gid);
+        } else {
+            cmd.arg("--service-uid")
+                .arg(uid.to_string())
+                .arg("--cgroup-parent")
+                .arg(&args.cgroup_parent);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(io(format!("starting {}", bin_dir.join(name).display())))?;
+        Ok(Running { name, child })
+    };
+    // The launcher first: it lays out the data dir the gateway binds in.
+    let mut daemons = vec![spawn("agentbox-launcher", false)?];
+    let d = Daemons::new(config.clone());
+    let ready = wait_ready(&d, Daemon::Launcher, &mut daemons).await;
+    if ready.is_ok() {
+        daemons.push(spawn("agentbox-bridge", true)?);
+        daemons.push(spawn("agentbox-gateway", true)?);
+    }
+    let ready = match ready {
+        Ok(()) => wait_ready(&d, Daemon::Gateway, &mut daemons).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = ready {
+        stop_all(&mut daemons).await;
+        return Err(e);
+    }
+    eprintln!(
+        "agentbox is up on {} (launcher, gateway, bridge); Ctrl-C stops all three",
+        config.data_dir.display()
+    );
+    let exited = tokio::select! {
+        () = cancel.cancelled() => None,
+        name = first_exit(&mut daemons) => Some(name),
+    };
+    stop_all(&mut daemons).await;
+    match exited {
+        None => {
+            eprintln!("agentbox: stopped the launcher, the gateway and the bridge");
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(name) => Err(CliError::Io {
+            what: format!("{name} exited on its own"),
+            reason: "the others were stopped; its messages are above".to_owned(),
+        }),
+    }
+}
+
+/// Waits until `daemon` answers on its socket, failing early if a started daemon exits.
+async fn wait_ready(d: &Daemons, daemon: Daemon, running: &mut [Running]) -> Result<(), CliError> {
+    let start = Instant::now();
+    loop {
+        if d.probe(daemon).await.is_ok() {
+            return Ok(());
+        }
+        for r in running.iter_mut() {
+            if let Ok(Some(status)) = r.child.try_wait() {
+                return Err(CliError::Io {
+                    what: format!("starting {}", r.name),
+                    reason: format!("it exited with {status}; its messages are above"),
+                });
+            }
+        }
+        if start.elapsed() > READY_TIMEOUT {
+            return Err(CliError::DaemonDown {
+                daemon,
+                socket: d.socket(daemon).to_path_buf(),
+                reason: format!("not answering after {READY_TIMEOUT:?}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The name of the first daemon to exit.
+async fn first_exit(running: &mut [Running]) -> &'static str {
+    loop {
+        for r in running.iter_mut() {
+            if let Ok(Some(_)) = r.child.try_wait() {
+                return r.name;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// SIGTERM to each, then SIGKILL to those still there after [`STOP_GRACE`]; waits for all.
+async fn stop_all(running: &mut [Running]) {
+    for r in running.iter() {
+        let pid = r.child.id().and_then(|p| i32::try_from(p).ok());
+        if let Some(pid) = pid.and_then(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+    for r in running.iter_mut() {
+        if tokio::time::timeout(STOP_GRACE, r.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = r.child.kill().await;
+        }
+    }
+}
