@@ -6,6 +6,7 @@
 pub(crate) mod agent;
 pub mod claude_code;
 pub mod codex;
+pub mod openclaw;
 pub mod opencode;
 
 use std::path::PathBuf;
@@ -20,7 +21,7 @@ use crate::model::{AdapterResponse, BackendCapabilities, Message, Object, Runtim
 use crate::proxy::LlmProxy;
 
 /// Backends this server runs.
-pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "claude_code", "codex"];
+pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "openclaw", "claude_code", "codex"];
 
 /// Backends the protocol names (the reference runs all four).
 pub const KNOWN_BACKENDS: &[&str] = &["opencode", "openclaw", "claude_code", "codex"];
@@ -193,6 +194,7 @@ pub fn create(blackbox_type: &str, backend_options: &Object) -> Result<Box<dyn B
     }
     let backend = match blackbox_type {
         "opencode" => boxed(opencode::Opencode::new(backend_options)),
+        "openclaw" => boxed(openclaw::OpenClaw::new(backend_options)),
         "claude_code" => boxed(claude_code::ClaudeCode::new(backend_options)),
         "codex" => boxed(codex::Codex::new(backend_options)),
         other => {
@@ -260,5 +262,6 @@ mod tests {
         for t in IMPLEMENTED_BACKENDS {
             assert!(body.message.contains(t), "{}", body.message);
         }
+        assert_eq!(KNOWN_BACKENDS.len(), IMPLEMENTED_BACKENDS.len());
     }
 }
