@@ -580,6 +580,24 @@ impl Daemon {
         self.running.lock().await.as_ref().and_then(|(_, p)| *p)
     }
 
+    /// Why the turn failed if the process died under it: its exit code and stderr's tail
+    /// (given a second to be reaped after its connection closed).
+    pub async fn died(&self, cli: &Cli, stderr_log: &Path) -> Option<BackendError> {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let code = loop {
+            match self.exited().await {
+                Some(code) => break code,
+                None if Instant::now() >= deadline => return None,
+                None => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        let mut message = format!("{} exited with code {code}", cli.name);
+        if let Some(t) = tail(stderr_log, 2000).await {
+            message.push_str(&format!("; stderr tail: {t}"));
+        }
+        Some(BackendError::Process(message))
+    }
+
     /// Polls `probe` every 100 ms until it holds; an exit or `deadline` first is an error
     /// (quoting stderr's tail).
     pub async fn wait_healthy<Fut: Future<Output = bool>>(

@@ -105,6 +105,9 @@ pub struct RequestOptions {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
+    /// The binary, over `OPENCLAW_BIN`.
+    #[serde(default)]
+    pub executable: Option<String>,
     /// The OpenClaw agent (`openclaw/<id>`; `default` is the default agent).
     #[serde(default = "default_agent")]
     pub agent_id: String,
@@ -232,6 +235,14 @@ fn node_dir(bin: &Path) -> Option<PathBuf> {
     })
 }
 
+/// The process group of `pid` (`None` once it is gone).
+fn group_of(pid: u32) -> Option<u32> {
+    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw)?;
+    rustix::process::getpgid(Some(pid))
+        .ok()
+        .and_then(|g| u32::try_from(g.as_raw_nonzero().get()).ok())
+}
+
 /// A free loopback port (bound, then released for the gateway).
 fn free_port() -> Result<u16, BackendError> {
     std::net::TcpListener::bind(("127.0.0.1", 0))
@@ -334,8 +345,13 @@ pub struct OpenClaw {
     http: reqwest::Client,
     conn: Mutex<Option<Conn>>,
     daemon: Daemon,
+    /// Its stderr log, quoted when it dies.
+    stderr_log: Mutex<Option<PathBuf>>,
     /// Cancels the turn's request in flight.
     in_flight: Mutex<Option<CancellationToken>>,
+    /// The process groups of the gateway and the helpers it started with (its spawn broker):
+    /// any other group under it is a tool's.
+    helper_groups: Mutex<Vec<u32>>,
     /// Set once a turn committed on the session key.
     session: Mutex<Option<String>>,
     logs: TaskTracker,
@@ -362,7 +378,9 @@ impl OpenClaw {
             http: upstream.client().clone(),
             conn: Mutex::new(None),
             daemon: Daemon::default(),
+            stderr_log: Mutex::new(None),
             in_flight: Mutex::new(None),
+            helper_groups: Mutex::new(Vec::new()),
             session: Mutex::new(None),
             logs: TaskTracker::new(),
         })
@@ -405,7 +423,7 @@ impl OpenClaw {
         .await?;
         agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
         Self::prepare_workspace(&workspace).await?;
-        let bin = CLI.require(&ctx.bins.openclaw)?;
+        let bin = CLI.require(self.options.executable.as_ref().unwrap_or(&ctx.bins.openclaw))?;
         let port = match self.options.gateway.port {
             Some(p) => p,
             None => free_port()?,
@@ -451,6 +469,7 @@ impl OpenClaw {
             .stdin(std::process::Stdio::null());
         let mut spawned = CLI.spawn(cmd, root, &self.logs).await?;
         let stderr_log = spawned.stderr_log.clone();
+        *lock(&self.stderr_log) = Some(stderr_log.clone());
         agent::Lines::open(&CLI, &mut spawned)
             .await?
             .copy_rest(&self.logs);
@@ -464,7 +483,31 @@ impl OpenClaw {
         let deadline = Instant::now() + crate::config::secs(ctx.config.health_check_timeout);
         self.daemon
             .wait_healthy(&CLI, &stderr_log, deadline, || self.health_probe())
-            .await
+            .await?;
+        if let Some(pgid) = self.daemon.pgid().await {
+            let mut groups: Vec<u32> = proc::descendants(pgid)
+                .into_iter()
+                .filter_map(group_of)
+                .collect();
+            groups.push(pgid);
+            *lock(&self.helper_groups) = groups;
+        }
+        Ok(())
+    }
+
+    /// Kills the tools the gateway runs: its descendants outside its own and its helpers'
+    /// groups. Dropping the turn's request ends the agent's run, not the commands it started
+    /// (they run under the spawn broker, in sessions of their own).
+    async fn kill_tools(&self) {
+        let Some(pgid) = self.daemon.pgid().await else {
+            return;
+        };
+        let helpers = lock(&self.helper_groups).clone();
+        let tools: Vec<u32> = proc::descendants(pgid)
+            .into_iter()
+            .filter(|p| group_of(*p).is_some_and(|g| !helpers.contains(&g)))
+            .collect();
+        agentbox_sandbox::proc::signal_each(&tools, rustix::process::Signal::KILL);
     }
 
     async fn health_probe(&self) -> bool {
@@ -555,10 +598,11 @@ impl OpenClaw {
         let conn = self.conn()?;
         conn.proxy.update_turn_backend_session(&conn.session_key).await;
         let answered = self.post_turn(&conn, turn.turn_id, prompt).await;
-        if answered.is_err() && self.daemon.exited().await.is_some() {
-            return Err(BackendError::Process(
-                "openclaw gateway died during the turn.".into(),
-            ));
+        if answered.is_err() {
+            let log = lock(&self.stderr_log).clone().unwrap_or_default();
+            if let Some(death) = self.daemon.died(&CLI, &log).await {
+                return Err(death);
+            }
         }
         let answer = answered?;
         if let Some(e) =
@@ -622,13 +666,9 @@ impl Backend for OpenClaw {
 
     fn abort_session(&self) -> BoxFuture<'_, bool> {
         Box::pin(async move {
-            match lock(&self.in_flight).take() {
-                Some(c) => {
-                    c.cancel();
-                    true
-                }
-                None => false,
-            }
+            let cancelled = lock(&self.in_flight).take().inspect(CancellationToken::cancel);
+            self.kill_tools().await;
+            cancelled.is_some()
         })
     }
 

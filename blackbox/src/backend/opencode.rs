@@ -83,6 +83,9 @@ pub struct Compaction {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
+    /// The binary, over `OPENCODE_BIN`.
+    #[serde(default)]
+    pub executable: Option<String>,
     /// Provider id in opencode's config.
     pub provider_id: String,
     /// Provider display name.
@@ -159,6 +162,8 @@ pub struct Opencode {
     http: reqwest::Client,
     conn: Mutex<Option<Conn>>,
     daemon: Daemon,
+    /// Its stderr log, quoted when it dies.
+    stderr_log: Mutex<Option<std::path::PathBuf>>,
     session: Mutex<SessionSide>,
     logs: TaskTracker,
 }
@@ -224,6 +229,7 @@ impl Opencode {
             http: upstream.client().clone(),
             conn: Mutex::new(None),
             daemon: Daemon::default(),
+            stderr_log: Mutex::new(None),
             session: Mutex::new(SessionSide::default()),
             logs: TaskTracker::new(),
         })
@@ -260,7 +266,8 @@ impl Opencode {
         let text = serde_json::to_string_pretty(&config).unwrap_or_default();
         agent::write_files(&config_dir, &[("opencode.json", text)]).await?;
 
-        let mut cmd = tokio::process::Command::new(&ctx.bins.opencode);
+        let bin = CLI.require(self.options.executable.as_ref().unwrap_or(&ctx.bins.opencode))?;
+        let mut cmd = tokio::process::Command::new(&bin);
         cmd.args(["serve", "--port", "0", "--hostname", "127.0.0.1"])
             .current_dir(root)
             .env("HOME", &home)
@@ -280,6 +287,7 @@ impl Opencode {
         let mut spawned = CLI.spawn(cmd, root, &self.logs).await?;
         let lines = Lines::open(&CLI, &mut spawned).await;
         let stderr_log = spawned.stderr_log.clone();
+        *lock(&self.stderr_log) = Some(stderr_log.clone());
         self.daemon.keep(spawned).await;
         let deadline = Instant::now() + crate::config::secs(ctx.config.health_check_timeout);
         let url = self.read_listen_line(lines?, deadline).await?;
@@ -340,6 +348,15 @@ impl Opencode {
                 "Timed out waiting for opencode to listen.".into(),
             )),
         }
+    }
+
+    /// Why opencode is gone: its exit code and stderr's tail.
+    async fn death(&self) -> BackendError {
+        let log = lock(&self.stderr_log).clone().unwrap_or_default();
+        self.daemon
+            .died(&CLI, &log)
+            .await
+            .unwrap_or_else(|| BackendError::Process("opencode is gone.".into()))
     }
 
     async fn health_probe(&self) -> bool {
@@ -422,10 +439,8 @@ impl Opencode {
     async fn post_turn(&self, path: &str, body: &Value) -> Result<Option<Value>, BackendError> {
         let mut attempt = 0;
         loop {
-            if let Some(code) = self.daemon.exited().await {
-                return Err(BackendError::Process(format!(
-                    "opencode exited with code {code}"
-                )));
+            if self.daemon.exited().await.is_some() {
+                return Err(self.death().await);
             }
             match self
                 .call(reqwest::Method::POST, path, Some(body), None)
@@ -437,7 +452,12 @@ impl Opencode {
                     tracing::warn!(attempt, error = %msg, "retrying opencode POST on connect error");
                     tokio::time::sleep(CONNECT_RETRY_DELAY).await;
                 }
-                Err(e) => return Err(e.into_backend()),
+                Err(e) => {
+                    return Err(match self.daemon.exited().await {
+                        Some(_) => self.death().await,
+                        None => e.into_backend(),
+                    });
+                }
             }
         }
     }
