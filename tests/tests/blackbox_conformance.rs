@@ -300,7 +300,7 @@ async fn cancel_in_flight(row: &Row) {
 
 async fn abort_stops_the_turn_and_its_tools(row: &Row) {
     let marker = blocking_marker(3141, row);
-    let (fake, bb, _) = setup(
+    let (fake, bb, reg) = setup(
         row,
         &one_call_script("call_conf_sleep", (row.bash)(&marker)),
         &[],
@@ -314,6 +314,7 @@ async fn abort_stops_the_turn_and_its_tools(row: &Row) {
         !processes_with(&marker).is_empty()
     })
     .await;
+    let agent = BlackboxProcess::agent_pid(&runtime_dir(&reg), row.pid_file).expect("agent pid");
     let abort = bb
         .post_empty(&format!("/v1/sessions/{SESSION}/abort"))
         .await;
@@ -331,6 +332,10 @@ async fn abort_stops_the_turn_and_its_tools(row: &Row) {
             "the agent's tool survived the abort"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }    if matches!(row.shape, Shape::Stream) {
+        // One process per turn: the turn's agent process goes with the abort.
+        let left = wait_group_gone(agent, Duration::from_secs(10));
+        assert!(left.is_empty(), "{} survived the abort: {left:?}", row.kind);
     }
 }
 

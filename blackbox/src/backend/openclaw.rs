@@ -39,8 +39,13 @@ const CLI: Cli = Cli {
 /// The most of a gateway answer that is read.
 const MAX_ANSWER: usize = 64 << 20;
 
-/// How long the gateway gets to answer its health probe.
-const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the gateway gets to answer its health probe: a Node process whose event loop the
+/// agent's turn keeps busy answers late on a loaded machine, and a late answer is not death.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The least time the gateway gets to start: it loads its plugins for about 15 s on an idle
+/// machine, and several times that on a busy one.
+const MIN_START: Duration = Duration::from_secs(180);
 
 /// Inherited variables that would point OpenClaw at another state dir, gateway or account.
 const INHERITED_PREFIXES: &[&str] = &["OPENCLAW_", "OPENAI_", "ANTHROPIC_"];
@@ -480,9 +485,11 @@ impl OpenClaw {
             session_key: format!("bbs:{}:{}", ctx.bound_instance_id, ctx.bound_session_id),
             proxy: ctx.proxy.clone(),
         });
-        let deadline = Instant::now() + crate::config::secs(ctx.config.health_check_timeout);
+        let start = crate::config::secs(ctx.config.health_check_timeout).max(MIN_START);
         self.daemon
-            .wait_healthy(&CLI, &stderr_log, deadline, || self.health_probe())
+            .wait_healthy(&CLI, &stderr_log, Instant::now() + start, || {
+                self.health_probe()
+            })
             .await?;
         if let Some(pgid) = self.daemon.pgid().await {
             let mut groups: Vec<u32> = proc::descendants(pgid)
