@@ -54,29 +54,13 @@ async fn setup(script: &Value) -> (FakeLlm, BlackboxProcess, Value) {
 }
 
 fn diag(bb: &BlackboxProcess, fake: &FakeLlm, runtime_dir: &str) -> String {
-    let log: Vec<String> = fake
-        .requests()
-        .unwrap_or_default()
-        .iter()
-        .map(|r| {
-            format!(
-                "#{} {} {} served_by={} body={}",
-                r["seq"],
-                r["method"],
-                r["path"],
-                r["served_by"],
-                r["body"].to_string().chars().take(3000).collect::<String>()
-            )
-        })
-        .collect();
     let read = |name: &str| {
         std::fs::read_to_string(PathBuf::from(runtime_dir).join("logs").join(name))
             .unwrap_or_default()
     };
     format!(
-        "{}\n--- fakellm ---\n{}\n--- codex stdout ---\n{}\n--- codex stderr ---\n{}",
-        bb.describe(),
-        log.join("\n"),
+        "{}\n--- codex stdout ---\n{}\n--- codex stderr ---\n{}",
+        bb.diag(fake),
         read("codex.stdout.log"),
         read("codex.stderr.log")
     )

@@ -332,7 +332,8 @@ async fn abort_stops_the_turn_and_its_tools(row: &Row) {
             "the agent's tool survived the abort"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }    if matches!(row.shape, Shape::Stream) {
+    }
+    if matches!(row.shape, Shape::Stream) {
         // One process per turn: the turn's agent process goes with the abort.
         let left = wait_group_gone(agent, Duration::from_secs(10));
         assert!(left.is_empty(), "{} survived the abort: {left:?}", row.kind);
@@ -563,7 +564,9 @@ async fn misbehaving_turn(row: &Row, garbage: bool) -> Value {
         )
         .await;
     assert!(t.status >= 400, "{t}");
-    let turn = bb.get(&format!("/v1/sessions/{SESSION}/turns/turn-x")).await;
+    let turn = bb
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-x"))
+        .await;
     assert!(
         matches!(turn.body["status"].as_str(), Some("failed" | "unknown")),
         "{turn}"
@@ -572,7 +575,10 @@ async fn misbehaving_turn(row: &Row, garbage: bool) -> Value {
     if matches!(row.shape, Shape::Stream) {
         // One process per turn: nothing of it may outlive the failed turn.
         let left = still_running(needle).await;
-        assert!(left.is_empty(), "the agent outlived its failed turn: {left:?}");
+        assert!(
+            left.is_empty(),
+            "the agent outlived its failed turn: {left:?}"
+        );
     }
     drop(bb);
     let left = still_running(needle).await;

@@ -19,8 +19,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio_util::task::TaskTracker;
 
-use super::BackendError;
-use crate::model::{BackendCapabilities, Message, Role, RuntimeSystemPrompt};
+use futures_util::future::BoxFuture;
+
+use super::{Backend, BackendError, InitContext, TurnInput};
+use crate::model::{
+    AdapterResponse, BackendCapabilities, Message, Object, Role, RuntimeSystemPrompt,
+};
 use crate::proxy::LlmProxy;
 
 /// The most of each of an agent's output streams kept in its log.
@@ -47,8 +51,102 @@ pub const SINGLE_USER_MESSAGE: BackendCapabilities = BackendCapabilities {
     history_injection: false,
 };
 
+/// A backend as its module writes it (plain `async fn`s); [`Backend`] follows for every one.
+pub(crate) trait Agent: Send + Sync + std::fmt::Debug {
+    /// Starts the agent and waits until it is healthy (what it started is stopped on error).
+    fn start(&self, ctx: &InitContext) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// Runs one turn to its end.
+    fn turn(
+        &self,
+        turn: TurnInput<'_>,
+    ) -> impl Future<Output = Result<AdapterResponse, BackendError>> + Send;
+    /// Stops the agent's current work; whether there was some.
+    fn abort(&self) -> impl Future<Output = bool> + Send;
+    /// Whether the agent is alive and answering.
+    fn healthy(&self) -> impl Future<Output = bool> + Send;
+    /// The agent's own session id, once it has one.
+    fn session_id(&self) -> Option<String>;
+    /// Stops the agent and everything it started, within about `grace`.
+    fn stop(&self, grace: Duration) -> impl Future<Output = ()> + Send;
+}
+
+impl<T: Agent> Backend for T {
+    fn capabilities(&self) -> BackendCapabilities {
+        SINGLE_USER_MESSAGE
+    }
+
+    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let started = self.start(ctx).await;
+            if started.is_err() {
+                self.stop(Duration::from_secs(5)).await;
+            }
+            started
+        })
+    }
+
+    fn send_message<'a>(
+        &'a self,
+        turn: TurnInput<'a>,
+    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
+        Box::pin(self.turn(turn))
+    }
+
+    fn abort_session(&self) -> BoxFuture<'_, bool> {
+        Box::pin(self.abort())
+    }
+
+    fn health(&self) -> BoxFuture<'_, bool> {
+        Box::pin(self.healthy())
+    }
+
+    fn backend_session_id(&self) -> Option<String> {
+        Agent::session_id(self)
+    }
+
+    fn shutdown(&self, grace: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(self.stop(grace))
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What `initialize` left in `slot`, or the error of a backend used before it.
+pub(crate) fn started<T: Clone>(slot: &Mutex<Option<T>>, who: &str) -> Result<T, BackendError> {
+    lock(slot)
+        .clone()
+        .ok_or_else(|| BackendError::Process(format!("{who} has not been started.")))
+}
+
+/// `backend_options` read as `T`: an error names the backend and the offending key's path.
+pub(crate) fn parse_options<T: serde::de::DeserializeOwned>(
+    raw: &Object,
+    who: &str,
+) -> Result<T, BackendError> {
+    serde_path_to_error::deserialize(Value::Object(raw.clone())).map_err(|e| {
+        let path = e.path().to_string();
+        invalid_options(who, &format!("{path}: {}", e.into_inner()))
+    })
+}
+
+/// `Invalid <who> backend_options: <why>`.
+pub(crate) fn invalid_options(who: &str, why: &str) -> BackendError {
+    BackendError::InvalidOptions(format!("Invalid {who} backend_options: {why}"))
+}
+
+/// The HTTP client for an agent's server: a turn's request is silent until the agent loop
+/// ends, so only the server's own turn deadline bounds it.
+pub(crate) fn http_client() -> Result<reqwest::Client, BackendError> {
+    agentbox_llm::client::Upstream::new(&agentbox_llm::client::ClientOptions {
+        connect_timeout: Duration::from_secs(5),
+        read_timeout: Duration::from_secs(7 * 24 * 3600),
+        pool_idle_timeout: Duration::from_secs(60),
+        tcp_nodelay: true,
+    })
+    .map(|u| u.client().clone())
+    .map_err(|e| BackendError::Process(e.to_string()))
 }
 
 pub(crate) fn io_err(what: &str, path: &Path, e: &std::io::Error) -> BackendError {
@@ -157,7 +255,10 @@ pub(crate) fn strip_inherited(cmd: &mut Command, prefixes: &[&str]) {
 ///
 /// # Errors
 /// Not exactly one message, not a user's, or empty.
-pub(crate) fn single_prompt<'a>(messages: &'a [Message], who: &str) -> Result<&'a str, BackendError> {
+pub(crate) fn single_prompt<'a>(
+    messages: &'a [Message],
+    who: &str,
+) -> Result<&'a str, BackendError> {
     let [message] = messages else {
         return Err(BackendError::Protocol(format!(
             "{who} adapter expects exactly one input message."
@@ -378,6 +479,8 @@ async fn end_group(pgid: u32, tree: &[u32], grace: Duration, who: &str) {
 pub(crate) struct TurnProcess {
     active: Mutex<Option<u32>>,
     killed: AtomicBool,
+    /// The tasks copying the processes' output.
+    logs: TaskTracker,
 }
 
 /// How a turn's process ended, when it did not succeed.
@@ -402,9 +505,16 @@ impl TurnProcess {
         true
     }
 
-    /// Whether a turn's process died of a signal we did not send.
-    pub fn killed(&self) -> bool {
-        self.killed.load(Ordering::SeqCst)
+    /// Ends the running process and waits for its output to be copied (shutdown).
+    pub async fn close(&self, who: &str) {
+        self.end(who).await;
+        close_logs(&self.logs, who).await;
+    }
+
+    /// Whether the agent can run a turn: `bin` (set once initialized) is runnable and no
+    /// turn's process died of a signal we did not send.
+    pub fn healthy(&self, bin: Option<&str>) -> bool {
+        !self.killed.load(Ordering::SeqCst) && bin.is_some_and(|b| resolve_executable(b).is_some())
     }
 
     /// Runs `cmd` to its end (`stdin` written then closed, else `/dev/null`), reading its
@@ -416,7 +526,6 @@ impl TurnProcess {
         cli: &Cli,
         mut cmd: Command,
         runtime_dir: &Path,
-        logs: &TaskTracker,
         stdin: Option<&[u8]>,
         mut on_event: F,
         explain: impl FnOnce(&[Value], Exit) -> String,
@@ -430,7 +539,7 @@ impl TurnProcess {
         } else {
             std::process::Stdio::null()
         });
-        let mut spawned = cli.spawn(cmd, runtime_dir, logs).await?;
+        let mut spawned = cli.spawn(cmd, runtime_dir, &self.logs).await?;
         let mut published = Published::new(&self.active, spawned.pgid, cli.name);
         if let (Some(mut pipe), Some(bytes)) = (spawned.child.stdin.take(), stdin) {
             // The prompt goes on stdin: no argv limit, and no text taken for an option.
@@ -456,9 +565,11 @@ impl TurnProcess {
             published.reaped = true;
             return Err(e);
         }
-        let status = spawned.child.wait().await.map_err(|e| {
-            BackendError::Process(format!("cannot wait for {}: {e}", cli.name))
-        })?;
+        let status = spawned
+            .child
+            .wait()
+            .await
+            .map_err(|e| BackendError::Process(format!("cannot wait for {}: {e}", cli.name)))?;
         published.reaped = true;
         // Taken out of the slot: someone on our side ended it.
         let ended_by_us = *lock(&self.active) != spawned.pgid;

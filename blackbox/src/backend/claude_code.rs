@@ -19,17 +19,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Digest;
-use tokio_util::task::TaskTracker;
 
-use super::agent::{self, Cli, TurnProcess, lock, quote, value_text};
-use super::{Backend, BackendError, InitContext, TurnInput};
+use super::agent::{self, Agent, Cli, TurnProcess, lock, quote, value_text};
+use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
-    AdapterResponse, BackendCapabilities, FunctionCall, Message, Object, ProxyOptions, Role,
-    Timestamp, ToolCall, ToolCallType, TraceEvent, TurnUsage,
+    AdapterResponse, FunctionCall, Message, Object, ProxyOptions, Role, Timestamp, ToolCall,
+    ToolCallType, TraceEvent, TurnUsage,
 };
 
 /// How the files, logs and errors name Claude Code.
@@ -298,14 +296,8 @@ impl Options {
     /// # Errors
     /// `Invalid claude_code backend_options: <why>`.
     pub fn parse(raw: &Object) -> Result<Options, BackendError> {
-        let invalid = |why: String| {
-            BackendError::InvalidOptions(format!("Invalid claude_code backend_options: {why}"))
-        };
-        let options: Options = serde_path_to_error::deserialize(Value::Object(raw.clone()))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                invalid(format!("{path}: {}", e.into_inner()))
-            })?;
+        let invalid = |why: String| agent::invalid_options("claude_code", &why);
+        let options: Options = agent::parse_options(raw, "claude_code")?;
         if options.max_turns == 0 {
             return Err(invalid("max_turns: Input should be greater than 0".into()));
         }
@@ -420,7 +412,6 @@ pub struct ClaudeCode {
     process: TurnProcess,
     /// Set once a turn ran with the session id.
     session_id: Mutex<Option<String>>,
-    logs: TaskTracker,
 }
 
 impl ClaudeCode {
@@ -434,75 +425,7 @@ impl ClaudeCode {
             setup: Mutex::new(None),
             process: TurnProcess::default(),
             session_id: Mutex::new(None),
-            logs: TaskTracker::new(),
         })
-    }
-
-    fn setup(&self) -> Result<Setup, BackendError> {
-        lock(&self.setup)
-            .clone()
-            .ok_or_else(|| BackendError::Process("claude_code has not been initialized.".into()))
-    }
-
-    async fn prepare(&self, ctx: &InitContext) -> Result<(), BackendError> {
-        let root = &ctx.runtime_dir;
-        let home = root.join("home");
-        let config_dir = home.join(".claude");
-        let workspace = self
-            .options
-            .working_directory
-            .as_ref()
-            .map_or_else(|| root.join("workspace"), PathBuf::from);
-        agent::create_dirs(&[
-            config_dir.clone(),
-            workspace.clone(),
-            root.join("logs"),
-            root.join("run"),
-            root.join("tmp"),
-            root.join("prompts"),
-        ])
-        .await?;
-        let text = agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
-        let mut system_prompt = None;
-        if let Some(text) = text {
-            match self.options.system_prompt_mode {
-                SystemPromptMode::Append | SystemPromptMode::Replace => system_prompt = Some(text),
-                SystemPromptMode::ClaudeMd => {
-                    agent::write_files(&workspace, &[("CLAUDE.md", text)]).await?;
-                }
-                SystemPromptMode::None => {}
-            }
-        }
-        let settings_path = config_dir.join("settings.json");
-        let text = serde_json::to_string_pretty(&settings(&self.options)).unwrap_or_default();
-        agent::write_files(&config_dir, &[("settings.json", text)]).await?;
-        agent::write_files(
-            &root.join("run"),
-            &[
-                ("claude_code.settings", settings_path.display().to_string()),
-                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
-            ],
-        )
-        .await?;
-        let bin = self
-            .options
-            .executable
-            .clone()
-            .unwrap_or_else(|| ctx.bins.claude_code.clone());
-        CLI.require(&bin)?;
-        *lock(&self.setup) = Some(Setup {
-            bin,
-            runtime_dir: root.clone(),
-            home,
-            config_dir,
-            workspace,
-            settings_path,
-            system_prompt,
-            base_url: ctx.proxy.base_url(),
-            router_timeout_ms: ctx.config.router_timeout,
-            session_uuid: session_uuid(&ctx.bound_instance_id, &ctx.bound_session_id),
-        });
-        Ok(())
     }
 
     /// Whether Claude Code has stored session `id` (a turn ran with it, even one that failed
@@ -574,42 +497,6 @@ impl ClaudeCode {
             cmd.env("IS_SANDBOX", "1");
         }
         cmd
-    }
-
-    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
-        let s = self.setup()?;
-        let text = agent::single_prompt(turn.messages, "claude_code")?;
-        if agent::resolve_executable(&s.bin).is_none() {
-            return Err(BackendError::Process(format!(
-                "claude code binary not found. ({})",
-                s.bin
-            )));
-        }
-        *lock(&self.session_id) = Some(s.session_uuid.clone());
-        let events = self
-            .process
-            .run(
-                &CLI,
-                self.command(&s),
-                &s.runtime_dir,
-                &self.logs,
-                Some(text.as_bytes()),
-                |_| std::future::ready(()),
-                |events, exit| agent::exit_message(CLI.name, &exit, stream_errors(events)),
-            )
-            .await?;
-        let (outputs, trace_events, usage) = convert_events(turn.turn_id, &events)?;
-        Ok(AdapterResponse {
-            outputs,
-            trace_events,
-            usage,
-            backend_session_id: s.session_uuid,
-        })
-    }
-
-    async fn stop(&self) {
-        self.process.end(CLI.name).await;
-        agent::close_logs(&self.logs, CLI.name).await;
     }
 }
 
@@ -838,46 +725,115 @@ pub fn convert_events(
     Ok((outputs, trace, usage))
 }
 
-impl Backend for ClaudeCode {
-    fn capabilities(&self) -> BackendCapabilities {
-        CAPABILITIES
+impl Agent for ClaudeCode {
+    async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
+        let root = &ctx.runtime_dir;
+        let home = root.join("home");
+        let config_dir = home.join(".claude");
+        let workspace = self
+            .options
+            .working_directory
+            .as_ref()
+            .map_or_else(|| root.join("workspace"), PathBuf::from);
+        agent::create_dirs(&[
+            config_dir.clone(),
+            workspace.clone(),
+            root.join("logs"),
+            root.join("run"),
+            root.join("tmp"),
+            root.join("prompts"),
+        ])
+        .await?;
+        let text = agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
+        let mut system_prompt = None;
+        if let Some(text) = text {
+            match self.options.system_prompt_mode {
+                SystemPromptMode::Append | SystemPromptMode::Replace => system_prompt = Some(text),
+                SystemPromptMode::ClaudeMd => {
+                    agent::write_files(&workspace, &[("CLAUDE.md", text)]).await?;
+                }
+                SystemPromptMode::None => {}
+            }
+        }
+        let settings_path = config_dir.join("settings.json");
+        let text = serde_json::to_string_pretty(&settings(&self.options)).unwrap_or_default();
+        agent::write_files(&config_dir, &[("settings.json", text)]).await?;
+        agent::write_files(
+            &root.join("run"),
+            &[
+                ("claude_code.settings", settings_path.display().to_string()),
+                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
+            ],
+        )
+        .await?;
+        let bin = self
+            .options
+            .executable
+            .clone()
+            .unwrap_or_else(|| ctx.bins.claude_code.clone());
+        CLI.require(&bin)?;
+        *lock(&self.setup) = Some(Setup {
+            bin,
+            runtime_dir: root.clone(),
+            home,
+            config_dir,
+            workspace,
+            settings_path,
+            system_prompt,
+            base_url: ctx.proxy.base_url(),
+            router_timeout_ms: ctx.config.router_timeout,
+            session_uuid: session_uuid(&ctx.bound_instance_id, &ctx.bound_session_id),
+        });
+        Ok(())
     }
 
-    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(self.prepare(ctx))
-    }
-
-    fn send_message<'a>(
-        &'a self,
-        turn: TurnInput<'a>,
-    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
-        Box::pin(self.turn(turn))
-    }
-
-    fn abort_session(&self) -> BoxFuture<'_, bool> {
-        Box::pin(self.process.end(CLI.name))
-    }
-
-    fn health(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let Ok(s) = self.setup() else {
-                return false;
-            };
-            !self.process.killed() && agent::resolve_executable(&s.bin).is_some()
+    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
+        let s = agent::started(&self.setup, "claude_code")?;
+        let text = agent::single_prompt(turn.messages, "claude_code")?;
+        if agent::resolve_executable(&s.bin).is_none() {
+            return Err(BackendError::Process(format!(
+                "claude code binary not found. ({})",
+                s.bin
+            )));
+        }
+        *lock(&self.session_id) = Some(s.session_uuid.clone());
+        let events = self
+            .process
+            .run(
+                &CLI,
+                self.command(&s),
+                &s.runtime_dir,
+                Some(text.as_bytes()),
+                |_| std::future::ready(()),
+                |events, exit| agent::exit_message(CLI.name, &exit, stream_errors(events)),
+            )
+            .await?;
+        let (outputs, trace_events, usage) = convert_events(turn.turn_id, &events)?;
+        Ok(AdapterResponse {
+            outputs,
+            trace_events,
+            usage,
+            backend_session_id: s.session_uuid,
         })
     }
 
-    fn backend_session_id(&self) -> Option<String> {
+    async fn abort(&self) -> bool {
+        self.process.end(CLI.name).await
+    }
+
+    async fn healthy(&self) -> bool {
+        let bin = lock(&self.setup).as_ref().map(|s| s.bin.clone());
+        self.process.healthy(bin.as_deref())
+    }
+
+    fn session_id(&self) -> Option<String> {
         lock(&self.session_id).clone()
     }
 
-    fn shutdown(&self, _grace: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(self.stop())
+    async fn stop(&self, _grace: Duration) {
+        self.process.close(CLI.name).await;
     }
 }
-
-/// Claude Code's capabilities: one user message per turn, a register-time system prompt.
-pub const CAPABILITIES: BackendCapabilities = agent::SINGLE_USER_MESSAGE;
 
 #[cfg(test)]
 mod tests {

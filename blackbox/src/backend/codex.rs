@@ -15,16 +15,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio_util::task::TaskTracker;
 
-use super::agent::{self, Cli, TurnProcess, lock, quote};
-use super::{Backend, BackendError, InitContext, TurnInput};
+use super::agent::{self, Agent, Cli, TurnProcess, lock, quote};
+use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
-    AdapterResponse, BackendCapabilities, Message, Object, ProxyOptions, Role, Timestamp,
-    TraceEvent, TurnUsage,
+    AdapterResponse, Message, Object, ProxyOptions, Role, Timestamp, TraceEvent, TurnUsage,
 };
 use crate::proxy::LlmProxy;
 
@@ -185,14 +182,8 @@ impl Options {
     /// # Errors
     /// `Invalid codex backend_options: <why>`.
     pub fn parse(raw: &Object) -> Result<Options, BackendError> {
-        let invalid = |why: String| {
-            BackendError::InvalidOptions(format!("Invalid codex backend_options: {why}"))
-        };
-        let options: Options = serde_path_to_error::deserialize(Value::Object(raw.clone()))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                invalid(format!("{path}: {}", e.into_inner()))
-            })?;
+        let invalid = |why: String| agent::invalid_options("codex", &why);
+        let options: Options = agent::parse_options(raw, "codex")?;
         let id = &options.model_provider_id;
         if id.is_empty()
             || !id
@@ -478,7 +469,6 @@ pub struct Codex {
     thread: Mutex<Option<String>>,
     /// The running turn's process.
     process: TurnProcess,
-    logs: TaskTracker,
 }
 
 impl Codex {
@@ -492,16 +482,35 @@ impl Codex {
             setup: Mutex::new(None),
             thread: Mutex::new(None),
             process: TurnProcess::default(),
-            logs: TaskTracker::new(),
         })
     }
 
-    fn setup(&self) -> Result<Setup, BackendError> {
-        lock(&self.setup)
-            .clone()
-            .ok_or_else(|| BackendError::Process("codex adapter has not been initialized.".into()))
+    /// `codex exec` for one turn, in an environment without inherited Codex/OpenAI settings.
+    fn command(
+        &self,
+        setup: &Setup,
+        thread: Option<&str>,
+        prompt: &str,
+    ) -> tokio::process::Command {
+        let root = &setup.runtime_dir;
+        let args = exec_args(&self.options, &root.join("home/.codex/log"), thread, prompt);
+        let mut cmd = tokio::process::Command::new(&setup.bin);
+        agent::strip_inherited(&mut cmd, STRIPPED_PREFIXES);
+        cmd.args(&args)
+            .current_dir(root.join("workspace"))
+            .env("HOME", &setup.home)
+            .env("CODEX_HOME", setup.home.join(".codex"))
+            .env("CODEX_SQLITE_HOME", setup.home.join(".codex-sqlite"))
+            .env("TMPDIR", root.join("tmp"))
+            // Codex's own logging goes to stderr; only errors matter there. The server's
+            // RUST_LOG is for the server, not for Codex.
+            .env("RUST_LOG", "error")
+            .env(PROVIDER_KEY_ENV, "dressage-proxy");
+        cmd
     }
+}
 
+impl Agent for Codex {
     async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
         let root = &ctx.runtime_dir;
         let home = root.join("home");
@@ -539,27 +548,8 @@ impl Codex {
         Ok(())
     }
 
-    /// `codex exec` for one turn, in an environment without inherited Codex/OpenAI settings.
-    fn command(&self, setup: &Setup, thread: Option<&str>, prompt: &str) -> tokio::process::Command {
-        let root = &setup.runtime_dir;
-        let args = exec_args(&self.options, &root.join("home/.codex/log"), thread, prompt);
-        let mut cmd = tokio::process::Command::new(&setup.bin);
-        agent::strip_inherited(&mut cmd, STRIPPED_PREFIXES);
-        cmd.args(&args)
-            .current_dir(root.join("workspace"))
-            .env("HOME", &setup.home)
-            .env("CODEX_HOME", setup.home.join(".codex"))
-            .env("CODEX_SQLITE_HOME", setup.home.join(".codex-sqlite"))
-            .env("TMPDIR", root.join("tmp"))
-            // Codex's own logging goes to stderr; only errors matter there. The server's
-            // RUST_LOG is for the server, not for Codex.
-            .env("RUST_LOG", "error")
-            .env(PROVIDER_KEY_ENV, "dressage-proxy");
-        cmd
-    }
-
     async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
-        let setup = self.setup()?;
+        let setup = agent::started(&self.setup, "codex")?;
         if agent::resolve_executable(&setup.bin).is_none() {
             return Err(BackendError::Process(
                 "codex backend is not healthy.".into(),
@@ -574,7 +564,6 @@ impl Codex {
                 &CLI,
                 self.command(&setup, thread.as_deref(), prompt),
                 &setup.runtime_dir,
-                &self.logs,
                 None,
                 |event| {
                     let started = (event.get("type").and_then(Value::as_str)
@@ -590,9 +579,7 @@ impl Codex {
                         }
                     }
                 },
-                |events, exit| {
-                    agent::exit_message(CLI.name, &exit, stream_error_summary(events))
-                },
+                |events, exit| agent::exit_message(CLI.name, &exit, stream_error_summary(events)),
             )
             .await;
         let events = match ran {
@@ -624,52 +611,23 @@ impl Codex {
         })
     }
 
-    async fn stop(&self) {
-        self.process.end(CLI.name).await;
-        agent::close_logs(&self.logs, CLI.name).await;
-    }
-}
-
-impl Backend for Codex {
-    fn capabilities(&self) -> BackendCapabilities {
-        CAPABILITIES
+    async fn abort(&self) -> bool {
+        self.process.end(CLI.name).await
     }
 
-    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(self.start(ctx))
+    async fn healthy(&self) -> bool {
+        let bin = lock(&self.setup).as_ref().map(|s| s.bin.clone());
+        self.process.healthy(bin.as_deref())
     }
 
-    fn send_message<'a>(
-        &'a self,
-        turn: TurnInput<'a>,
-    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
-        Box::pin(self.turn(turn))
-    }
-
-    fn abort_session(&self) -> BoxFuture<'_, bool> {
-        Box::pin(self.process.end(CLI.name))
-    }
-
-    fn health(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            !self.process.killed()
-                && lock(&self.setup)
-                    .as_ref()
-                    .is_some_and(|s| agent::resolve_executable(&s.bin).is_some())
-        })
-    }
-
-    fn backend_session_id(&self) -> Option<String> {
+    fn session_id(&self) -> Option<String> {
         lock(&self.thread).clone()
     }
 
-    fn shutdown(&self, _grace: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(self.stop())
+    async fn stop(&self, _grace: Duration) {
+        self.process.close(CLI.name).await;
     }
 }
-
-/// codex's capabilities: one user message per turn, a register-time system prompt.
-pub const CAPABILITIES: BackendCapabilities = agent::SINGLE_USER_MESSAGE;
 
 #[cfg(test)]
 mod tests {

