@@ -33,6 +33,9 @@ const LOG_CAP: u64 = 64 << 20;
 /// The longest JSON line read (a tool result may carry a large file).
 const MAX_LINE: u64 = 100 << 20;
 
+/// The most of an agent's HTTP answer that is read (opencode's history comes back whole).
+const ANSWER_CAP: usize = 64 << 20;
+
 /// How much of an offending line or a log tail an error quotes.
 pub(crate) const QUOTE: usize = 1000;
 
@@ -800,7 +803,7 @@ pub(crate) async fn proxy_errors(proxy: &LlmProxy) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// Reads an agent's HTTP answer (at most `cap` bytes): its JSON, `None` when empty. A
+/// Reads an agent's HTTP answer (at most [`ANSWER_CAP`] bytes): its JSON, `None` when empty. A
 /// non-success status is the proxy's context overflow (413), a max-steps refusal the agent
 /// relayed (`configured_max_steps` when it names none), or a transport error quoting the
 /// body; a body that is not JSON is a protocol error quoting it, truncated.
@@ -808,10 +811,9 @@ pub(crate) async fn read_answer(
     resp: reqwest::Response,
     what: &str,
     configured_max_steps: u64,
-    cap: usize,
 ) -> Result<Option<Value>, BackendError> {
     let status = resp.status();
-    let bytes = agentbox_llm::client::read_capped(resp, cap)
+    let bytes = agentbox_llm::client::read_capped(resp, ANSWER_CAP)
         .await
         .map_err(|e| {
             BackendError::Transport(format!("{what}: {}", agentbox_http::error_chain(&e)))

@@ -35,9 +35,6 @@ const CLI: Cli = Cli {
     hint: "Set OPENCLAW_BIN or install openclaw.",
 };
 
-/// The most of a gateway answer that is read.
-const MAX_ANSWER: usize = 64 << 20;
-
 /// How long the gateway gets to answer its health probe: a Node process whose event loop the
 /// agent's turn keeps busy answers late on a loaded machine, and a late answer is not death.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
@@ -464,13 +461,7 @@ impl OpenClaw {
             let resp = request.send().await.map_err(|e| {
                 BackendError::Transport(format!("{what}: {}", agentbox_http::error_chain(&e)))
             })?;
-            agent::read_answer(
-                resp,
-                what,
-                self.options.proxy.max_steps.unwrap_or(0),
-                MAX_ANSWER,
-            )
-            .await
+            agent::read_answer(resp, what, self.options.proxy.max_steps.unwrap_or(0)).await
         };
         let result = tokio::select! {
             r = answer => r,

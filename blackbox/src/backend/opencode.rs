@@ -31,9 +31,6 @@ const CLI: Cli = Cli {
     hint: "Set OPENCODE_BIN or install opencode.",
 };
 
-/// The most of an opencode answer that is read (a session's whole history comes back).
-const MAX_ANSWER: usize = 64 << 20;
-
 /// How long opencode gets to answer its health probe.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -318,7 +315,6 @@ impl Opencode {
             resp,
             &format!("opencode {method} {path}"),
             self.options.proxy.max_steps.unwrap_or(0),
-            MAX_ANSWER,
         )
         .await
         .map_err(agent::CallError::Other)
