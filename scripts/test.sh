@@ -15,6 +15,8 @@ command -v git >/dev/null || need_apt+=(git)
 # systemd-analyze against a temp root.
 command -v systemd-analyze >/dev/null || need_apt+=(systemd)
 command -v curl >/dev/null || need_apt+=(curl)
+# The conformance suite's stand-in agent servers (a misbehaving opencode/openclaw) are Python.
+command -v python3 >/dev/null || need_apt+=(python3)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "test.sh: missing ${need_apt[*]} and not root: install them first" >&2

@@ -69,7 +69,7 @@ pub const VARIABLES: &[(&str, &str, &str)] = &[
     (
         "OPENCLAW_BIN",
         "openclaw",
-        "the openclaw binary (backend not implemented yet)",
+        "the openclaw binary (run with the Node next to it, if any)",
     ),
     ("CLAUDE_CODE_BIN", "claude", "the Claude Code binary"),
     ("CODEX_BIN", "codex", "the Codex binary"),

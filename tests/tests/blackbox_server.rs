@@ -95,7 +95,7 @@ async fn register_is_idempotent_and_rebinds_only_without_open_sessions() {
     assert_eq!(status.body["sessions"]["active_count"], 1);
     assert_eq!(
         status.body["implemented_backends"],
-        json!(["opencode", "claude_code", "codex"])
+        json!(["opencode", "openclaw", "claude_code", "codex"])
     );
     assert_eq!(
         status.body["known_backends"],

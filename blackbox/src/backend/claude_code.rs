@@ -16,32 +16,29 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use agentbox_sandbox::proc::{self, ChildSetup};
-use futures_util::future::BoxFuture;
-use rustix::process::Signal;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Digest;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio_util::task::TaskTracker;
 
-use super::{Backend, BackendError, InitContext, TurnInput};
+use super::agent::{self, Agent, Cli, TurnProcess, lock, quote, value_text};
+use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
-    AdapterResponse, BackendCapabilities, FunctionCall, Message, Object, ProxyOptions, Role,
-    Timestamp, ToolCall, ToolCallType, TraceEvent, TurnUsage,
+    AdapterResponse, FunctionCall, Message, Object, ProxyOptions, Role, Timestamp, ToolCall,
+    ToolCallType, TraceEvent, TurnUsage,
 };
 
-/// The longest stream-json line read (a tool result may carry a large file).
-const MAX_LINE: usize = 100 << 20;
+/// How the files, logs and errors name Claude Code.
+const CLI: Cli = Cli {
+    name: "claude_code",
+    label: "claude code",
+    hint: "Set CLAUDE_CODE_BIN or install Claude Code.",
+};
 
-/// How much of an offending line or a log tail an error quotes.
+/// How much of an error event an exit message quotes.
 const QUOTE: usize = 400;
-
-/// How long a process group gets between SIGTERM and SIGKILL.
-const TERM_GRACE: Duration = Duration::from_secs(3);
 
 /// Variables of the server's environment the agent must not see: credentials and endpoints of
 /// a real Anthropic account, and state directories that would escape the runtime directory.
@@ -299,14 +296,8 @@ impl Options {
     /// # Errors
     /// `Invalid claude_code backend_options: <why>`.
     pub fn parse(raw: &Object) -> Result<Options, BackendError> {
-        let invalid = |why: String| {
-            BackendError::InvalidOptions(format!("Invalid claude_code backend_options: {why}"))
-        };
-        let options: Options = serde_path_to_error::deserialize(Value::Object(raw.clone()))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                invalid(format!("{path}: {}", e.into_inner()))
-            })?;
+        let invalid = |why: String| agent::invalid_options("claude_code", &why);
+        let options: Options = agent::parse_options(raw, "claude_code")?;
         if options.max_turns == 0 {
             return Err(invalid("max_turns: Input should be greater than 0".into()));
         }
@@ -412,74 +403,15 @@ struct Setup {
     session_uuid: String,
 }
 
-/// The turn's process.
-#[derive(Debug)]
-struct Running {
-    child: tokio::process::Child,
-    pgid: Option<u32>,
-    /// Set when we end it, so its death is not taken for a crash.
-    ended_by_us: bool,
-}
-
-/// How the last turn's process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum LastExit {
-    None,
-    Clean,
-    /// Killed by a signal we did not send: the agent is not trustworthy any more.
-    Killed,
-}
-
 /// The Claude Code backend.
 #[derive(Debug)]
 pub struct ClaudeCode {
     options: Options,
     setup: Mutex<Option<Setup>>,
-    running: tokio::sync::Mutex<Option<Running>>,
-    last_exit: Mutex<LastExit>,
+    /// The running turn's process.
+    process: TurnProcess,
     /// Set once a turn ran with the session id.
     session_id: Mutex<Option<String>>,
-    logs: TaskTracker,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn io_err(what: &str, path: &Path, e: &std::io::Error) -> BackendError {
-    BackendError::Process(format!("{what} {}: {e}", path.display()))
-}
-
-/// At most `n` characters of `s`, marked when cut.
-fn cut(s: &str, n: usize) -> String {
-    let mut out: String = s.chars().take(n).collect();
-    if out.len() < s.len() {
-        out.push_str("...(truncated)");
-    }
-    out
-}
-
-/// Whether `bin` names an executable file (directly, or on `PATH`).
-fn runnable(bin: &str) -> bool {
-    let is_exec = |p: &Path| {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
-    if bin.contains('/') {
-        return is_exec(Path::new(bin));
-    }
-    std::env::var_os("PATH")
-        .is_some_and(|path| std::env::split_paths(&path).any(|dir| is_exec(&dir.join(bin))))
-}
-
-/// The last `n` bytes of a log, as text.
-fn tail(path: &Path, n: usize) -> Option<String> {
-    let data = std::fs::read(path).ok()?;
-    let start = data.len().saturating_sub(n);
-    let text = String::from_utf8_lossy(data.get(start..)?)
-        .trim()
-        .to_owned();
-    (!text.is_empty()).then_some(text)
 }
 
 impl ClaudeCode {
@@ -491,103 +423,9 @@ impl ClaudeCode {
         Ok(ClaudeCode {
             options: Options::parse(backend_options)?,
             setup: Mutex::new(None),
-            running: tokio::sync::Mutex::new(None),
-            last_exit: Mutex::new(LastExit::None),
+            process: TurnProcess::default(),
             session_id: Mutex::new(None),
-            logs: TaskTracker::new(),
         })
-    }
-
-    fn setup(&self) -> Result<Setup, BackendError> {
-        lock(&self.setup)
-            .clone()
-            .ok_or_else(|| BackendError::Process("claude_code has not been initialized.".into()))
-    }
-
-    async fn prepare(&self, ctx: &InitContext) -> Result<(), BackendError> {
-        let root = &ctx.runtime_dir;
-        let home = root.join("home");
-        let config_dir = home.join(".claude");
-        let workspace = self
-            .options
-            .working_directory
-            .as_ref()
-            .map_or_else(|| root.join("workspace"), PathBuf::from);
-        for d in [
-            &config_dir,
-            &workspace,
-            &root.join("logs"),
-            &root.join("run"),
-            &root.join("tmp"),
-            &root.join("prompts"),
-        ] {
-            tokio::fs::create_dir_all(d)
-                .await
-                .map_err(|e| io_err("cannot create", d, &e))?;
-        }
-        let mut system_prompt = None;
-        if let Some(prompt) = &ctx.system_prompt {
-            let text = tokio::fs::read_to_string(&prompt.source_file)
-                .await
-                .map_err(|e| io_err("cannot read", Path::new(&prompt.source_file), &e))?;
-            let target = PathBuf::from(&prompt.runtime_file);
-            if let Some(parent) = target.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| io_err("cannot create", parent, &e))?;
-            }
-            tokio::fs::write(&target, &text)
-                .await
-                .map_err(|e| io_err("cannot write", &target, &e))?;
-            match self.options.system_prompt_mode {
-                SystemPromptMode::Append | SystemPromptMode::Replace => system_prompt = Some(text),
-                SystemPromptMode::ClaudeMd => {
-                    let md = workspace.join("CLAUDE.md");
-                    tokio::fs::write(&md, &text)
-                        .await
-                        .map_err(|e| io_err("cannot write", &md, &e))?;
-                }
-                SystemPromptMode::None => {}
-            }
-        }
-        let settings_path = config_dir.join("settings.json");
-        let text = serde_json::to_string_pretty(&settings(&self.options)).unwrap_or_default();
-        tokio::fs::write(&settings_path, text)
-            .await
-            .map_err(|e| io_err("cannot write", &settings_path, &e))?;
-        let run = root.join("run");
-        for (name, text) in [
-            ("claude_code.settings", settings_path.display().to_string()),
-            ("proxy.port", ctx.proxy.local_addr().port().to_string()),
-        ] {
-            let p = run.join(name);
-            tokio::fs::write(&p, text)
-                .await
-                .map_err(|e| io_err("cannot write", &p, &e))?;
-        }
-        let bin = self
-            .options
-            .executable
-            .clone()
-            .unwrap_or_else(|| ctx.bins.claude_code.clone());
-        if !runnable(&bin) {
-            return Err(BackendError::Process(format!(
-                "claude code binary not found. Set CLAUDE_CODE_BIN or install Claude Code. ({bin})"
-            )));
-        }
-        *lock(&self.setup) = Some(Setup {
-            bin,
-            runtime_dir: root.clone(),
-            home,
-            config_dir,
-            workspace,
-            settings_path,
-            system_prompt,
-            base_url: ctx.proxy.base_url(),
-            router_timeout_ms: ctx.config.router_timeout,
-            session_uuid: session_uuid(&ctx.bound_instance_id, &ctx.bound_session_id),
-        });
-        Ok(())
     }
 
     /// Whether Claude Code has stored session `id` (a turn ran with it, even one that failed
@@ -631,13 +469,7 @@ impl ClaudeCode {
             )
             | (Some(_), SystemPromptMode::ClaudeMd | SystemPromptMode::None) => {}
         }
-        for (k, _) in std::env::vars_os() {
-            if let Some(k) = k.to_str()
-                && INHERITED_PREFIXES.iter().any(|p| k.starts_with(p))
-            {
-                cmd.env_remove(k);
-            }
-        }
+        agent::strip_inherited(&mut cmd, INHERITED_PREFIXES);
         cmd.current_dir(&s.workspace)
             .env("HOME", &s.home)
             .env("CLAUDE_CONFIG_DIR", &s.config_dir)
@@ -664,248 +496,12 @@ impl ClaudeCode {
             // which it is: bubblewrap around us, the proxy between it and any model.
             cmd.env("IS_SANDBOX", "1");
         }
-        cmd.stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
         cmd
     }
-
-    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
-        let s = self.setup()?;
-        let [message] = turn.messages else {
-            return Err(BackendError::Protocol(
-                "claude_code adapter expects exactly one input message.".into(),
-            ));
-        };
-        if message.role != Role::User {
-            return Err(BackendError::Protocol(
-                "claude_code adapter only accepts a user message.".into(),
-            ));
-        }
-        let text = message
-            .content
-            .clone()
-            .filter(|c| !c.trim().is_empty())
-            .ok_or_else(|| {
-                BackendError::Protocol(
-                    "claude_code adapter requires non-empty user content.".into(),
-                )
-            })?;
-        if !runnable(&s.bin) {
-            return Err(BackendError::Process(format!(
-                "claude code binary not found. ({})",
-                s.bin
-            )));
-        }
-        let logs = s.runtime_dir.join("logs");
-        let mut child = ChildSetup::same_identity()
-            .new_session()
-            .spawn(self.command(&s))
-            .map_err(|e| {
-                BackendError::Process(format!(
-                    "claude code could not be started. Set CLAUDE_CODE_BIN or install Claude Code. ({e})"
-                ))
-            })?;
-        let pgid = child.id();
-        if let Some(pid) = pgid {
-            let p = s.runtime_dir.join("run/claude_code.pid");
-            if let Err(e) = tokio::fs::write(&p, pid.to_string()).await {
-                tracing::warn!(error = %e, "cannot write claude_code.pid");
-            }
-        }
-        let stderr_log = logs.join("claude_code.stderr.log");
-        if let Some(err) = child.stderr.take() {
-            let file = tokio::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&stderr_log)
-                .await
-                .map_err(|e| io_err("cannot open", &stderr_log, &e))?;
-            self.logs.spawn(proc::capture(err, file, Some(64 << 20)));
-        }
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take();
-        *self.running.lock().await = Some(Running {
-            child,
-            pgid,
-            ended_by_us: false,
-        });
-        *lock(&self.session_id) = Some(s.session_uuid.clone());
-        if let Some(mut stdin) = stdin {
-            // The prompt goes on stdin: no argv limit, and no text taken for an option.
-            let written = stdin.write_all(text.as_bytes()).await;
-            drop(stdin);
-            if let Err(e) = written {
-                tracing::warn!(error = %e, "cannot write the prompt to claude");
-            }
-        }
-        let read = self.read_stream(stdout, &logs).await;
-        let status = self.reap().await;
-        let events = match (read, status) {
-            // Garbage on the stream ended the process: that, not the ending, is the news.
-            (Err(e), Reaped::Gone | Reaped::Code(_)) => return Err(e),
-            (Ok(_), Reaped::Gone) => {
-                return Err(BackendError::Transport(
-                    "claude_code turn was aborted.".into(),
-                ));
-            }
-            (_, Reaped::Signal(sig)) => {
-                return Err(BackendError::Process(format!(
-                    "claude_code was killed by signal {sig}"
-                )));
-            }
-            (Ok(events), Reaped::Code(0)) => events,
-            (Ok(events), Reaped::Code(code)) => {
-                return Err(BackendError::Transport(exit_error(
-                    code,
-                    &events,
-                    tail(&stderr_log, 2000).as_deref(),
-                )));
-            }
-        };
-        let (outputs, trace_events, usage) = convert_events(turn.turn_id, &events)?;
-        Ok(AdapterResponse {
-            outputs,
-            trace_events,
-            usage,
-            backend_session_id: s.session_uuid,
-        })
-    }
-
-    /// Reads the stream until it closes, copying it to the log; a line that is not a JSON
-    /// object ends the turn (the process group is ended with it).
-    async fn read_stream(
-        &self,
-        stdout: Option<tokio::process::ChildStdout>,
-        logs: &Path,
-    ) -> Result<Vec<Value>, BackendError> {
-        let stdout = stdout.ok_or_else(|| BackendError::Process("claude has no stdout".into()))?;
-        let path = logs.join("claude_code.stdout.log");
-        let mut log = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .await
-            .map_err(|e| io_err("cannot open", &path, &e))?;
-        let mut reader = BufReader::new(stdout);
-        let mut events = Vec::new();
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            let n = tokio::io::AsyncReadExt::take(&mut reader, MAX_LINE as u64 + 1)
-                .read_until(b'\n', &mut line)
-                .await
-                .map_err(|e| BackendError::Transport(format!("reading claude's output: {e}")))?;
-            if n == 0 {
-                break;
-            }
-            let _ = log.write_all(&line).await;
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim();
-            if text.is_empty() {
-                continue;
-            }
-            let bad = |why: &str| {
-                BackendError::Protocol(format!(
-                    "claude_code printed {why} on its stream-json output: {:?}",
-                    cut(text, QUOTE)
-                ))
-            };
-            let failure = if line.len() > MAX_LINE {
-                Some(bad("a line over the size limit"))
-            } else {
-                match serde_json::from_str::<Value>(text) {
-                    Ok(v @ Value::Object(_)) => {
-                        events.push(v);
-                        None
-                    }
-                    Ok(_) | Err(_) => Some(bad("a line that is not a JSON object")),
-                }
-            };
-            if let Some(e) = failure {
-                let _ = log.flush().await;
-                self.end_process().await;
-                return Err(e);
-            }
-        }
-        let _ = log.flush().await;
-        Ok(events)
-    }
-
-    /// Waits for the turn's process (its stdout closed, so it is ending).
-    async fn reap(&self) -> Reaped {
-        let mut running = self.running.lock().await;
-        let Some(r) = running.as_mut() else {
-            return Reaped::Gone;
-        };
-        let status = r.child.wait().await;
-        let ended_by_us = r.ended_by_us;
-        let pgid = r.pgid;
-        *running = None;
-        drop(running);
-        // Whatever the agent left in its group (a backgrounded tool) goes with it.
-        if let Some(pgid) = pgid
-            && let Err(e) = proc::signal_group(pgid, Signal::KILL)
-        {
-            tracing::warn!(pgid, error = %e, "cannot kill claude's group");
-        }
-        let reaped = match status {
-            Ok(st) => match proc::exit_code(st) {
-                Some(code) => Reaped::Code(code),
-                None => {
-                    use std::os::unix::process::ExitStatusExt;
-                    Reaped::Signal(st.signal().unwrap_or(0))
-                }
-            },
-            Err(_) => Reaped::Signal(0),
-        };
-        *lock(&self.last_exit) = match (&reaped, ended_by_us) {
-            (Reaped::Signal(_), false) => LastExit::Killed,
-            (Reaped::Signal(_) | Reaped::Code(_) | Reaped::Gone, _) => LastExit::Clean,
-        };
-        if ended_by_us {
-            return Reaped::Gone;
-        }
-        reaped
-    }
-
-    /// Ends the running process's group (and what left it); whether there was one.
-    async fn end_process(&self) -> bool {
-        let mut running = self.running.lock().await;
-        let Some(r) = running.as_mut() else {
-            return false;
-        };
-        r.ended_by_us = true;
-        let tree = r.pgid.map(proc::descendants).unwrap_or_default();
-        if let Err(e) = proc::terminate_group(&mut r.child, TERM_GRACE).await {
-            tracing::warn!(error = %e, "cannot terminate claude");
-        }
-        super::kill_leftovers(r.pgid, &tree, "claude");
-        true
-    }
-
-    async fn stop(&self) {
-        self.end_process().await;
-        *self.running.lock().await = None;
-        super::close_logs(&self.logs, "claude").await;
-    }
 }
 
-/// How a turn's process ended.
-#[derive(Debug)]
-enum Reaped {
-    /// Its exit code.
-    Code(i32),
-    /// Killed by this signal.
-    Signal(i32),
-    /// Ended by us (abort, shutdown, garbage output).
-    Gone,
-}
-
-/// The message of a non-zero exit: the stream's error events, stderr's tail.
-fn exit_error(code: i32, events: &[Value], stderr: Option<&str>) -> String {
-    let mut parts = vec![format!("claude_code exited with code {code}")];
+/// The stream's error events (the last 20 events'), for an exit message.
+fn stream_errors(events: &[Value]) -> Option<String> {
     let errors: Vec<String> = events
         .iter()
         .rev()
@@ -915,22 +511,12 @@ fn exit_error(code: i32, events: &[Value], stderr: Option<&str>) -> String {
             let kind = e.get("type").and_then(Value::as_str).unwrap_or("");
             if kind == "result" && e.get("is_error").and_then(Value::as_bool) == Some(true) {
                 let v = e.get("result").or_else(|| e.get("error")).unwrap_or(e);
-                return Some(format!("result={}", cut(&value_text(v), QUOTE)));
+                return Some(format!("result={}", quote(&value_text(v), QUOTE)));
             }
-            (kind == "error").then(|| cut(&e.to_string(), QUOTE))
+            (kind == "error").then(|| quote(&e.to_string(), QUOTE))
         })
         .collect();
-    if !errors.is_empty() {
-        parts.push(format!("stream-json error: {}", errors.join(" | ")));
-    }
-    if let Some(t) = stderr {
-        parts.push(format!("stderr tail: {t}"));
-    }
-    parts.join("; ")
-}
-
-fn value_text(v: &Value) -> String {
-    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
+    (!errors.is_empty()).then(|| errors.join(" | "))
 }
 
 fn num(v: &Value, key: &str) -> u64 {
@@ -987,7 +573,7 @@ pub fn convert_events(
                         .get("result")
                         .or_else(|| event.get("error"))
                         .map_or_else(|| "Claude Code failed.".to_owned(), value_text);
-                    return Err(BackendError::Transport(cut(&v, 2000)));
+                    return Err(BackendError::Transport(quote(&v, 2000)));
                 }
                 result_text = event.get("result").map(value_text);
                 num_turns = num(event, "num_turns");
@@ -1139,54 +725,115 @@ pub fn convert_events(
     Ok((outputs, trace, usage))
 }
 
-impl Backend for ClaudeCode {
-    fn capabilities(&self) -> BackendCapabilities {
-        CAPABILITIES
+impl Agent for ClaudeCode {
+    async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
+        let root = &ctx.runtime_dir;
+        let home = root.join("home");
+        let config_dir = home.join(".claude");
+        let workspace = self
+            .options
+            .working_directory
+            .as_ref()
+            .map_or_else(|| root.join("workspace"), PathBuf::from);
+        agent::create_dirs(&[
+            config_dir.clone(),
+            workspace.clone(),
+            root.join("logs"),
+            root.join("run"),
+            root.join("tmp"),
+            root.join("prompts"),
+        ])
+        .await?;
+        let text = agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
+        let mut system_prompt = None;
+        if let Some(text) = text {
+            match self.options.system_prompt_mode {
+                SystemPromptMode::Append | SystemPromptMode::Replace => system_prompt = Some(text),
+                SystemPromptMode::ClaudeMd => {
+                    agent::write_files(&workspace, &[("CLAUDE.md", text)]).await?;
+                }
+                SystemPromptMode::None => {}
+            }
+        }
+        let settings_path = config_dir.join("settings.json");
+        let text = serde_json::to_string_pretty(&settings(&self.options)).unwrap_or_default();
+        agent::write_files(&config_dir, &[("settings.json", text)]).await?;
+        agent::write_files(
+            &root.join("run"),
+            &[
+                ("claude_code.settings", settings_path.display().to_string()),
+                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
+            ],
+        )
+        .await?;
+        let bin = self
+            .options
+            .executable
+            .clone()
+            .unwrap_or_else(|| ctx.bins.claude_code.clone());
+        CLI.require(&bin)?;
+        *lock(&self.setup) = Some(Setup {
+            bin,
+            runtime_dir: root.clone(),
+            home,
+            config_dir,
+            workspace,
+            settings_path,
+            system_prompt,
+            base_url: ctx.proxy.base_url(),
+            router_timeout_ms: ctx.config.router_timeout,
+            session_uuid: session_uuid(&ctx.bound_instance_id, &ctx.bound_session_id),
+        });
+        Ok(())
     }
 
-    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(self.prepare(ctx))
-    }
-
-    fn send_message<'a>(
-        &'a self,
-        turn: TurnInput<'a>,
-    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
-        Box::pin(self.turn(turn))
-    }
-
-    fn abort_session(&self) -> BoxFuture<'_, bool> {
-        Box::pin(self.end_process())
-    }
-
-    fn health(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let Ok(s) = self.setup() else {
-                return false;
-            };
-            *lock(&self.last_exit) != LastExit::Killed && runnable(&s.bin)
+    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
+        let s = agent::started(&self.setup, "claude_code")?;
+        let text = agent::single_prompt(turn.messages, "claude_code")?;
+        if agent::resolve_executable(&s.bin).is_none() {
+            return Err(BackendError::Process(format!(
+                "claude code binary not found. ({})",
+                s.bin
+            )));
+        }
+        *lock(&self.session_id) = Some(s.session_uuid.clone());
+        let events = self
+            .process
+            .run(
+                &CLI,
+                self.command(&s),
+                &s.runtime_dir,
+                Some(text.as_bytes()),
+                |_| std::future::ready(()),
+                |events, exit| agent::exit_message(CLI.name, &exit, stream_errors(events)),
+            )
+            .await?;
+        let (outputs, trace_events, usage) = convert_events(turn.turn_id, &events)?;
+        Ok(AdapterResponse {
+            outputs,
+            trace_events,
+            usage,
+            backend_session_id: s.session_uuid,
         })
     }
 
-    fn backend_session_id(&self) -> Option<String> {
+    async fn abort(&self) -> bool {
+        self.process.end(CLI.name).await
+    }
+
+    async fn healthy(&self) -> bool {
+        let bin = lock(&self.setup).as_ref().map(|s| s.bin.clone());
+        self.process.healthy(bin.as_deref())
+    }
+
+    fn session_id(&self) -> Option<String> {
         lock(&self.session_id).clone()
     }
 
-    fn shutdown(&self, _grace: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(self.stop())
+    async fn stop(&self, _grace: Duration) {
+        self.process.close(CLI.name).await;
     }
 }
-
-/// Claude Code's capabilities: one user message per turn, a register-time system prompt.
-pub const CAPABILITIES: BackendCapabilities = BackendCapabilities {
-    chat: true,
-    abort: true,
-    pause_resume: true,
-    stream: false,
-    multi_message_input: false,
-    system_message: true,
-    history_injection: false,
-};
 
 #[cfg(test)]
 mod tests {
@@ -1288,7 +935,12 @@ mod tests {
     #[test]
     fn exit_errors_quote_the_stream_and_stderr() {
         let events = vec![json!({"type": "result", "is_error": true, "result": "API Error: 403"})];
-        let m = exit_error(1, &events, Some("bad token"));
+        let exit = agent::Exit {
+            code: Some(1),
+            stderr: Some("bad token".into()),
+            stdout: None,
+        };
+        let m = agent::exit_message(CLI.name, &exit, stream_errors(&events));
         assert!(m.contains("code 1") && m.contains("API Error: 403") && m.contains("bad token"));
     }
 }

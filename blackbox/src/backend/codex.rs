@@ -12,33 +12,25 @@
 //! behind our back.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use agentbox_sandbox::proc::{self, ChildSetup};
-use futures_util::future::BoxFuture;
-use rustix::process::Signal;
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio_util::task::TaskTracker;
 
-use super::{Backend, BackendError, InitContext, TurnInput};
+use super::agent::{self, Agent, Cli, TurnProcess, lock, quote};
+use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
-    AdapterResponse, BackendCapabilities, Message, Object, ProxyOptions, Role, Timestamp,
-    TraceEvent, TurnUsage,
+    AdapterResponse, Message, Object, ProxyOptions, Role, Timestamp, TraceEvent, TurnUsage,
 };
 use crate::proxy::LlmProxy;
 
-/// The longest JSONL line read (the reference's stream limit).
-const MAX_LINE: u64 = 100 << 20;
-
-/// How much of a bad line or a log tail an error quotes.
-const QUOTE: usize = 1000;
-
-/// How long a process group gets between SIGTERM and SIGKILL.
-const TERM_GRACE: Duration = Duration::from_secs(3);
+/// How the files, logs and errors name Codex.
+const CLI: Cli = Cli {
+    name: "codex",
+    label: "codex",
+    hint: "Set CODEX_BIN or install Codex CLI.",
+};
 
 /// The variable the provider's `env_key` names; its value is a dummy (the proxy needs none,
 /// and Codex refuses a provider whose key variable is unset).
@@ -190,14 +182,8 @@ impl Options {
     /// # Errors
     /// `Invalid codex backend_options: <why>`.
     pub fn parse(raw: &Object) -> Result<Options, BackendError> {
-        let invalid = |why: String| {
-            BackendError::InvalidOptions(format!("Invalid codex backend_options: {why}"))
-        };
-        let options: Options = serde_path_to_error::deserialize(Value::Object(raw.clone()))
-            .map_err(|e| {
-                let path = e.path().to_string();
-                invalid(format!("{path}: {}", e.into_inner()))
-            })?;
+        let invalid = |why: String| agent::invalid_options("codex", &why);
+        let options: Options = agent::parse_options(raw, "codex")?;
         let id = &options.model_provider_id;
         if id.is_empty()
             || !id
@@ -316,15 +302,6 @@ pub fn exec_args(
     }
     args.push(prompt.to_owned());
     args
-}
-
-/// The first `max` characters of `s`, marked when cut.
-fn quote(s: &str, max: usize) -> String {
-    let mut out: String = s.chars().take(max).collect();
-    if out.len() < s.len() {
-        out.push_str("...(truncated)");
-    }
-    out
 }
 
 /// `value` as one line of text, at most `max` characters.
@@ -479,7 +456,7 @@ pub fn convert_events(turn_id: &str, events: &[Value]) -> Result<Converted, Back
 struct Setup {
     bin: String,
     runtime_dir: PathBuf,
-    env: Vec<(String, String)>,
+    home: PathBuf,
     proxy: LlmProxy,
 }
 
@@ -490,109 +467,8 @@ pub struct Codex {
     setup: Mutex<Option<Setup>>,
     /// The committed thread (set when a turn that started it commits).
     thread: Mutex<Option<String>>,
-    /// The running turn's process group, for abort (taken out by whoever kills it).
-    active: Arc<Mutex<Option<u32>>>,
-    /// A turn's process was killed by a signal we did not send: the agent is not
-    /// trustworthy any more, and health says so.
-    killed: AtomicBool,
-    logs: TaskTracker,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn io_err(what: &str, path: &Path, e: &std::io::Error) -> BackendError {
-    BackendError::Process(format!("{what} {}: {e}", path.display()))
-}
-
-/// `name` as a runnable file: a path as given, else the first hit on `PATH`.
-fn resolve_executable(name: &str) -> Option<PathBuf> {
-    let runnable = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| {
-            use std::os::unix::fs::PermissionsExt;
-            m.is_file() && m.permissions().mode() & 0o111 != 0
-        })
-    };
-    if name.contains('/') {
-        let p = PathBuf::from(name);
-        return runnable(&p).then_some(p);
-    }
-    std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|d| d.join(name))
-            .find(|p| runnable(p))
-    })
-}
-
-/// The last `max` bytes of a log, as text.
-async fn tail(path: &Path, max: usize) -> Option<String> {
-    let data = tokio::fs::read(path).await.ok()?;
-    let start = data.len().saturating_sub(max);
-    let text = String::from_utf8_lossy(data.get(start..).unwrap_or(&[]))
-        .trim()
-        .to_owned();
-    (!text.is_empty()).then_some(text)
-}
-
-/// Kills the process group in `slot` (SIGTERM, then SIGKILL after the grace) and any
-/// descendant that left it; whether there was one.
-async fn kill_group(slot: &Mutex<Option<u32>>) -> bool {
-    let Some(pgid) = lock(slot).take() else {
-        return false;
-    };
-    let tree = proc::descendants(pgid);
-    if let Err(e) = proc::signal_group(pgid, Signal::TERM) {
-        tracing::warn!(pgid, error = %e, "cannot signal codex's group");
-    }
-    let alive = || {
-        i32::try_from(pgid)
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-            .is_some_and(|p| rustix::process::test_kill_process_group(p).is_ok())
-    };
-    let deadline = tokio::time::Instant::now() + TERM_GRACE;
-    while alive() && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    super::kill_leftovers(Some(pgid), &tree, "codex");
-    true
-}
-
-/// The running process's group, published for abort while the turn runs. Dropped after the
-/// process was reaped, it only unpublishes; dropped before (the turn's future was abandoned:
-/// a cancel, a deadline), it kills the group and what left it, since `kill_on_drop` would
-/// reach only the leader.
-struct Published<'a> {
-    slot: &'a Mutex<Option<u32>>,
-    pgid: Option<u32>,
-    reaped: bool,
-}
-
-impl<'a> Published<'a> {
-    fn new(slot: &'a Mutex<Option<u32>>, pgid: Option<u32>) -> Published<'a> {
-        *lock(slot) = pgid;
-        Published {
-            slot,
-            pgid,
-            reaped: false,
-        }
-    }
-}
-
-impl Drop for Published<'_> {
-    fn drop(&mut self) {
-        {
-            let mut slot = lock(self.slot);
-            if *slot == self.pgid {
-                *slot = None;
-            }
-        }
-        if let (false, Some(pgid)) = (self.reaped, self.pgid) {
-            let tree = proc::descendants(pgid);
-            super::kill_leftovers(Some(pgid), &tree, "codex");
-        }
-    }
+    /// The running turn's process.
+    process: TurnProcess,
 }
 
 impl Codex {
@@ -605,315 +481,111 @@ impl Codex {
             options: Options::parse(backend_options)?,
             setup: Mutex::new(None),
             thread: Mutex::new(None),
-            active: Arc::new(Mutex::new(None)),
-            killed: AtomicBool::new(false),
-            logs: TaskTracker::new(),
+            process: TurnProcess::default(),
         })
     }
 
-    fn setup(&self) -> Result<Setup, BackendError> {
-        lock(&self.setup)
-            .clone()
-            .ok_or_else(|| BackendError::Process("codex adapter has not been initialized.".into()))
+    /// `codex exec` for one turn, in an environment without inherited Codex/OpenAI settings.
+    fn command(
+        &self,
+        setup: &Setup,
+        thread: Option<&str>,
+        prompt: &str,
+    ) -> tokio::process::Command {
+        let root = &setup.runtime_dir;
+        let args = exec_args(&self.options, &root.join("home/.codex/log"), thread, prompt);
+        let mut cmd = tokio::process::Command::new(&setup.bin);
+        agent::strip_inherited(&mut cmd, STRIPPED_PREFIXES);
+        cmd.args(&args)
+            .current_dir(root.join("workspace"))
+            .env("HOME", &setup.home)
+            .env("CODEX_HOME", setup.home.join(".codex"))
+            .env("CODEX_SQLITE_HOME", setup.home.join(".codex-sqlite"))
+            .env("TMPDIR", root.join("tmp"))
+            // Codex's own logging goes to stderr; only errors matter there. The server's
+            // RUST_LOG is for the server, not for Codex.
+            .env("RUST_LOG", "error")
+            .env(PROVIDER_KEY_ENV, "dressage-proxy");
+        cmd
     }
+}
 
+impl Agent for Codex {
     async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
         let root = &ctx.runtime_dir;
         let home = root.join("home");
         let codex_home = home.join(".codex");
-        let sqlite_home = home.join(".codex-sqlite");
-        for d in [
+        agent::create_dirs(&[
             codex_home.join("log"),
-            sqlite_home.clone(),
+            home.join(".codex-sqlite"),
             root.join("workspace"),
             root.join("logs"),
             root.join("run"),
             root.join("tmp"),
-        ] {
-            tokio::fs::create_dir_all(&d)
-                .await
-                .map_err(|e| io_err("cannot create", &d, &e))?;
-        }
-        let instructions = match &ctx.system_prompt {
-            None => None,
-            Some(prompt) => {
-                let target = PathBuf::from(&prompt.runtime_file);
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(|e| io_err("cannot create", parent, &e))?;
-                }
-                tokio::fs::copy(&prompt.source_file, &target)
-                    .await
-                    .map_err(|e| io_err("cannot copy the system prompt to", &target, &e))?;
-                Some(tokio::fs::read_to_string(&target).await.map_err(|e| {
-                    BackendError::Protocol(format!("Could not read Codex system prompt: {e}"))
-                })?)
-            }
-        };
+        ])
+        .await?;
+        let instructions = agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
         let base_url = format!("{}{}", ctx.proxy.base_url(), ctx.router_api_path);
         let config = codex_config(&self.options, &base_url, instructions.as_deref());
         let config_path = codex_home.join("config.toml");
-        tokio::fs::write(&config_path, config)
-            .await
-            .map_err(|e| io_err("cannot write", &config_path, &e))?;
-        for (name, text) in [
-            ("codex.config", config_path.display().to_string()),
-            ("proxy.port", ctx.proxy.local_addr().port().to_string()),
-        ] {
-            let p = root.join("run").join(name);
-            tokio::fs::write(&p, text)
-                .await
-                .map_err(|e| io_err("cannot write", &p, &e))?;
-        }
+        agent::write_files(&codex_home, &[("config.toml", config)]).await?;
+        agent::write_files(
+            &root.join("run"),
+            &[
+                ("codex.config", config_path.display().to_string()),
+                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
+            ],
+        )
+        .await?;
         let bin = self.options.executable(&ctx.bins);
-        if resolve_executable(&bin).is_none() {
-            return Err(BackendError::Process(format!(
-                "codex binary not found. Set CODEX_BIN or install Codex CLI. ({bin})"
-            )));
-        }
-        let mut env: Vec<(String, String)> = std::env::vars()
-            .filter(|(k, _)| !STRIPPED_PREFIXES.iter().any(|p| k.starts_with(p)))
-            .filter(|(k, _)| !matches!(k.as_str(), "HOME" | "TMPDIR" | "RUST_LOG"))
-            .collect();
-        let path = |p: &Path| p.display().to_string();
-        env.extend([
-            ("HOME".into(), path(&home)),
-            ("CODEX_HOME".into(), path(&codex_home)),
-            ("CODEX_SQLITE_HOME".into(), path(&sqlite_home)),
-            ("TMPDIR".into(), path(&root.join("tmp"))),
-            // Codex's own logging goes to stderr; only errors matter there. The server's
-            // RUST_LOG is for the server, not for Codex.
-            ("RUST_LOG".into(), "error".into()),
-            (PROVIDER_KEY_ENV.into(), "dressage-proxy".into()),
-        ]);
+        CLI.require(&bin)?;
         *lock(&self.setup) = Some(Setup {
             bin,
             runtime_dir: root.clone(),
-            env,
+            home,
             proxy: ctx.proxy.clone(),
         });
         Ok(())
     }
 
-    /// Runs one `codex exec` to its end: the events it printed, or why it failed.
-    async fn run_process(
-        &self,
-        setup: &Setup,
-        thread: Option<&str>,
-        prompt: &str,
-        turn_id: &str,
-    ) -> Result<Vec<Value>, BackendError> {
-        let root = &setup.runtime_dir;
-        let logs = root.join("logs");
-        let args = exec_args(&self.options, &root.join("home/.codex/log"), thread, prompt);
-        let mut cmd = tokio::process::Command::new(&setup.bin);
-        cmd.args(&args)
-            .current_dir(root.join("workspace"))
-            .env_clear()
-            .envs(setup.env.iter().map(|(k, v)| (k, v)))
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = ChildSetup::same_identity()
-            .new_session()
-            .spawn(cmd)
-            .map_err(|e| {
-                BackendError::Process(format!(
-                    "codex could not be started. Set CODEX_BIN or install Codex CLI. ({}: {e})",
-                    setup.bin
-                ))
-            })?;
-        let pgid = child.id();
-        let mut published = Published::new(&self.active, pgid);
-        if let Some(pid) = pgid {
-            let p = root.join("run/codex.pid");
-            if let Err(e) = tokio::fs::write(&p, pid.to_string()).await {
-                tracing::warn!(error = %e, "cannot write codex.pid");
-            }
-        }
-        let stderr_log = logs.join("codex.stderr.log");
-        if let Some(err) = child.stderr.take() {
-            let file = tokio::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&stderr_log)
-                .await
-                .map_err(|e| io_err("cannot open", &stderr_log, &e))?;
-            self.logs.spawn(proc::capture(err, file, Some(64 << 20)));
-        }
-        let stdout_log = logs.join("codex.stdout.log");
-        let mut log = tokio::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&stdout_log)
-            .await
-            .map_err(|e| io_err("cannot open", &stdout_log, &e))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| BackendError::Process("codex has no stdout".into()))?;
-        let mut reader = BufReader::new(stdout);
-        let mut events = Vec::new();
-        let mut line = Vec::new();
-        let mut bad = None;
-        loop {
-            line.clear();
-            let n = match (&mut reader)
-                .take(MAX_LINE)
-                .read_until(b'\n', &mut line)
-                .await
-            {
-                Ok(n) => n,
-                Err(e) => {
-                    bad = Some(format!("cannot read codex's output: {e}"));
-                    break;
-                }
-            };
-            if n == 0 {
-                break;
-            }
-            let _ = log.write_all(&line).await;
-            if !line.ends_with(b"\n") && n as u64 >= MAX_LINE {
-                bad = Some(format!(
-                    "invalid codex JSONL: a line longer than {MAX_LINE} bytes; line={}",
-                    quote(&String::from_utf8_lossy(&line), QUOTE)
-                ));
-                break;
-            }
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim();
-            if text.is_empty() {
-                continue;
-            }
-            match serde_json::from_str::<Value>(text) {
-                Ok(event) if event.is_object() => {
-                    if event.get("type").and_then(Value::as_str) == Some("thread.started")
-                        && let Some(t) = event.get("thread_id").and_then(Value::as_str)
-                    {
-                        // The proxy tags this turn's calls with the thread from now on.
-                        setup.proxy.update_turn_backend_session(t).await;
-                    }
-                    events.push(event);
-                }
-                Ok(other) => {
-                    bad = Some(format!(
-                        "invalid codex JSONL event type: {}; line={}",
-                        json_kind(&other),
-                        quote(text, QUOTE)
-                    ));
-                    break;
-                }
-                Err(e) => {
-                    bad = Some(format!(
-                        "invalid codex JSONL: {e}; line={}",
-                        quote(text, QUOTE)
-                    ));
-                    break;
-                }
-            }
-        }
-        let _ = log.flush().await;
-        if let Some(why) = bad {
-            kill_group(&self.active).await;
-            let _ = child.wait().await;
-            published.reaped = true;
-            return Err(BackendError::Transport(why));
-        }
-        let status = child
-            .wait()
-            .await
-            .map_err(|e| BackendError::Process(format!("cannot wait for codex: {e}")))?;
-        published.reaped = true;
-        // Still published: nobody on our side ended it.
-        let ours = *lock(&self.active) != pgid;
-        if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&status)
-            && !ours
-        {
-            self.killed.store(true, Ordering::SeqCst);
-            return Err(BackendError::Process(format!(
-                "codex was killed by signal {sig}"
-            )));
-        }
-        let code = proc::exit_code(status);
-        if code != Some(0) {
-            // Let the stderr copy catch up before quoting it.
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let mut parts = vec![match code {
-                Some(c) => format!("codex exited with code {c}"),
-                None => format!("codex was killed ({status})"),
-            }];
-            if let Some(s) = stream_error_summary(&events) {
-                parts.push(format!("jsonl error: {s}"));
-            }
-            if let Some(t) = tail(&stderr_log, 2000).await {
-                parts.push(format!("stderr tail: {t}"));
-            }
-            if let Some(t) = tail(&stdout_log, 2000).await {
-                parts.push(format!("stdout tail: {t}"));
-            }
-            tracing::warn!(turn_id, "{}", parts.join("; "));
-            return Err(BackendError::Transport(parts.join("; ")));
-        }
-        Ok(events)
-    }
-
-    /// The proxy's recorded refusals that explain a failed or finished turn.
-    async fn proxy_errors(proxy: &LlmProxy) -> Result<(), BackendError> {
-        if let Some(payload) = proxy.consume_context_overflow_error().await
-            && let Some(e) = BackendError::from_context_overflow(&payload)
-        {
-            return Err(e);
-        }
-        if let Some(payload) = proxy.consume_rollout_invalidated_error().await {
-            let code = payload
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("rollout_invalidated");
-            let msg = payload
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("Dressage rollout was invalidated.");
-            return Err(BackendError::Transport(format!(
-                "Dressage proxy {code}: {msg}"
-            )));
-        }
-        Ok(())
-    }
-
     async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
-        let setup = self.setup()?;
-        if resolve_executable(&setup.bin).is_none() {
+        let setup = agent::started(&self.setup, "codex")?;
+        if agent::resolve_executable(&setup.bin).is_none() {
             return Err(BackendError::Process(
                 "codex backend is not healthy.".into(),
             ));
         }
-        let [message] = turn.messages else {
-            return Err(BackendError::Protocol(
-                "codex adapter expects exactly one input message.".into(),
-            ));
-        };
-        if message.role != Role::User {
-            return Err(BackendError::Protocol(
-                "codex adapter only accepts a user message.".into(),
-            ));
-        }
-        let prompt = message
-            .content
-            .as_deref()
-            .filter(|c| !c.trim().is_empty())
-            .ok_or_else(|| {
-                BackendError::Protocol("codex adapter requires non-empty user content.".into())
-            })?;
+        let prompt = agent::single_prompt(turn.messages, "codex")?;
         let thread = lock(&self.thread).clone();
-        let events = match self
-            .run_process(&setup, thread.as_deref(), prompt, turn.turn_id)
-            .await
-        {
+        let proxy = setup.proxy.clone();
+        let ran = self
+            .process
+            .run(
+                &CLI,
+                self.command(&setup, thread.as_deref(), prompt),
+                &setup.runtime_dir,
+                None,
+                |event| {
+                    let started = (event.get("type").and_then(Value::as_str)
+                        == Some("thread.started"))
+                    .then(|| event.get("thread_id").and_then(Value::as_str))
+                    .flatten()
+                    .map(str::to_owned);
+                    let proxy = proxy.clone();
+                    async move {
+                        // The proxy tags this turn's calls with the thread from now on.
+                        if let Some(t) = started {
+                            proxy.update_turn_backend_session(&t).await;
+                        }
+                    }
+                },
+                |events, exit| agent::exit_message(CLI.name, &exit, stream_error_summary(events)),
+            )
+            .await;
+        let events = match ran {
             Ok(events) => events,
             Err(e) => {
-                Self::proxy_errors(&setup.proxy).await?;
+                agent::proxy_errors(&setup.proxy).await?;
                 if let Some(p) = setup.proxy.consume_failed_upstream_error().await
                     && let Some(m) = p.get("message").and_then(Value::as_str)
                 {
@@ -929,7 +601,7 @@ impl Codex {
             })?;
         // Codex has exited; the proxy may still be finishing the last call's bookkeeping.
         setup.proxy.drain_turn(None).await;
-        Self::proxy_errors(&setup.proxy).await?;
+        agent::proxy_errors(&setup.proxy).await?;
         *lock(&self.thread) = Some(session_id.clone());
         Ok(AdapterResponse {
             outputs: converted.outputs,
@@ -939,71 +611,23 @@ impl Codex {
         })
     }
 
-    async fn stop(&self) {
-        kill_group(&self.active).await;
-        super::close_logs(&self.logs, "codex").await;
-    }
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
-impl Backend for Codex {
-    fn capabilities(&self) -> BackendCapabilities {
-        CAPABILITIES
+    async fn abort(&self) -> bool {
+        self.process.end(CLI.name).await
     }
 
-    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(self.start(ctx))
+    async fn healthy(&self) -> bool {
+        let bin = lock(&self.setup).as_ref().map(|s| s.bin.clone());
+        self.process.healthy(bin.as_deref())
     }
 
-    fn send_message<'a>(
-        &'a self,
-        turn: TurnInput<'a>,
-    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
-        Box::pin(self.turn(turn))
-    }
-
-    fn abort_session(&self) -> BoxFuture<'_, bool> {
-        Box::pin(kill_group(&self.active))
-    }
-
-    fn health(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            !self.killed.load(Ordering::SeqCst)
-                && lock(&self.setup)
-                    .as_ref()
-                    .is_some_and(|s| resolve_executable(&s.bin).is_some())
-        })
-    }
-
-    fn backend_session_id(&self) -> Option<String> {
+    fn session_id(&self) -> Option<String> {
         lock(&self.thread).clone()
     }
 
-    fn shutdown(&self, _grace: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(self.stop())
+    async fn stop(&self, _grace: Duration) {
+        self.process.close(CLI.name).await;
     }
 }
-
-/// codex's capabilities: one user message per turn, a register-time system prompt.
-pub const CAPABILITIES: BackendCapabilities = BackendCapabilities {
-    chat: true,
-    abort: true,
-    pause_resume: true,
-    stream: false,
-    multi_message_input: false,
-    system_message: true,
-    history_injection: false,
-};
 
 #[cfg(test)]
 mod tests {
@@ -1111,13 +735,5 @@ mod tests {
             convert_events("t", &silent),
             Err(BackendError::Protocol(_))
         ));
-    }
-
-    #[test]
-    fn quotes_are_truncated_and_marked() {
-        let long = "x".repeat(3000);
-        let q = quote(&long, QUOTE);
-        assert!(q.len() < 1100 && q.ends_with("...(truncated)"));
-        assert_eq!(quote("short", QUOTE), "short");
     }
 }

@@ -3,8 +3,10 @@
 //! that maps a `blackbox_type` to an implementation. The server core owns the turn's proxy
 //! scope, its deadline and its cancellation; a backend only drives its agent.
 
+pub(crate) mod agent;
 pub mod claude_code;
 pub mod codex;
+pub mod openclaw;
 pub mod opencode;
 
 use std::path::PathBuf;
@@ -19,7 +21,7 @@ use crate::model::{AdapterResponse, BackendCapabilities, Message, Object, Runtim
 use crate::proxy::LlmProxy;
 
 /// Backends this server runs.
-pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "claude_code", "codex"];
+pub const IMPLEMENTED_BACKENDS: &[&str] = &["opencode", "openclaw", "claude_code", "codex"];
 
 /// Backends the protocol names (the reference runs all four).
 pub const KNOWN_BACKENDS: &[&str] = &["opencode", "openclaw", "claude_code", "codex"];
@@ -185,63 +187,34 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 /// The backend for `blackbox_type`, its options checked now (before anything starts).
 ///
 /// # Errors
-/// SIGKILL to what is left of an agent's process group `pgid` and to `tree`, its descendants
-/// found earlier (tool runners that moved to groups of their own); `who` names the agent in
-/// the log.
-pub(crate) fn kill_leftovers(pgid: Option<u32>, tree: &[u32], who: &str) {
-    if let Some(pgid) = pgid
-        && let Err(e) = agentbox_sandbox::proc::signal_group(pgid, rustix::process::Signal::KILL)
-    {
-        tracing::warn!(pgid, error = %e, "cannot kill {who}'s group");
-    }
-    agentbox_sandbox::proc::signal_each(tree, rustix::process::Signal::KILL);
-}
-
-/// Closes `logs` (the tasks copying an agent's output) and waits up to 2 s for its pipes to end.
-pub(crate) async fn close_logs(logs: &tokio_util::task::TaskTracker, who: &str) {
-    logs.close();
-    if tokio::time::timeout(Duration::from_secs(2), logs.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("{who}'s output pipes stayed open after it stopped");
-    }
-}
-
 /// 400 for an unknown or unimplemented type, or options that do not fit.
 pub fn create(blackbox_type: &str, backend_options: &Object) -> Result<Box<dyn Backend>, ApiError> {
-    let details = || obj(serde_json::json!({"blackbox_type": blackbox_type}));
-    match blackbox_type {
-        "opencode" => opencode::Opencode::new(backend_options)
-            .map(|b| Box::new(b) as Box<dyn Backend>)
-            .map_err(|e| ApiError::Request {
-                message: e.to_string(),
-                details: details(),
-            }),
-        "claude_code" => claude_code::ClaudeCode::new(backend_options)
-            .map(|b| Box::new(b) as Box<dyn Backend>)
-            .map_err(|e| ApiError::Request {
-                message: e.to_string(),
-                details: details(),
-            }),
-        "codex" => codex::Codex::new(backend_options)
-            .map(|b| Box::new(b) as Box<dyn Backend>)
-            .map_err(|e| ApiError::Request {
-                message: e.to_string(),
-                details: details(),
-            }),
-        known if KNOWN_BACKENDS.contains(&known) => Err(ApiError::Request {
-            message: format!(
-                "blackbox_type {known} is not implemented by this server (implemented: {}).",
-                IMPLEMENTED_BACKENDS.join(", ")
-            ),
-            details: details(),
-        }),
-        other => Err(ApiError::Request {
-            message: format!("Unsupported blackbox_type: {other}"),
-            details: details(),
-        }),
+    fn boxed<B: Backend + 'static>(
+        b: Result<B, BackendError>,
+    ) -> Result<Box<dyn Backend>, BackendError> {
+        b.map(|b| Box::new(b) as Box<dyn Backend>)
     }
+    let backend = match blackbox_type {
+        "opencode" => boxed(opencode::Opencode::new(backend_options)),
+        "openclaw" => boxed(openclaw::OpenClaw::new(backend_options)),
+        "claude_code" => boxed(claude_code::ClaudeCode::new(backend_options)),
+        "codex" => boxed(codex::Codex::new(backend_options)),
+        other => {
+            let why = if KNOWN_BACKENDS.contains(&other) {
+                format!("blackbox_type {other} is not implemented by this server")
+            } else {
+                format!("Unsupported blackbox_type: {other}")
+            };
+            Err(BackendError::InvalidOptions(format!(
+                "{why} (implemented: {}).",
+                IMPLEMENTED_BACKENDS.join(", ")
+            )))
+        }
+    };
+    backend.map_err(|e| ApiError::Request {
+        message: e.to_string(),
+        details: obj(serde_json::json!({"blackbox_type": blackbox_type})),
+    })
 }
 
 #[cfg(test)]
@@ -283,12 +256,14 @@ mod tests {
     }
 
     #[test]
-    fn unknown_and_unimplemented_types_are_request_errors() {
-        for t in ["openclaw", "nope"] {
-            let err = create(t, &Object::new()).unwrap_err();
-            let (status, body) = err.render("r");
-            assert_eq!(status.as_u16(), 400);
-            assert_eq!(body.details["blackbox_type"], t);
+    fn unknown_types_are_request_errors_naming_the_implemented_ones() {
+        let err = create("nope", &Object::new()).unwrap_err();
+        let (status, body) = err.render("r");
+        assert_eq!(status.as_u16(), 400);
+        assert_eq!(body.details["blackbox_type"], "nope");
+        for t in IMPLEMENTED_BACKENDS {
+            assert!(body.message.contains(t), "{}", body.message);
         }
+        assert_eq!(KNOWN_BACKENDS.len(), IMPLEMENTED_BACKENDS.len());
     }
 }

@@ -8,26 +8,28 @@
 //! The process runs in its own process group; shutdown asks it to dispose, then terminates the
 //! group, so nothing it started outlives it.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use agentbox_sandbox::proc::{self, ChildSetup};
-use futures_util::future::BoxFuture;
+use agentbox_sandbox::proc;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::task::TaskTracker;
 
-use super::{Backend, BackendError, InitContext, TurnInput};
+use super::agent::{self, Agent, Cli, Daemon, Lines, lock};
+use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, BackendCapabilities, FunctionCall, Message, Object, ProxyOptions, Role,
     Timestamp, ToolCall, ToolCallType, TraceEvent, TurnUsage,
 };
 use crate::proxy::LlmProxy;
 
-/// The most of an opencode answer that is read (a session's whole history comes back).
-const MAX_ANSWER: usize = 64 << 20;
+/// How the files, logs and errors name opencode.
+const CLI: Cli = Cli {
+    name: "opencode",
+    label: "opencode",
+    hint: "Set OPENCODE_BIN or install opencode.",
+};
 
 /// How long opencode gets to answer its health probe.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
@@ -77,6 +79,9 @@ pub struct Compaction {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Options {
+    /// The binary, over `OPENCODE_BIN`.
+    #[serde(default)]
+    pub executable: Option<String>,
     /// Provider id in opencode's config.
     pub provider_id: String,
     /// Provider display name.
@@ -104,14 +109,8 @@ impl Options {
     /// # Errors
     /// `Invalid opencode backend_options: <why>`.
     pub fn parse(raw: &Object) -> Result<Options, BackendError> {
-        let invalid = |why: String| {
-            BackendError::InvalidOptions(format!("Invalid opencode backend_options: {why}"))
-        };
-        let value = Value::Object(raw.clone());
-        let options: Options = serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            invalid(format!("{path}: {}", e.into_inner()))
-        })?;
+        let invalid = |why: String| agent::invalid_options("opencode", &why);
+        let options: Options = agent::parse_options(raw, "opencode")?;
         if let Some(l) = &options.model_limit {
             for (name, v) in [
                 ("context", Some(l.context)),
@@ -146,26 +145,17 @@ struct Conn {
     proxy: LlmProxy,
 }
 
-/// The running process.
-#[derive(Debug)]
-struct Running {
-    child: tokio::process::Child,
-    pgid: Option<u32>,
-}
-
 /// The opencode backend.
 #[derive(Debug)]
 pub struct Opencode {
     options: Options,
     http: reqwest::Client,
     conn: Mutex<Option<Conn>>,
-    running: tokio::sync::Mutex<Option<Running>>,
+    daemon: Daemon,
+    /// Its stderr log, quoted when it dies.
+    stderr_log: Mutex<Option<std::path::PathBuf>>,
     session: Mutex<SessionSide>,
     logs: TaskTracker,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The opencode config that points its one provider at the proxy.
@@ -208,210 +198,51 @@ fn opencode_config(
     config
 }
 
-fn io_err(what: &str, path: &Path, e: &std::io::Error) -> BackendError {
-    BackendError::Process(format!("{what} {}: {e}", path.display()))
-}
-
 impl Opencode {
     /// A backend for `backend_options` (checked now; nothing starts until `initialize`).
     ///
     /// # Errors
     /// When the options do not fit.
     pub fn new(backend_options: &Object) -> Result<Opencode, BackendError> {
-        let options = Options::parse(backend_options)?;
-        let upstream = agentbox_llm::client::Upstream::new(&agentbox_llm::client::ClientOptions {
-            connect_timeout: Duration::from_secs(5),
-            // A turn's POST is silent until the agent loop ends; the server's own deadline
-            // bounds it.
-            read_timeout: Duration::from_secs(7 * 24 * 3600),
-            pool_idle_timeout: Duration::from_secs(60),
-            tcp_nodelay: true,
-        })
-        .map_err(|e| BackendError::Process(e.to_string()))?;
         Ok(Opencode {
-            options,
-            http: upstream.client().clone(),
+            options: Options::parse(backend_options)?,
+            http: agent::http_client()?,
             conn: Mutex::new(None),
-            running: tokio::sync::Mutex::new(None),
+            daemon: Daemon::default(),
+            stderr_log: Mutex::new(None),
             session: Mutex::new(SessionSide::default()),
             logs: TaskTracker::new(),
         })
     }
 
     fn conn(&self) -> Result<Conn, BackendError> {
-        lock(&self.conn)
-            .clone()
-            .ok_or_else(|| BackendError::Process("opencode has not been started.".into()))
+        agent::started(&self.conn, "opencode")
     }
 
-    async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
-        let root = &ctx.runtime_dir;
-        let home = root.join("home");
-        let config_dir = home.join(".config/opencode");
-        let dirs = [
-            config_dir.join("prompts"),
-            root.join("logs"),
-            root.join("run"),
-            root.join("tmp"),
-            home.join(".cache"),
-            home.join(".local/share"),
-            home.join(".local/state"),
-        ];
-        for d in &dirs {
-            tokio::fs::create_dir_all(d)
-                .await
-                .map_err(|e| io_err("cannot create", d, &e))?;
-        }
-        if let Some(prompt) = &ctx.system_prompt {
-            let target = PathBuf::from(&prompt.runtime_file);
-            if let Some(parent) = target.parent() {
-                tokio::fs::create_dir_all(parent)
-                    .await
-                    .map_err(|e| io_err("cannot create", parent, &e))?;
-            }
-            tokio::fs::copy(&prompt.source_file, &target)
-                .await
-                .map_err(|e| io_err("cannot copy the system prompt to", &target, &e))?;
-        }
-        let base_url = format!("{}{}", ctx.proxy.base_url(), ctx.router_api_path);
-        let config = opencode_config(
-            &self.options,
-            &base_url,
-            ctx.config.router_timeout,
-            ctx.system_prompt.is_some(),
-        );
-        let config_path = config_dir.join("opencode.json");
-        let text = serde_json::to_string_pretty(&config).unwrap_or_default();
-        tokio::fs::write(&config_path, text)
-            .await
-            .map_err(|e| io_err("cannot write", &config_path, &e))?;
-
-        let mut cmd = tokio::process::Command::new(&ctx.bins.opencode);
-        cmd.args(["serve", "--port", "0", "--hostname", "127.0.0.1"])
-            .current_dir(root)
-            .env("HOME", &home)
-            .env("XDG_CONFIG_HOME", home.join(".config"))
-            .env("XDG_CACHE_HOME", home.join(".cache"))
-            .env("XDG_DATA_HOME", home.join(".local/share"))
-            .env("XDG_STATE_HOME", home.join(".local/state"))
-            .env("TMPDIR", root.join("tmp"))
-            // A sandbox has no internet: no update checks, model catalogue, LSP downloads or
-            // plugin installs (the optional plugin install would otherwise try npm).
-            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
-            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
-            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
-            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
-            .env("npm_config_offline", "true")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true);
-        let mut child = ChildSetup::same_identity()
-            .new_session()
-            .spawn(cmd)
-            .map_err(|e| {
-                BackendError::Process(format!(
-                    "opencode could not be started. Set OPENCODE_BIN or install opencode. ({e})"
-                ))
-            })?;
-        let pgid = child.id();
-        let logs = root.join("logs");
-        if let Some(err) = child.stderr.take() {
-            let path = logs.join("opencode.stderr.log");
-            let file = tokio::fs::File::create(&path)
-                .await
-                .map_err(|e| io_err("cannot create", &path, &e))?;
-            self.logs.spawn(proc::capture(err, file, Some(64 << 20)));
-        }
-        let stdout = child.stdout.take();
-        *self.running.lock().await = Some(Running { child, pgid });
-
-        let deadline = Instant::now() + crate::config::secs(ctx.config.health_check_timeout);
-        let url = self.read_listen_line(stdout, &logs, deadline).await?;
-        if let Some(pid) = pgid {
-            let run = root.join("run");
-            for (name, text) in [
-                ("opencode.pid", pid.to_string()),
-                (
-                    "opencode.port",
-                    url.rsplit(':').next().unwrap_or_default().to_owned(),
-                ),
-                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
-            ] {
-                let p = run.join(name);
-                tokio::fs::write(&p, text)
-                    .await
-                    .map_err(|e| io_err("cannot write", &p, &e))?;
-            }
-        }
-        *lock(&self.conn) = Some(Conn {
-            base: url,
-            proxy: ctx.proxy.clone(),
-        });
-        let interval = Duration::from_millis(100);
-        loop {
-            if let Some(code) = self.exited().await {
-                return Err(BackendError::Process(format!(
-                    "opencode exited early with code {code}"
-                )));
-            }
-            if self.health_probe().await {
-                // opencode boots its project instance on the first session: do it now, so the
-                // first turn does not pay for it against its deadline.
-                if let Err(e) = self.ensure_session().await {
-                    tracing::warn!(error = %e, "opencode session warm-up failed; the first turn retries");
-                }
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                return Err(BackendError::Process(
-                    "Timed out waiting for opencode health check.".into(),
-                ));
-            }
-            tokio::time::sleep(interval).await;
-        }
-    }
-
-    /// Reads opencode's stdout until its `listening on <url>` line (copying everything to the
-    /// log), then leaves a task copying the rest.
+    /// Reads opencode's stdout until its `listening on <url>` line (copied to the log, as
+    /// everything after it).
     async fn read_listen_line(
         &self,
-        stdout: Option<tokio::process::ChildStdout>,
-        logs: &Path,
+        mut lines: Lines,
         deadline: Instant,
     ) -> Result<String, BackendError> {
-        let stdout =
-            stdout.ok_or_else(|| BackendError::Process("opencode has no stdout".into()))?;
-        let path = logs.join("opencode.stdout.log");
-        let mut log = tokio::fs::File::create(&path)
-            .await
-            .map_err(|e| io_err("cannot create", &path, &e))?;
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
         let found = tokio::time::timeout_at(deadline.into(), async {
-            loop {
-                line.clear();
-                match reader.read_line(&mut line).await {
-                    Ok(0) | Err(_) => return None,
-                    Ok(_) => {
-                        let _ =
-                            tokio::io::AsyncWriteExt::write_all(&mut log, line.as_bytes()).await;
-                        if let Some((_, url)) = line.split_once("listening on ") {
-                            return Some(url.trim().trim_end_matches('/').to_owned());
-                        }
-                    }
+            while let Ok(Some(line)) = lines.next_line().await {
+                let line = String::from_utf8_lossy(&line);
+                if let Some((_, url)) = line.split_once("listening on ") {
+                    return Some(url.trim().trim_end_matches('/').to_owned());
                 }
             }
+            None
         })
         .await;
-        self.logs
-            .spawn(proc::capture(reader.into_inner(), log, Some(64 << 20)));
+        lines.copy_rest(&self.logs);
         match found {
             Ok(Some(url)) if url.starts_with("http://127.0.0.1:") => Ok(url),
             Ok(Some(url)) => Err(BackendError::Process(format!(
                 "opencode listens on an unexpected address: {url}"
             ))),
-            Ok(None) => Err(BackendError::Process(match self.exited().await {
+            Ok(None) => Err(BackendError::Process(match self.daemon.exited().await {
                 Some(code) => format!("opencode exited early with code {code}"),
                 None => "opencode closed its stdout before listening".into(),
             })),
@@ -421,17 +252,13 @@ impl Opencode {
         }
     }
 
-    /// The exit code if the process is gone.
-    async fn exited(&self) -> Option<i32> {
-        let mut running = self.running.lock().await;
-        match running.as_mut() {
-            None => Some(-1),
-            Some(r) => match r.child.try_wait() {
-                Ok(Some(status)) => Some(proc::exit_code(status).unwrap_or(-1)),
-                Ok(None) => None,
-                Err(_) => Some(-1),
-            },
-        }
+    /// Why opencode is gone: its exit code and stderr's tail.
+    async fn death(&self) -> BackendError {
+        let log = lock(&self.stderr_log).clone().unwrap_or_default();
+        self.daemon
+            .died(&CLI, &log)
+            .await
+            .unwrap_or_else(|| BackendError::Process("opencode is gone.".into()))
     }
 
     async fn health_probe(&self) -> bool {
@@ -462,8 +289,8 @@ impl Opencode {
         path: &str,
         body: Option<&Value>,
         timeout: Option<Duration>,
-    ) -> Result<Option<Value>, CallError> {
-        let conn = self.conn().map_err(CallError::Other)?;
+    ) -> Result<Option<Value>, agent::CallError> {
+        let conn = self.conn().map_err(agent::CallError::Other)?;
         let mut req = self
             .http
             .request(method.clone(), format!("{}{path}", conn.base));
@@ -479,69 +306,18 @@ impl Opencode {
                 agentbox_http::error_chain(&e)
             );
             if e.is_connect() {
-                CallError::Connect(msg)
+                agent::CallError::Connect(msg)
             } else {
-                CallError::Other(BackendError::Transport(msg))
+                agent::CallError::Other(BackendError::Transport(msg))
             }
         })?;
-        let status = resp.status();
-        let bytes = agentbox_llm::client::read_capped(resp, MAX_ANSWER)
-            .await
-            .map_err(|e| {
-                CallError::Other(BackendError::Transport(format!(
-                    "opencode {method} {path}: {}",
-                    agentbox_http::error_chain(&e)
-                )))
-            })?;
-        if !status.is_success() {
-            let text = String::from_utf8_lossy(&bytes);
-            let payload = serde_json::from_slice::<Value>(&bytes).ok();
-            if status.as_u16() == 413
-                && let Some(e) = payload
-                    .as_ref()
-                    .and_then(BackendError::from_context_overflow)
-            {
-                return Err(CallError::Other(e));
-            }
-            if let Some(e) = self.max_steps_in(payload.as_ref(), &text) {
-                return Err(CallError::Other(e));
-            }
-            let cut: String = text.chars().take(1000).collect();
-            return Err(CallError::Other(BackendError::Transport(format!(
-                "opencode {method} {path} returned {}: {cut}",
-                status.as_u16()
-            ))));
-        }
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            CallError::Other(BackendError::Protocol(format!(
-                "Invalid JSON from backend: {e}"
-            )))
-        })
-    }
-
-    /// A max-steps refusal opencode relayed (structured, or only in its text).
-    fn max_steps_in(&self, payload: Option<&Value>, text: &str) -> Option<BackendError> {
-        let configured = self.options.proxy.max_steps.unwrap_or(0);
-        if let Some(v) = payload
-            && let Some(e) = structured_max_steps(v, configured)
-        {
-            return Some(e);
-        }
-        let lower = text.to_lowercase();
-        if lower.contains("max_steps_exceeded") || lower.contains("turn exceeded max_steps") {
-            let cut: String = text.chars().take(1000).collect();
-            return Some(BackendError::MaxSteps {
-                message: "Turn exceeded max_steps.".into(),
-                details: crate::error::obj(json!({
-                    "max_steps": configured, "attempted_step": configured,
-                    "backend_message": cut, "raw_error_code": "max_steps_exceeded",
-                })),
-            });
-        }
-        None
+        agent::read_answer(
+            resp,
+            &format!("opencode {method} {path}"),
+            self.options.proxy.max_steps.unwrap_or(0),
+        )
+        .await
+        .map_err(agent::CallError::Other)
     }
 
     async fn ensure_session(&self) -> Result<String, BackendError> {
@@ -551,7 +327,7 @@ impl Opencode {
         let data = self
             .call(reqwest::Method::POST, "/session", Some(&json!({})), None)
             .await
-            .map_err(CallError::into_backend)?;
+            .map_err(agent::CallError::into_backend)?;
         let id = data.as_ref().and_then(session_id_of).ok_or_else(|| {
             BackendError::Protocol(
                 "Could not extract backend_session_id from /session response.".into(),
@@ -564,22 +340,25 @@ impl Opencode {
     async fn post_turn(&self, path: &str, body: &Value) -> Result<Option<Value>, BackendError> {
         let mut attempt = 0;
         loop {
-            if let Some(code) = self.exited().await {
-                return Err(BackendError::Process(format!(
-                    "opencode exited with code {code}"
-                )));
+            if self.daemon.exited().await.is_some() {
+                return Err(self.death().await);
             }
             match self
                 .call(reqwest::Method::POST, path, Some(body), None)
                 .await
             {
                 Ok(v) => return Ok(v),
-                Err(CallError::Connect(msg)) if attempt < CONNECT_RETRIES => {
+                Err(agent::CallError::Connect(msg)) if attempt < CONNECT_RETRIES => {
                     attempt += 1;
                     tracing::warn!(attempt, error = %msg, "retrying opencode POST on connect error");
                     tokio::time::sleep(CONNECT_RETRY_DELAY).await;
                 }
-                Err(e) => return Err(e.into_backend()),
+                Err(e) => {
+                    return Err(match self.daemon.exited().await {
+                        Some(_) => self.death().await,
+                        None => e.into_backend(),
+                    });
+                }
             }
         }
     }
@@ -601,9 +380,10 @@ impl Opencode {
             match self.call(reqwest::Method::GET, &path, None, None).await {
                 Ok(data) => {
                     let data = data.unwrap_or(Value::Null);
-                    if let Some(e) =
-                        structured_max_steps(&data, self.options.proxy.max_steps.unwrap_or(0))
-                    {
+                    if let Some(e) = agent::structured_max_steps(
+                        &data,
+                        self.options.proxy.max_steps.unwrap_or(0),
+                    ) {
                         return Err(e);
                     }
                     let all = extract_messages(&data)?;
@@ -623,119 +403,12 @@ impl Opencode {
                         all.len()
                     )));
                 }
-                Err(CallError::Connect(msg)) => last = Some(BackendError::Transport(msg)),
-                Err(CallError::Other(e @ BackendError::Transport(_))) => last = Some(e),
-                Err(CallError::Other(e)) => return Err(e),
+                Err(agent::CallError::Connect(msg)) => last = Some(BackendError::Transport(msg)),
+                Err(agent::CallError::Other(e @ BackendError::Transport(_))) => last = Some(e),
+                Err(agent::CallError::Other(e)) => return Err(e),
             }
         }
         Err(last.unwrap_or_else(|| BackendError::Transport("opencode history fetch failed".into())))
-    }
-
-    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
-        if !self.health_now().await {
-            return Err(BackendError::Process(
-                "opencode backend is not healthy.".into(),
-            ));
-        }
-        let conn = self.conn()?;
-        let sid = self.ensure_session().await?;
-        conn.proxy.update_turn_backend_session(&sid).await;
-        let text = turn
-            .messages
-            .first()
-            .and_then(|m| m.content.clone())
-            .unwrap_or_default();
-        let prev = lock(&self.session).msg_count;
-        let body = json!({"parts": [{"type": "text", "text": text}], "agent": "build"});
-        let answer = self
-            .post_turn(&format!("/session/{sid}/message"), &body)
-            .await?;
-        if let Some(v) = &answer
-            && let Some(e) = structured_max_steps(v, self.options.proxy.max_steps.unwrap_or(0))
-        {
-            return Err(e);
-        }
-        // opencode answers once its loop ends; the proxy may still be finishing the last
-        // model call's bookkeeping, and the history must include it.
-        conn.proxy.drain_turn(None).await;
-        if let Some(payload) = conn.proxy.consume_context_overflow_error().await
-            && let Some(e) = BackendError::from_context_overflow(&payload)
-        {
-            return Err(e);
-        }
-        if let Some(payload) = conn.proxy.consume_rollout_invalidated_error().await {
-            let code = payload
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or("rollout_invalidated");
-            let msg = payload
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("Dressage rollout was invalidated.");
-            return Err(BackendError::Transport(format!(
-                "Dressage proxy {code}: {msg}"
-            )));
-        }
-        let (count, outputs, trace_events, usage) =
-            self.fetch_outputs(&sid, turn.turn_id, prev).await?;
-        lock(&self.session).msg_count = count;
-        Ok(AdapterResponse {
-            outputs,
-            trace_events,
-            usage,
-            backend_session_id: sid,
-        })
-    }
-
-    async fn health_now(&self) -> bool {
-        self.exited().await.is_none() && self.health_probe().await
-    }
-
-    async fn stop(&self, grace: Duration) {
-        // Its tool runners may sit in groups of their own, and dispose may end their parents:
-        // find them first, while opencode is still their ancestor.
-        let pgid = self.running.lock().await.as_ref().and_then(|r| r.pgid);
-        let tree = pgid.map(proc::descendants).unwrap_or_default();
-        let had_conn = lock(&self.conn).is_some();
-        if had_conn {
-            let empty = json!({});
-            let dispose = self.call(
-                reqwest::Method::POST,
-                "/instance/dispose",
-                Some(&empty),
-                Some(CONTROL_TIMEOUT.min(grace)),
-            );
-            if let Err(e) = dispose.await {
-                tracing::debug!(error = ?e, "opencode dispose failed");
-            }
-        }
-        *lock(&self.conn) = None;
-        let running = self.running.lock().await.take();
-        if let Some(mut r) = running {
-            let term_grace = grace.min(Duration::from_secs(3));
-            if let Err(e) = proc::terminate_group(&mut r.child, term_grace).await {
-                tracing::warn!(error = %e, "cannot terminate opencode");
-            }
-            // Members that ignored SIGTERM while the leader exited share its group still.
-            super::kill_leftovers(r.pgid, &tree, "opencode");
-        }
-        super::close_logs(&self.logs, "opencode").await;
-    }
-}
-
-/// A call's failure: a refused connection may be retried, anything else may not.
-#[derive(Debug)]
-enum CallError {
-    Connect(String),
-    Other(BackendError),
-}
-
-impl CallError {
-    fn into_backend(self) -> BackendError {
-        match self {
-            CallError::Connect(m) => BackendError::Transport(m),
-            CallError::Other(e) => e,
-        }
     }
 }
 
@@ -752,66 +425,6 @@ fn session_id_of(data: &Value) -> Option<String> {
                 .filter(|s| !s.is_empty())
         })
         .map(str::to_owned)
-}
-
-/// The code of a structured error answer (`error.code|type|error`, else `error_code`, `code`,
-/// `finish_reason`), lowercased.
-fn structured_code(v: &Value) -> Option<String> {
-    let obj = v.as_object()?;
-    if let Some(err) = obj.get("error").and_then(Value::as_object) {
-        for k in ["code", "type", "error"] {
-            if let Some(c) = err.get(k).filter(|c| !c.is_null()) {
-                return Some(value_text(c).trim().to_lowercase());
-            }
-        }
-    }
-    ["error_code", "code", "finish_reason"]
-        .iter()
-        .find_map(|k| obj.get(*k).filter(|c| !c.is_null()))
-        .map(|c| value_text(c).trim().to_lowercase())
-}
-
-fn value_text(v: &Value) -> String {
-    v.as_str().map_or_else(|| v.to_string(), str::to_owned)
-}
-
-fn structured_message(v: &Value) -> Option<String> {
-    v.get("error")
-        .and_then(|e| e.get("message"))
-        .or_else(|| v.get("message"))
-        .filter(|m| !m.is_null())
-        .map(value_text)
-}
-
-/// A max-steps refusal in a structured answer.
-fn structured_max_steps(v: &Value, configured: u64) -> Option<BackendError> {
-    let code = structured_code(v)?;
-    let message = structured_message(v);
-    let is_max = code == "max_steps_exceeded"
-        || code == "rate_limit_error"
-            && message
-                .as_deref()
-                .is_some_and(|m| m.to_lowercase().contains("turn exceeded max_steps"));
-    if !is_max {
-        return None;
-    }
-    let details = v
-        .get("error")
-        .and_then(|e| e.get("details"))
-        .or_else(|| v.get("details"))
-        .and_then(Value::as_object);
-    let int = |k: &str| details.and_then(|d| d.get(k)).and_then(Value::as_u64);
-    let max_steps = int("max_steps").filter(|n| *n > 0).unwrap_or(configured);
-    let attempted = int("attempted_step")
-        .filter(|n| *n > 0)
-        .unwrap_or(max_steps);
-    Some(BackendError::MaxSteps {
-        message: "Turn exceeded max_steps.".into(),
-        details: crate::error::obj(json!({
-            "max_steps": max_steps, "attempted_step": attempted,
-            "backend_message": message, "raw_error_code": code,
-        })),
-    })
 }
 
 /// The message list of a history answer.
@@ -954,71 +567,180 @@ pub fn convert_messages(
     Ok((outputs, trace, usage))
 }
 
-impl Backend for Opencode {
-    fn capabilities(&self) -> BackendCapabilities {
-        CAPABILITIES
+impl Agent for Opencode {
+    async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
+        let root = &ctx.runtime_dir;
+        let home = root.join("home");
+        let config_dir = home.join(".config/opencode");
+        agent::create_dirs(&[
+            config_dir.join("prompts"),
+            root.join("logs"),
+            root.join("run"),
+            root.join("tmp"),
+            home.join(".cache"),
+            home.join(".local/share"),
+            home.join(".local/state"),
+        ])
+        .await?;
+        agent::install_system_prompt(ctx.system_prompt.as_ref()).await?;
+        let base_url = format!("{}{}", ctx.proxy.base_url(), ctx.router_api_path);
+        let config = opencode_config(
+            &self.options,
+            &base_url,
+            ctx.config.router_timeout,
+            ctx.system_prompt.is_some(),
+        );
+        let text = serde_json::to_string_pretty(&config).unwrap_or_default();
+        agent::write_files(&config_dir, &[("opencode.json", text)]).await?;
+
+        let bin = CLI.require(
+            self.options
+                .executable
+                .as_ref()
+                .unwrap_or(&ctx.bins.opencode),
+        )?;
+        let mut cmd = tokio::process::Command::new(&bin);
+        cmd.args(["serve", "--port", "0", "--hostname", "127.0.0.1"])
+            .current_dir(root)
+            .env("HOME", &home)
+            .env("XDG_CONFIG_HOME", home.join(".config"))
+            .env("XDG_CACHE_HOME", home.join(".cache"))
+            .env("XDG_DATA_HOME", home.join(".local/share"))
+            .env("XDG_STATE_HOME", home.join(".local/state"))
+            .env("TMPDIR", root.join("tmp"))
+            // A sandbox has no internet: no update checks, model catalogue, LSP downloads or
+            // plugin installs (the optional plugin install would otherwise try npm).
+            .env("OPENCODE_DISABLE_AUTOUPDATE", "1")
+            .env("OPENCODE_DISABLE_MODELS_FETCH", "1")
+            .env("OPENCODE_DISABLE_LSP_DOWNLOAD", "1")
+            .env("OPENCODE_DISABLE_DEFAULT_PLUGINS", "1")
+            .env("npm_config_offline", "true")
+            .stdin(std::process::Stdio::null());
+        let mut spawned = CLI.spawn(cmd, root, &self.logs).await?;
+        let lines = Lines::open(&CLI, &mut spawned).await;
+        let stderr_log = spawned.stderr_log.clone();
+        *lock(&self.stderr_log) = Some(stderr_log.clone());
+        self.daemon.keep(spawned).await;
+        let deadline = Instant::now() + crate::config::secs(ctx.config.health_check_timeout);
+        let url = self.read_listen_line(lines?, deadline).await?;
+        agent::write_files(
+            &root.join("run"),
+            &[
+                (
+                    "opencode.port",
+                    url.rsplit(':').next().unwrap_or_default().to_owned(),
+                ),
+                ("proxy.port", ctx.proxy.local_addr().port().to_string()),
+            ],
+        )
+        .await?;
+        *lock(&self.conn) = Some(Conn {
+            base: url,
+            proxy: ctx.proxy.clone(),
+        });
+        self.daemon
+            .wait_healthy(&CLI, &stderr_log, deadline, || self.health_probe())
+            .await?;
+        // opencode boots its project instance on the first session: do it now, so the first
+        // turn does not pay for it against its deadline.
+        if let Err(e) = self.ensure_session().await {
+            tracing::warn!(error = %e, "opencode session warm-up failed; the first turn retries");
+        }
+        Ok(())
     }
 
-    fn initialize<'a>(&'a self, ctx: &'a InitContext) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(async move {
-            let started = self.start(ctx).await;
-            if started.is_err() {
-                self.stop(Duration::from_secs(5)).await;
-            }
-            started
+    async fn turn(&self, turn: TurnInput<'_>) -> Result<AdapterResponse, BackendError> {
+        if !self.healthy().await {
+            return Err(BackendError::Process(
+                "opencode backend is not healthy.".into(),
+            ));
+        }
+        let conn = self.conn()?;
+        let sid = self.ensure_session().await?;
+        conn.proxy.update_turn_backend_session(&sid).await;
+        let text = turn
+            .messages
+            .first()
+            .and_then(|m| m.content.clone())
+            .unwrap_or_default();
+        let prev = lock(&self.session).msg_count;
+        let body = json!({"parts": [{"type": "text", "text": text}], "agent": "build"});
+        let answer = self
+            .post_turn(&format!("/session/{sid}/message"), &body)
+            .await?;
+        if let Some(v) = &answer
+            && let Some(e) =
+                agent::structured_max_steps(v, self.options.proxy.max_steps.unwrap_or(0))
+        {
+            return Err(e);
+        }
+        // opencode answers once its loop ends; the proxy may still be finishing the last
+        // model call's bookkeeping, and the history must include it.
+        conn.proxy.drain_turn(None).await;
+        agent::proxy_errors(&conn.proxy).await?;
+        let (count, outputs, trace_events, usage) =
+            self.fetch_outputs(&sid, turn.turn_id, prev).await?;
+        lock(&self.session).msg_count = count;
+        Ok(AdapterResponse {
+            outputs,
+            trace_events,
+            usage,
+            backend_session_id: sid,
         })
     }
 
-    fn send_message<'a>(
-        &'a self,
-        turn: TurnInput<'a>,
-    ) -> BoxFuture<'a, Result<AdapterResponse, BackendError>> {
-        Box::pin(self.turn(turn))
+    async fn abort(&self) -> bool {
+        let Some(sid) = lock(&self.session).id.clone() else {
+            return false;
+        };
+        match self
+            .call(
+                reqwest::Method::POST,
+                &format!("/session/{sid}/abort"),
+                Some(&json!({})),
+                Some(CONTROL_TIMEOUT),
+            )
+            .await
+        {
+            Ok(Some(v)) => v.as_bool().unwrap_or(true),
+            Ok(None) | Err(_) => false,
+        }
     }
 
-    fn abort_session(&self) -> BoxFuture<'_, bool> {
-        Box::pin(async move {
-            let Some(sid) = lock(&self.session).id.clone() else {
-                return false;
-            };
-            match self
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/session/{sid}/abort"),
-                    Some(&json!({})),
-                    Some(CONTROL_TIMEOUT),
-                )
-                .await
-            {
-                Ok(Some(v)) => v.as_bool().unwrap_or(true),
-                Ok(None) | Err(_) => false,
-            }
-        })
+    async fn healthy(&self) -> bool {
+        self.daemon.exited().await.is_none() && self.health_probe().await
     }
 
-    fn health(&self) -> BoxFuture<'_, bool> {
-        Box::pin(self.health_now())
-    }
-
-    fn backend_session_id(&self) -> Option<String> {
+    fn session_id(&self) -> Option<String> {
         lock(&self.session).id.clone()
     }
 
-    fn shutdown(&self, grace: Duration) -> BoxFuture<'_, ()> {
-        Box::pin(self.stop(grace))
+    async fn stop(&self, grace: Duration) {
+        // Its tool runners may sit in groups of their own, and dispose may end their parents:
+        // find them first, while opencode is still their ancestor.
+        let pgid = self.daemon.pgid().await;
+        let tree = pgid.map(proc::descendants).unwrap_or_default();
+        let had_conn = lock(&self.conn).is_some();
+        if had_conn {
+            let empty = json!({});
+            let dispose = self.call(
+                reqwest::Method::POST,
+                "/instance/dispose",
+                Some(&empty),
+                Some(CONTROL_TIMEOUT.min(grace)),
+            );
+            if let Err(e) = dispose.await {
+                tracing::debug!(error = ?e, "opencode dispose failed");
+            }
+        }
+        *lock(&self.conn) = None;
+        self.daemon.stop(grace, &tree, CLI.name).await;
+        agent::close_logs(&self.logs, CLI.name).await;
     }
 }
 
 /// opencode's capabilities: one user message per turn, a register-time system prompt.
-pub const CAPABILITIES: BackendCapabilities = BackendCapabilities {
-    chat: true,
-    abort: true,
-    pause_resume: true,
-    stream: false,
-    multi_message_input: false,
-    system_message: true,
-    history_injection: false,
-};
+pub const CAPABILITIES: BackendCapabilities = agent::SINGLE_USER_MESSAGE;
 
 #[cfg(test)]
 mod tests {
@@ -1105,13 +827,14 @@ mod tests {
     fn max_steps_answers_are_recognized() {
         let v = json!({"error": {"code": "max_steps_exceeded", "message": "x",
                                  "details": {"max_steps": 3, "attempted_step": 4}}});
-        let Some(BackendError::MaxSteps { details, .. }) = structured_max_steps(&v, 100) else {
+        let Some(BackendError::MaxSteps { details, .. }) = agent::structured_max_steps(&v, 100)
+        else {
             panic!()
         };
         assert_eq!(details["attempted_step"], 4);
         let v = json!({"error": {"type": "rate_limit_error", "message": "429 Turn exceeded max_steps."}});
-        assert!(structured_max_steps(&v, 7).is_some());
+        assert!(agent::structured_max_steps(&v, 7).is_some());
         let v = json!({"error": {"type": "rate_limit_error", "message": "slow down"}});
-        assert!(structured_max_steps(&v, 7).is_none());
+        assert!(agent::structured_max_steps(&v, 7).is_none());
     }
 }

@@ -70,6 +70,7 @@ impl BlackboxProcess {
         let opencode = client_bin("opencode")?;
         let claude = client_bin("claude")?;
         let codex = client_bin("codex")?;
+        let openclaw = client_bin("openclaw")?;
         let (service, address) = start_bin("blackbox-server", |cmd| {
             cmd.env_clear()
                 .env("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -80,6 +81,7 @@ impl BlackboxProcess {
                 .env("OPENCODE_BIN", opencode)
                 .env("CLAUDE_CODE_BIN", claude)
                 .env("CODEX_BIN", codex)
+                .env("OPENCLAW_BIN", openclaw)
                 .envs(env.iter().copied());
         })?;
         let http = reqwest::Client::builder()
