@@ -21,6 +21,27 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// The `cmd` of a one-shot Claude Code agent, as every client of the launcher starts it: print
+/// mode with no prompt argument (the prompt goes in [`AgentRequest::stdin`], never in `cmd`,
+/// which the host's process list shows), stream-json output (the last action and the `result`
+/// event are read back from it), permissions bypassed (the sandbox is the boundary).
+#[must_use]
+pub fn claude_print_cmd(model: &str) -> Vec<String> {
+    [
+        "claude",
+        "-p",
+        "--output-format",
+        "stream-json",
+        "--verbose",
+        "--model",
+        model,
+        "--permission-mode",
+        "bypassPermissions",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// `POST /agents`. `token` extends the seed API: the task token the gateway expects, passed
 /// to the agent as `ANTHROPIC_AUTH_TOKEN` (the env allowlist refuses every `ANTHROPIC_*` key in
 /// `env`, so the token needs a field of its own). The launcher keeps it in memory only, never

@@ -231,25 +231,6 @@ impl Progress for Silent {
     fn event(&mut self, _: &Event<'_>) {}
 }
 
-/// `claude` as the launcher runs it: print mode (the prompt comes on stdin), stream-json output
-/// (the last action and the result are read from it), permissions bypassed (the sandbox is the
-/// boundary).
-fn claude_cmd(model: &str) -> Vec<String> {
-    [
-        "claude",
-        "-p",
-        "--output-format",
-        "stream-json",
-        "--verbose",
-        "--model",
-        model,
-        "--permission-mode",
-        "bypassPermissions",
-    ]
-    .map(str::to_owned)
-    .to_vec()
-}
-
 /// `n` random bytes as lowercase hex.
 fn random_hex(n: usize) -> Result<String, CliError> {
     let mut buf = vec![0u8; n];
@@ -346,7 +327,7 @@ pub async fn run(
     let agent = AgentRequest {
         tid: tid_s.clone(),
         model: opts.model.clone(),
-        cmd: claude_cmd(&opts.claude_model),
+        cmd: agentbox_api::launcher::claude_print_cmd(&opts.claude_model),
         env: opts.env.clone(),
         venv: opts.venv.clone(),
         timeout_s: opts.timeout_s,

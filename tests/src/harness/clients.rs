@@ -110,24 +110,11 @@ pub fn readable_client(name: &str, dir: &Path) -> Result<PathBuf, HarnessError> 
     Ok(target)
 }
 
-/// The `cmd` of a one-shot Claude Code agent: `-p` (the prompt goes in the request's `stdin`,
-/// never in `cmd`, which the host's process list shows), stream-json output (so the `result`
-/// event can be read back), the model fakellm scripts answer, permissions bypassed.
+/// The `cmd` of a one-shot Claude Code agent ([`agentbox_api::launcher::claude_print_cmd`])
+/// with the model fakellm scripts answer.
 #[must_use]
 pub fn claude_print_cmd() -> Vec<String> {
-    [
-        "claude",
-        "-p",
-        "--output-format",
-        "stream-json",
-        "--verbose",
-        "--model",
-        "claude-sonnet-4-5",
-        "--permission-mode",
-        "bypassPermissions",
-    ]
-    .map(str::to_owned)
-    .to_vec()
+    agentbox_api::launcher::claude_print_cmd("claude-sonnet-4-5")
 }
 
 /// The `{"type":"result"}` event of Claude Code's stream-json output.
