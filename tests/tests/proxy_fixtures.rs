@@ -83,17 +83,14 @@ impl Api {
     /// The proxy's rule: a POST to a path ending in the endpoint is a model call; anything
     /// else (count_tokens, models) is forwarded untranslated.
     fn of(request: &Value) -> Option<Api> {
+        const ENDPOINTS: [(&str, Api); 2] = [
+            ("/messages", Api::Anthropic),
+            ("/responses", Api::Responses),
+        ];
         let path = request["path"].as_str().unwrap_or("");
         let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
-        if request["method"] != "POST" {
-            None
-        } else if path.ends_with("/messages") {
-            Some(Api::Anthropic)
-        } else if path.ends_with("/responses") {
-            Some(Api::Responses)
-        } else {
-            None
-        }
+        let (_, api) = ENDPOINTS.iter().find(|(e, _)| path.ends_with(e))?;
+        (request["method"] == "POST").then_some(*api)
     }
 }
 
@@ -590,59 +587,69 @@ fn answers_dir(client: &str) -> PathBuf {
     root().join("answers").join(client)
 }
 
+/// A client's answer fixtures and the call they answer.
+struct Answer {
+    call: Fixture,
+    dir: PathBuf,
+    chat: ChatResponse,
+    chunks: Value,
+    facts: Facts,
+    model: Value,
+}
+
+fn answer(client: &str) -> Answer {
+    let call = first_call(client);
+    let dir = answers_dir(client);
+    let chat = read_json(&dir.join("chat.json"));
+    Answer {
+        facts: facts(&chat),
+        chat: serde_json::from_value(chat).unwrap(),
+        chunks: read_json(&dir.join("chunks.json")),
+        model: call.body()["model"].clone(),
+        dir,
+        call,
+    }
+}
+
 #[test]
 fn claude_code_answers_translate_to_the_goldens() {
-    let f = first_call("claude_code");
-    let dir = answers_dir("claude_code");
-    let chat = read_json(&dir.join("chat.json"));
-    let chunks = read_json(&dir.join("chunks.json"));
-    let x = facts(&chat);
-    let model = f.body()["model"].clone();
-
-    let parsed: ChatResponse = serde_json::from_value(chat.clone()).unwrap();
-    let msg = chat_to_anthropic_response(parsed, &anthropic_options(&f)).unwrap();
+    let a = answer("claude_code");
+    let msg = chat_to_anthropic_response(a.chat.clone(), &anthropic_options(&a.call)).unwrap();
     let msg = serde_json::to_value(msg).unwrap();
-    check_anthropic_message("json", &model, &msg, &x);
-    golden(&dir.join("message.expected.json"), &msg);
+    check_anthropic_message("json", &a.model, &msg, &a.facts);
+    golden(&a.dir.join("message.expected.json"), &msg);
 
     let sse = feed(
-        &mut ChatStreamTranslator::new(anthropic_options(&f)),
-        &chunks,
+        &mut ChatStreamTranslator::new(anthropic_options(&a.call)),
+        &a.chunks,
         ChatStreamTranslator::start,
         ChatStreamTranslator::push_data,
         ChatStreamTranslator::finish,
         agentbox_wire::anthropic::StreamEvent::write_sse,
     );
-    check_anthropic_message("sse", &model, &anthropic_from_sse(&sse), &x);
-    golden(&dir.join("sse.expected.json"), &sse);
+    check_anthropic_message("sse", &a.model, &anthropic_from_sse(&sse), &a.facts);
+    golden(&a.dir.join("sse.expected.json"), &sse);
 }
 
 #[test]
 fn codex_answers_translate_to_the_goldens() {
-    let f = first_call("codex");
-    let dir = answers_dir("codex");
-    let chat = read_json(&dir.join("chat.json"));
-    let chunks = read_json(&dir.join("chunks.json"));
-    let x = facts(&chat);
-    let model = f.body()["model"].clone();
-
-    let parsed: ChatResponse = serde_json::from_value(chat.clone()).unwrap();
-    let resp = chat_to_responses_response(parsed, &responses_options(&f)).unwrap();
+    let a = answer("codex");
+    let resp = chat_to_responses_response(a.chat.clone(), &responses_options(&a.call)).unwrap();
     let resp = serde_json::to_value(resp).unwrap();
-    check_responses_response("json", &model, &resp, &x);
+    check_responses_response("json", &a.model, &resp, &a.facts);
     assert_eq!(resp["id"], RESPONSE_ID);
-    golden(&dir.join("response.expected.json"), &resp);
+    golden(&a.dir.join("response.expected.json"), &resp);
 
     let sse = feed(
-        &mut ResponsesStreamTranslator::new(responses_options(&f)),
-        &chunks,
+        &mut ResponsesStreamTranslator::new(responses_options(&a.call)),
+        &a.chunks,
         ResponsesStreamTranslator::start,
         ResponsesStreamTranslator::push_data,
         ResponsesStreamTranslator::finish,
         agentbox_wire::responses::ResponseStreamEvent::write_sse,
     );
-    check_responses_response("sse", &model, &responses_from_sse(&sse), &x);
-    golden(&dir.join("sse.expected.json"), &sse);
+    check_responses_response("sse", &a.model, &responses_from_sse(&sse), &a.facts);
+    golden(&a.dir.join("sse.expected.json"), &sse);
 }
 
 // ---- through the proxy process ------------------------------------------------------------

@@ -21,8 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, client_bin, opencode_registration, registration, user,
-    workspace_bin,
+    BlackboxProcess, FakeLlm, client_bin, opencode_registration, registration, user, workspace_bin,
 };
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
@@ -78,7 +77,10 @@ fn wrapper(dir: &Path, real: &Path, stamps: &Path) -> Result<PathBuf> {
 /// `$EPOCHREALTIME` (`seconds.micros`) as microseconds.
 fn epoch_us(s: &str) -> Option<i64> {
     let (sec, frac) = s.trim().split_once('.')?;
-    Some(sec.parse::<i64>().ok()? * 1_000_000 + format!("{frac:0<6}").get(..6)?.parse::<i64>().ok()?)
+    Some(
+        sec.parse::<i64>().ok()? * 1_000_000
+            + format!("{frac:0<6}").get(..6)?.parse::<i64>().ok()?,
+    )
 }
 
 /// The last `start` and `exit` stamps.
@@ -286,7 +288,12 @@ async fn bench_backend(b: &Backend, turns: usize) -> Result<(Vec<Split>, Option<
         kind => registration(kind, options, &fake.base_url(), "bench", &json!({})),
     };
     let r = bb.post("/v1/rollout/register", &reg).await;
-    ensure!(r.status == 200, "register {}: {r}\n{}", b.kind, bb.describe());
+    ensure!(
+        r.status == 200,
+        "register {}: {r}\n{}",
+        b.kind,
+        bb.describe()
+    );
     let stamps = b.cli.map(|_| stamps.as_path());
     let mut splits = Vec::new();
     for i in 0..WARMUP + turns {
@@ -300,7 +307,9 @@ async fn bench_backend(b: &Backend, turns: usize) -> Result<(Vec<Split>, Option<
     }
     let health = match b.cli {
         None => {
-            let dir = r.body["binding"]["runtime_dir"].as_str().context("no runtime_dir")?;
+            let dir = r.body["binding"]["runtime_dir"]
+                .as_str()
+                .context("no runtime_dir")?;
             Some(opencode_health(dir, turns).await?)
         }
         Some(_) => None,
