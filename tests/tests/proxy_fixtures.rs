@@ -178,7 +178,7 @@ fn text_of(v: &Value) -> String {
             .collect::<Vec<_>>()
             .join("\n"),
         Value::Object(_) => v["text"].as_str().unwrap_or("").to_owned(),
-        _ => String::new(),
+        Value::Null | Value::Bool(_) | Value::Number(_) => String::new(),
     }
 }
 
@@ -188,7 +188,11 @@ fn system_parts(api: Api, body: &Value) -> Vec<String> {
     let mut parts: Vec<String> = match api {
         Api::Anthropic => match &body["system"] {
             Value::Array(blocks) => blocks.iter().map(text_of).collect(),
-            other => vec![text_of(other)],
+            other @ (Value::Null
+            | Value::Bool(_)
+            | Value::Number(_)
+            | Value::String(_)
+            | Value::Object(_)) => vec![text_of(other)],
         },
         Api::Responses => {
             let mut p = vec![text_of(&body["instructions"])];
@@ -226,7 +230,7 @@ fn conversation_texts(api: Api, body: &Value) -> Vec<String> {
                     })
                     .filter_map(|p| p["text"].as_str().map(str::to_owned)),
             ),
-            _ => {}
+            Value::Null | Value::Bool(_) | Value::Number(_) | Value::Object(_) => {}
         }
     }
     out.retain(|t| !t.trim().is_empty());
