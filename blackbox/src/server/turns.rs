@@ -408,6 +408,9 @@ impl Server {
             metadata,
         };
         let work = async {
+            // These two lines (their log timestamps) are what `bench turns` splits a turn's
+            // time with: before them and after them is the server's, between is the agent's.
+            tracing::debug!(turn = turn_id, "agent call started");
             let mut send = std::pin::pin!(bound.backend.send_message(input));
             let max_steps = async {
                 match bound.proxy.wait_for_max_steps_error(None).await {
@@ -424,6 +427,7 @@ impl Server {
                     return Err(BackendError::from_max_steps(&payload));
                 }
             };
+            tracing::debug!(turn = turn_id, ok = result.is_ok(), "agent call returned");
             let resp = result?;
             if let Some(p) = bound.proxy.consume_max_steps_error().await {
                 return Err(BackendError::from_max_steps(&p));

@@ -36,6 +36,9 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+#[path = "bench/turns.rs"]
+mod turns;
+
 const TOKEN: &str = "bench-bridge-token";
 
 #[derive(Debug, Clone, Copy)]
@@ -1131,6 +1134,7 @@ fn main() -> Result<()> {
         "proxy" => rt.block_on(bench_proxy(plan)),
         "server" => rt.block_on(bench_server(if quick { 5 } else { 30 })),
         "launcher" => rt.block_on(bench_launcher(start_plan)),
+        "turns" => rt.block_on(turns::bench_turns(quick)),
         "all" => rt.block_on(async {
             bench_bridge(plan).await?;
             bench_gateway(plan).await?;

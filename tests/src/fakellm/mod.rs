@@ -42,10 +42,12 @@
 //!
 //! # Request log
 //! Every request, valid or not, is appended to the `--log` file as one JSON line before the
-//! reply is sent: `{"seq", "ts" (unix ms), "method", "path" (with query), "headers" (lowercase
+//! reply is sent: `{"seq", "ts" (unix ms), "ts_us" (the same in µs), "method", "path" (with query), "headers" (lowercase
 //! name → value, repeats joined by ", "), "body" (parsed JSON, else a string, null if empty),
 //! "served_by"}`. `served_by` is `step N`, `rule N`, `fallback`, `exhausted`, `count_tokens`,
-//! `models`, `health` or `error` (refused before the script was consulted).
+//! `models`, `health` or `error` (refused before the script was consulted). A streamed reply
+//! sent whole is noted in `<log>.finished` as `{"seq", "ts_us"}` when its last
+//! frame went out (what `bench turns` times the model's answers with).
 //!
 //! # Script
 //! A JSON file, read once at start; unknown keys are errors.

@@ -16,7 +16,7 @@ use axum::serve::ListenerExt;
 use serde_json::{Value, json};
 
 use super::FakeLlmError;
-use super::log::{LogRecord, RequestLog, header_map, now_ms};
+use super::log::{LogRecord, RequestLog, header_map, now_ms, now_us};
 use super::render::{self, ReplyMeta};
 use super::script::{Api, Dispatcher, Entry, RequestView, Script, Source};
 
@@ -491,9 +491,11 @@ async fn handle(State(st): State<Arc<AppState>>, req: Request) -> Response {
             ),
         ),
     };
+    let ts_us = now_us();
     st.log.append(&LogRecord {
         seq,
-        ts: now_ms(),
+        ts: ts_us / 1000,
+        ts_us,
         method: parts.method.as_str(),
         path: &path,
         headers: header_map(&parts.headers),
@@ -824,9 +826,12 @@ impl DropNotice {
         }
     }
 
-    /// The response was delivered whole: nothing to record.
+    /// The response was delivered whole: recorded in `<log>.finished` (`{seq, ts_us}`, when
+    /// its last frame was handed to the connection), not as a disconnect.
     fn complete(mut self) {
         self.finished = true;
+        let line = json!({"seq": self.seq, "ts_us": now_us()});
+        append_line(&self.path.with_extension("finished"), &line);
     }
 }
 
@@ -836,14 +841,19 @@ impl Drop for DropNotice {
             return;
         }
         let line = json!({"seq": self.seq, "ts": now_ms(), "frames_sent": self.sent, "frames_total": self.total});
-        let written = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.path.as_ref())
-            .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
-        if let Err(e) = written {
-            eprintln!("fakellm: cannot record a disconnect: {e}");
-        }
+        append_line(&self.path, &line);
+    }
+}
+
+/// Appends `line` to `path` (a side log); a failure is reported on stderr only.
+fn append_line(path: &Path, line: &Value) {
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+    if let Err(e) = written {
+        eprintln!("fakellm: cannot write {}: {e}", path.display());
     }
 }
 
