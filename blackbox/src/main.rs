@@ -12,11 +12,18 @@ use agentbox_policy::config::ProcessEnv;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
-    clap::Command::new("blackbox-server")
-        .about("Drives one agent CLI for an RL rollout manager (the Dressage blackbox protocol)")
-        .version(env!("CARGO_PKG_VERSION"))
-        .after_help(variables_help())
-        .get_matches();
+    // The server takes no arguments, so clap only has work when there are some (`--help`,
+    // `--version`, or a mistake to refuse): a plain start leaves its code untouched, which keeps
+    // those pages out of the idle server's memory.
+    if std::env::args_os().len() > 1 {
+        clap::Command::new("blackbox-server")
+            .about(
+                "Drives one agent CLI for an RL rollout manager (the Dressage blackbox protocol)",
+            )
+            .version(env!("CARGO_PKG_VERSION"))
+            .after_help(variables_help())
+            .get_matches();
+    }
     agentbox_http::init_logging();
     let config = match Config::from_env(&ProcessEnv) {
         Ok(c) => c,

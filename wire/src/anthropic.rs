@@ -15,8 +15,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value};
 
-pub use crate::serde_util::TextOrList;
 use crate::serde_util::const_tag;
+pub use crate::serde_util::{RawJson, TextOrList};
 
 /// Unknown fields of an object, kept in arrival order.
 pub type Extra = Map<String, Value>;
@@ -95,6 +95,7 @@ pub enum Role {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
     Text {
+        #[serde(serialize_with = "crate::serde_util::text")]
         text: String,
         /// `cache_control`, `citations`, ...
         #[serde(flatten)]
@@ -236,10 +237,15 @@ pub struct Tool {
     pub name: String,
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::serde_util::opt_text"
+    )]
     pub description: Option<String>,
+    /// Opaque here: kept as the client wrote it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_schema: Option<Value>,
+    pub input_schema: Option<RawJson>,
     /// `cache_control`, `strict`, server-tool settings, ...
     #[serde(flatten)]
     pub extra: Extra,

@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value};
 
-pub use crate::serde_util::TextOrList;
+pub use crate::serde_util::{RawJson, TextOrList};
 
 /// Unknown fields of an object, kept in arrival order.
 pub type Extra = Map<String, Value>;
@@ -94,7 +94,11 @@ pub enum ChatMessage {
         tool_calls: Option<Vec<ToolCall>>,
         /// Thinking passed back to servers that need it (DeepSeek and Kimi thinking modes
         /// reject tool-call turns without it).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "crate::serde_util::opt_text"
+        )]
         reasoning_content: Option<String>,
         #[serde(flatten)]
         extra: Extra,
@@ -114,6 +118,7 @@ pub enum ChatMessage {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
     Text {
+        #[serde(serialize_with = "crate::serde_util::text")]
         text: String,
         #[serde(flatten)]
         extra: Extra,
@@ -172,7 +177,7 @@ fn function_type() -> String {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FunctionCall {
     pub name: String,
-    #[serde(default)]
+    #[serde(default, serialize_with = "crate::serde_util::text")]
     pub arguments: String,
     #[serde(flatten)]
     pub extra: Extra,
@@ -192,10 +197,15 @@ pub struct ChatTool {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FunctionDef {
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "crate::serde_util::opt_text"
+    )]
     pub description: Option<String>,
+    /// The JSON schema, opaque here: passed on as written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub parameters: Option<Value>,
+    pub parameters: Option<RawJson>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
     #[serde(flatten)]

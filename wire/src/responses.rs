@@ -11,8 +11,8 @@ use serde::de::{Deserializer, Error as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Number, Value};
 
-pub use crate::serde_util::TextOrList;
 use crate::serde_util::const_tag;
+pub use crate::serde_util::{RawJson, TextOrList};
 
 /// Unknown fields of an object, kept in arrival order.
 pub type Extra = Map<String, Value>;
@@ -62,16 +62,21 @@ pub struct ReasoningConfig {
     pub extra: Extra,
 }
 
-/// One entry of `tools`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One entry of `tools`. Read by hand (each member kept raw first) so that `parameters`, the
+/// schema, stays opaque [`RawJson`]: a derived tagged enum would buffer it as a tree.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResponsesTool {
     Function {
         name: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            serialize_with = "crate::serde_util::opt_text"
+        )]
         description: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        parameters: Option<Value>,
+        parameters: Option<RawJson>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         strict: Option<bool>,
         #[serde(flatten)]
@@ -81,6 +86,89 @@ pub enum ResponsesTool {
     /// ...
     #[serde(untagged)]
     Other(Extra),
+}
+
+impl<'de> Deserialize<'de> for ResponsesTool {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let members = RawMembers::deserialize(deserializer)?;
+        Ok(function_tool(&members).unwrap_or_else(|| {
+            // Not a well-formed function tool: kept whole, `type` included, as an untagged
+            // variant would keep it.
+            ResponsesTool::Other(
+                members
+                    .0
+                    .into_iter()
+                    .map(|(k, v)| (k, v.to_value()))
+                    .collect(),
+            )
+        }))
+    }
+}
+
+/// A JSON object's members, each value kept raw, in arrival order.
+struct RawMembers(Vec<(String, RawJson)>);
+
+impl<'de> Deserialize<'de> for RawMembers {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = RawMembers;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<RawMembers, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                while let Some(entry) = map.next_entry::<String, RawJson>()? {
+                    members.push(entry);
+                }
+                Ok(RawMembers(members))
+            }
+        }
+        deserializer.deserialize_map(V)
+    }
+}
+
+/// The `function` variant, if the members make one (what the derived tagged enum accepted:
+/// `type` "function", a string `name`, the optional members of their types, each at most once).
+fn function_tool(members: &RawMembers) -> Option<ResponsesTool> {
+    fn once<T: serde::de::DeserializeOwned>(slot: &mut Option<T>, raw: &RawJson) -> Option<()> {
+        if slot.is_some() {
+            return None;
+        }
+        *slot = Some(serde_json::from_str(raw.get()).ok()?);
+        Some(())
+    }
+    let mut kind: Option<String> = None;
+    let mut name: Option<String> = None;
+    let mut description: Option<Option<String>> = None;
+    let mut parameters: Option<Option<RawJson>> = None;
+    let mut strict: Option<Option<bool>> = None;
+    let mut extra = Extra::new();
+    for (key, raw) in &members.0 {
+        match key.as_str() {
+            "type" => once(&mut kind, raw)?,
+            "name" => once(&mut name, raw)?,
+            "description" => once(&mut description, raw)?,
+            "parameters" => once(&mut parameters, raw)?,
+            "strict" => once(&mut strict, raw)?,
+            _ => {
+                extra.insert(key.clone(), raw.to_value());
+            }
+        }
+    }
+    if kind.as_deref() != Some("function") {
+        return None;
+    }
+    Some(ResponsesTool::Function {
+        name: name?,
+        description: description.flatten(),
+        parameters: parameters.flatten(),
+        strict: strict.flatten(),
+        extra,
+    })
 }
 
 /// One item of a request's `input` list.

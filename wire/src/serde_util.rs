@@ -1,9 +1,14 @@
 //! Serde building blocks shared by the wire types: the "string or list" shape every LLM API
-//! uses for content, and fixed `type` tags that need no value from the caller.
+//! uses for content, fixed `type` tags that need no value from the caller, [`RawJson`] for
+//! opaque values, and [`text`], the writer of long strings.
 //!
-//! Both are hand-written instead of `#[serde(untagged)]` because untagged enums buffer the whole
-//! value before trying each variant, and message content is where a 100 KB request spends its
-//! bytes.
+//! They exist for speed on the proxy's and the bridge's hot path, a 100 KB agent request parsed,
+//! translated and written again per model call. `TextOrList` is hand-written instead of
+//! `#[serde(untagged)]` because untagged enums buffer the whole value before trying each
+//! variant, and message content is where such a request spends its bytes. Tool schemas are
+//! kept as [`RawJson`] (checked, never built into a tree of maps: that tree cost more than the
+//! rest of the parse). Long strings are escaped eight bytes at a time by [`text`]: serde_json
+//! looks at every byte, which made writing the translated body the largest single cost.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -11,6 +16,7 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// A JSON value that is either a plain string or a list of items, as in Anthropic's
 /// `content: "hi"` vs `content: [{"type":"text","text":"hi"}]`. Which form arrived is kept so a
@@ -48,7 +54,7 @@ impl<T> From<Vec<T>> for TextOrList<T> {
 impl<T: Serialize> Serialize for TextOrList<T> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
-            TextOrList::Text(s) => serializer.serialize_str(s),
+            TextOrList::Text(s) => text(s, serializer),
             TextOrList::List(items) => items.serialize(serializer),
         }
     }
@@ -77,6 +83,154 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for TextOrList<T> {
             }
         }
         deserializer.deserialize_any(V(PhantomData))
+    }
+}
+
+/// Strings shorter than this go through serde_json's own writer (the detour through a raw
+/// value costs an allocation).
+const LONG_TEXT: usize = 256;
+
+/// Writes a string as serde_json does, byte for byte, but scans long ones eight bytes at a time
+/// for the bytes JSON must escape (`"`, backslash, controls) and hands the escaped text over as a raw
+/// value. Use as `#[serde(serialize_with = "...")]` on fields that may hold long text. (A
+/// serializer other than serde_json's sees a raw value, which serde_json's `to_value` reads
+/// back as the string; nothing else serializes these types.)
+pub fn text<S: Serializer>(s: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    if s.len() < LONG_TEXT {
+        return serializer.serialize_str(s);
+    }
+    let mut out = Vec::with_capacity(s.len() + s.len() / 16 + 2);
+    out.push(b'"');
+    escape_into(&mut out, s.as_bytes());
+    out.push(b'"');
+    // Escaping only adds ASCII to valid UTF-8, and `from_string` checks the result is one JSON
+    // string; neither can fail, and if one ever did the plain writer still gives the answer.
+    match String::from_utf8(out).map(RawValue::from_string) {
+        Ok(Ok(raw)) => raw.serialize(serializer),
+        Ok(Err(_)) | Err(_) => serializer.serialize_str(s),
+    }
+}
+
+/// [`text`] for an optional field (with `skip_serializing_if = "Option::is_none"`).
+pub fn opt_text<S: Serializer>(s: &Option<String>, serializer: S) -> Result<S::Ok, S::Error> {
+    match s {
+        Some(s) => text(s, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any byte of the eight in `w` is a control character, `"` or a backslash (the classic
+/// "has a byte less than n" and "has a zero byte" tricks: exact about whether, not where).
+fn needs_escape(w: u64) -> bool {
+    let control = w.wrapping_sub(ONES * 0x20) & !w;
+    let q = w ^ (ONES * u64::from(b'"'));
+    let quote = q.wrapping_sub(ONES) & !q;
+    let b = w ^ (ONES * u64::from(b'\\'));
+    let backslash = b.wrapping_sub(ONES) & !b;
+    (control | quote | backslash) & HIGHS != 0
+}
+
+/// Appends `bytes` JSON-escaped exactly as serde_json escapes them: the two-character forms for
+/// `"`, backslash, backspace, form feed, newline, carriage return and tab, `\u00xx` (lower-case hex)
+/// for the other controls, everything else (DEL and non-ASCII included) as it is.
+pub(crate) fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut start = 0;
+    let mut i = 0;
+    while i < bytes.len() {
+        if let Some(chunk) = bytes
+            .get(i..i + 8)
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+            && !needs_escape(u64::from_le_bytes(chunk))
+        {
+            i += 8;
+            continue;
+        }
+        let b = bytes[i];
+        let short = match b {
+            b'"' => Some(b'"'),
+            b'\\' => Some(b'\\'),
+            0x08 => Some(b'b'),
+            0x0c => Some(b'f'),
+            b'\n' => Some(b'n'),
+            b'\r' => Some(b'r'),
+            b'\t' => Some(b't'),
+            0x00..=0x1f => None,
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        match short {
+            Some(c) => out.extend_from_slice(&[b'\\', c]),
+            None => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ]),
+        }
+        i += 1;
+        start = i;
+    }
+    out.extend_from_slice(&bytes[start..]);
+}
+
+/// A JSON value kept as its text (a tool's schema, say): checked to be JSON when parsed, written
+/// back byte for byte, never built into a tree of maps. Two are equal when their texts are.
+/// Only serde_json reads it (its `from_slice`, `from_str` and `from_value`); it cannot sit inside
+/// a `#[serde(flatten)]`, untagged or internally tagged type, which buffer their input.
+#[derive(Clone)]
+pub struct RawJson(Box<RawValue>);
+
+impl RawJson {
+    /// The JSON text.
+    pub fn get(&self) -> &str {
+        self.0.get()
+    }
+
+    /// `value` as raw JSON.
+    pub fn from_value(value: &serde_json::Value) -> Self {
+        // A `Value` always serializes.
+        match serde_json::value::to_raw_value(value) {
+            Ok(raw) => RawJson(raw),
+            Err(_) => RawJson(RawValue::NULL.to_owned()),
+        }
+    }
+
+    /// The text parsed into a [`serde_json::Value`] (for reading a field or two).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(self.get()).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl PartialEq for RawJson {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl fmt::Debug for RawJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.get())
+    }
+}
+
+impl Serialize for RawJson {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RawJson {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Box::<RawValue>::deserialize(deserializer).map(RawJson)
     }
 }
 
@@ -132,6 +286,50 @@ mod tests {
         assert_eq!(l, TextOrList::List(vec![1, 2]));
         assert_eq!(serde_json::to_string(&l).unwrap(), "[1,2]");
         assert!(serde_json::from_str::<TextOrList<u8>>("3").is_err());
+    }
+
+    /// `text` through serde_json's writer: the bytes serde_json itself writes for the string.
+    fn written(s: &str) -> String {
+        struct W<'a>(&'a str);
+        impl Serialize for W<'_> {
+            fn serialize<S: Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+                text(self.0, ser)
+            }
+        }
+        let fast = serde_json::to_string(&W(s)).unwrap();
+        assert_eq!(serde_json::to_value(W(s)).unwrap(), serde_json::json!(s));
+        fast
+    }
+
+    #[test]
+    fn long_text_is_escaped_exactly_as_serde_json_escapes_it() {
+        let every_ascii: String = (0u8..=0x7f).map(char::from).collect();
+        for s in [
+            every_ascii.repeat(3),
+            "é\u{2028}\"\\/\u{7f}".repeat(60),
+            format!("{}\n", "x".repeat(300)),
+            format!("\u{1}{}", "y".repeat(257)),
+        ] {
+            assert_eq!(written(&s), serde_json::to_string(&s).unwrap());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_text_is_written_as_serde_json_writes_it(s in "(?s).{0,600}", pad in 0usize..300) {
+            let s = format!("{}{s}", "a".repeat(pad));
+            proptest::prop_assert_eq!(written(&s), serde_json::to_string(&s).unwrap());
+        }
+    }
+
+    #[test]
+    fn raw_json_is_kept_as_written() {
+        let raw: RawJson = serde_json::from_str(r#"{ "b": 1, "a": [1.0, "\u00e9"] }"#).unwrap();
+        assert_eq!(raw.get(), r#"{ "b": 1, "a": [1.0, "\u00e9"] }"#);
+        assert_eq!(serde_json::to_string(&raw).unwrap(), raw.get());
+        assert_eq!(raw.to_value(), serde_json::json!({"b": 1, "a": [1.0, "é"]}));
+        let from_value: RawJson = serde_json::from_value(serde_json::json!({"x": null})).unwrap();
+        assert_eq!(from_value.get(), r#"{"x":null}"#);
     }
 
     #[test]

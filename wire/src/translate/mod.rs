@@ -275,6 +275,11 @@ pub fn sanitize_tool_id(id: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(id.chars().map(|c| if ok(c) { c } else { '_' }).collect())
 }
 
+/// The schema of a tool that declares none: an object with no properties.
+fn empty_schema() -> crate::serde_util::RawJson {
+    crate::serde_util::RawJson::from_value(&serde_json::json!({"type": "object", "properties": {}}))
+}
+
 /// Parses tool-call arguments: `""` is `{}`; text that is not JSON is kept as a string (the
 /// client then reports the malformed call to the model, which can retry) rather than replaced
 /// by a silent `{}` that would run the tool with no arguments.

@@ -473,9 +473,7 @@ fn translate_tool(tool: Tool) -> ChatTool {
         function: FunctionDef {
             name: upstream_tool_name(&name).into_owned(),
             description,
-            parameters: Some(
-                input_schema.unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            ),
+            parameters: Some(input_schema.unwrap_or_else(super::empty_schema)),
             strict: extra.get("strict").and_then(Value::as_bool),
             extra: Extra::new(),
         },

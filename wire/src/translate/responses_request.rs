@@ -13,7 +13,7 @@ use crate::responses::{
     ContentPart, FunctionCallItem, FunctionCallOutputItem, InputItem, MessageItem, ReasoningItem,
     ResponsesRequest, ResponsesTool,
 };
-use crate::serde_util::TextOrList;
+use crate::serde_util::{RawJson, TextOrList};
 
 /// Translates a request, consuming it.
 pub fn responses_into_chat(
@@ -433,7 +433,9 @@ fn translate_tool(tool: ResponsesTool) -> Option<ChatTool> {
                 f.get("description")
                     .and_then(Value::as_str)
                     .map(str::to_owned),
-                f.get("parameters").cloned(),
+                f.get("parameters")
+                    .filter(|p| !p.is_null())
+                    .map(RawJson::from_value),
                 f.get("strict").and_then(Value::as_bool),
             )
         }
@@ -443,11 +445,7 @@ fn translate_tool(tool: ResponsesTool) -> Option<ChatTool> {
         function: FunctionDef {
             name,
             description,
-            parameters: Some(
-                parameters
-                    .filter(|p| !p.is_null())
-                    .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            ),
+            parameters: Some(parameters.unwrap_or_else(super::empty_schema)),
             strict,
             extra: Extra::new(),
         },
