@@ -4,7 +4,6 @@
 
 #![forbid(unsafe_code)]
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use agentbox_blackbox::config::{Config, variables_help};
@@ -32,12 +31,9 @@ fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match agentbox_http::runtime("blackbox-server") {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("blackbox-server: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let addr = (config.server.host.clone(), config.server.port);
@@ -51,23 +47,15 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        match listener.local_addr() {
-            Ok(a) => {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "listening on {a}");
-                let _ = out.flush();
-            }
-            Err(e) => {
-                eprintln!("blackbox-server: {e}");
-                return ExitCode::FAILURE;
-            }
+        if let Err(e) = listener
+            .local_addr()
+            .and_then(agentbox_http::announce_listening)
+        {
+            eprintln!("blackbox-server: {e}");
+            return ExitCode::FAILURE;
         }
         let stop = CancellationToken::new();
-        let signals = stop.clone();
-        tokio::spawn(async move {
-            agentbox_http::shutdown_signal().await;
-            signals.cancel();
-        });
+        agentbox_http::cancel_on_shutdown_signal(&stop);
         agentbox_blackbox::run(listener, config, stop).await;
         ExitCode::SUCCESS
     })
