@@ -626,18 +626,20 @@ impl Agent for OpenClaw {
     }
 
     async fn stop(&self, grace: Duration) {
+        // The spawn broker and the tools it runs leave the gateway's group: find them while
+        // the gateway is still their ancestor, before cancelling the turn (which makes the
+        // gateway wind its run down and can orphan a tool before it is seen).
+        let pgid = self.daemon.pgid().await;
+        let mut tree = pgid.map(proc::descendants).unwrap_or_default();
         if let Some(c) = lock(&self.in_flight).take() {
             c.cancel();
         }
         *lock(&self.conn) = None;
-        // The spawn broker and the tools it runs leave the gateway's group: find them while
-        // the gateway is still their ancestor.
-        let tree = self
-            .daemon
-            .pgid()
-            .await
-            .map(proc::descendants)
-            .unwrap_or_default();
+        for pid in pgid.map(proc::descendants).unwrap_or_default() {
+            if !tree.contains(&pid) {
+                tree.push(pid);
+            }
+        }
         self.daemon.stop(grace, &tree, CLI.name).await;
         agent::close_logs(&self.logs, CLI.name).await;
     }

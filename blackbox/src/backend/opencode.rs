@@ -354,8 +354,11 @@ impl Opencode {
                     tokio::time::sleep(CONNECT_RETRY_DELAY).await;
                 }
                 Err(e) => {
-                    return Err(match self.daemon.exited().await {
-                        Some(_) => self.death().await,
+                    // opencode dying mid-turn closes the connection before it is reaped: give
+                    // it the second `died` waits, so the turn reports the death, not the socket.
+                    let log = lock(&self.stderr_log).clone().unwrap_or_default();
+                    return Err(match self.daemon.died(&CLI, &log).await {
+                        Some(death) => death,
                         None => e.into_backend(),
                     });
                 }
