@@ -40,12 +40,13 @@ fn now_us() -> i64 {
 /// A backend as the bench registers it.
 struct Backend {
     kind: &'static str,
-    /// The CLI run per turn (wrapped to stamp its start and exit); `None` for opencode.
+    /// The CLI run per turn (wrapped to stamp its start and exit); `None` for the long-running
+    /// agents (opencode, openclaw).
     cli: Option<&'static str>,
 }
 
 /// Registered with their defaults (as the conformance suite does), but the binary.
-const BACKENDS: [Backend; 3] = [
+const BACKENDS: [Backend; 4] = [
     Backend {
         kind: "opencode",
         cli: None,
@@ -57,6 +58,10 @@ const BACKENDS: [Backend; 3] = [
     Backend {
         kind: "codex",
         cli: Some("codex"),
+    },
+    Backend {
+        kind: "openclaw",
+        cli: None,
     },
 ];
 
@@ -305,14 +310,14 @@ async fn bench_backend(b: &Backend, turns: usize) -> Result<(Vec<Split>, Option<
             splits.push(s);
         }
     }
-    let health = match b.cli {
-        None => {
+    let health = match b.kind {
+        "opencode" => {
             let dir = r.body["binding"]["runtime_dir"]
                 .as_str()
                 .context("no runtime_dir")?;
             Some(opencode_health(dir, turns).await?)
         }
-        Some(_) => None,
+        _ => None,
     };
     Ok((splits, health))
 }
@@ -358,7 +363,6 @@ pub async fn bench_turns(quick: bool) -> Result<()> {
             cell(&splits, |s| s.total),
         );
     }
-    println!("| openclaw | not yet measured | | | | | |");
     println!(
         "\nThe stamping wrapper's own start (bash, spawn → first stamp) is {w50:.1} / {w99:.1} ms; \
          it is inside (a) for claude_code and codex."
