@@ -531,7 +531,9 @@ impl Agent for OpenClaw {
             }
         }
         cmd.args(["gateway", "run", "--port", &port.to_string()])
-            .args(["--bind", "loopback", "--auth", "token", "--token", &token])
+            // The token reaches it through the environment and the config file, never argv:
+            // every local user can read a command line.
+            .args(["--bind", "loopback", "--auth", "token"])
             .args(&self.options.gateway.extra_args)
             .current_dir(root)
             .env("HOME", &home)
