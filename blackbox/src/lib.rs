@@ -20,6 +20,7 @@ pub mod ids;
 pub mod model;
 pub mod proxy;
 pub mod routes;
+pub mod runtime_dir;
 pub mod server;
 pub mod session;
 

@@ -339,14 +339,19 @@ impl Server {
     ) -> Result<LlmProxy, InitFailure> {
         let failed =
             |what: &str, e: &dyn std::fmt::Display| InitFailure::Failed(format!("{what}: {e}"));
-        if let Some(root) = runtime_dir.parent() {
-            tokio::fs::create_dir_all(root)
-                .await
-                .map_err(|e| failed(&format!("cannot create {}", root.display()), &e))?;
-        }
-        tokio::fs::create_dir(runtime_dir)
+        // Private (0700, under a root no other user can swap): the directory will hold the
+        // agent's credentials and logs.
+        let (Some(root), Some(name)) = (runtime_dir.parent(), runtime_dir.file_name()) else {
+            return Err(InitFailure::Failed(format!(
+                "{} has no parent",
+                runtime_dir.display()
+            )));
+        };
+        let (root, name) = (root.to_path_buf(), name.to_string_lossy().into_owned());
+        tokio::task::spawn_blocking(move || crate::runtime_dir::prepare(&root, &name))
             .await
-            .map_err(|e| failed(&format!("cannot create {}", runtime_dir.display()), &e))?;
+            .map_err(|e| failed("runtime directory", &e))?
+            .map_err(|e| failed("runtime directory", &e))?;
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .map_err(|e| failed("cannot bind the proxy", &e))?;
