@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, live_group_members, registration, scratch, user,
+    BlackboxProcess, FakeLlm, codex_options, live_group_members, registration, scratch, user,
 };
 use serde_json::{Value, json};
 
@@ -23,15 +23,7 @@ fn fakellm_bin() -> &'static Path {
 /// The paddock's codex registration (its defaults) for `router`, `extra_options` merged over
 /// the backend options.
 fn codex_registration(router: &str, extra_options: &Value) -> Value {
-    let mut options = json!({
-        "model": {"id": "proxy-model", "name": "Dressage Proxy"},
-        "model_provider_id": "dressage_proxy",
-        "sandbox_mode": "danger-full-access",
-        "approval_policy": "never",
-        "skip_git_repo_check": true,
-        "ignore_rules": true,
-        "web_search": "disabled",
-    });
+    let mut options = codex_options();
     if let (Some(o), Some(extra)) = (options.as_object_mut(), extra_options.as_object()) {
         for (k, v) in extra {
             o.insert(k.clone(), v.clone());

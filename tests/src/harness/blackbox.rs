@@ -452,6 +452,20 @@ pub fn opencode_options() -> Value {
     })
 }
 
+/// The codex `backend_options` the paddock sends.
+#[must_use]
+pub fn codex_options() -> Value {
+    json!({
+        "model": {"id": "proxy-model", "name": "Dressage Proxy"},
+        "model_provider_id": "dressage_proxy",
+        "sandbox_mode": "danger-full-access",
+        "approval_policy": "never",
+        "skip_git_repo_check": true,
+        "ignore_rules": true,
+        "web_search": "disabled",
+    })
+}
+
 /// Pids of live processes whose command line contains `needle`.
 #[must_use]
 pub fn processes_with(needle: &str) -> Vec<u32> {

@@ -30,9 +30,9 @@ mod process;
 mod proxy;
 
 pub use blackbox::{
-    BlackboxProcess, Reply, assert_rollout_headers, claude_code_registration, last_text,
-    opencode_options, opencode_registration, processes_with, registration, scratch, settled, user,
-    user_turn,
+    BlackboxProcess, Reply, assert_rollout_headers, claude_code_registration, codex_options,
+    last_text, opencode_options, opencode_registration, processes_with, registration, scratch,
+    settled, user, user_turn,
 };
 pub use clients::{
     claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,

@@ -11,7 +11,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agentbox_tests::harness::{BlackboxProcess, FakeLlm, client_bin, registration, scratch, user};
+use agentbox_tests::harness::{
+    BlackboxProcess, FakeLlm, client_bin, codex_options, registration, scratch, user,
+};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
@@ -45,17 +47,7 @@ pub const CODEX: Client = Client {
     kind: "codex",
     bin: "codex",
     // The paddock's registration (as `blackbox_codex.rs` registers it).
-    options: || {
-        json!({
-            "model": {"id": "proxy-model", "name": "Dressage Proxy"},
-            "model_provider_id": "dressage_proxy",
-            "sandbox_mode": "danger-full-access",
-            "approval_policy": "never",
-            "skip_git_repo_check": true,
-            "ignore_rules": true,
-            "web_search": "disabled",
-        })
-    },
+    options: codex_options,
     // Anchored on `/v1"`, so the rewritten line (the relay's port then `/to/`) is left alone on
     // later turns.
     redirect: r##"sed -i -E "s#^base_url = \"http://127\.0\.0\.1:([0-9]+)/v1\"#base_url = \"http://$RELAY/to/\1/v1\"#" "$CODEX_HOME/config.toml""##,
