@@ -55,7 +55,11 @@ fn peers_not_installed_are_rows_not_crashes() {
 fn peers_arguments_are_checked() {
     let out = bench(&["peers", "--only", "bridge,nonsense"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("nonsense"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("nonsense"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = bench(&["peers", "--no-such-flag"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));

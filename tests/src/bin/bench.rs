@@ -255,9 +255,8 @@ async fn compare(
             .map(|(t, d)| (t.as_secs_f64() - d.as_secs_f64()) * 1000.0)
             .collect(),
     );
-    let cpu_ms_per_req =
-        (group_cpu_time(daemon_pgid)?.saturating_sub(cpu0)).as_secs_f64() * 1000.0
-            / plan.pairs as f64;
+    let cpu_ms_per_req = (group_cpu_time(daemon_pgid)?.saturating_sub(cpu0)).as_secs_f64() * 1000.0
+        / plan.pairs as f64;
     let (cd, rps_direct) = concurrent(client, direct, plan).await?;
     let (ct, rps_through) = concurrent(client, through, plan).await?;
     Ok(Row {

@@ -20,7 +20,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentbox_tests::harness::{FakeLlm, Service, live_group_members, workspace_bin, workspace_root};
+use agentbox_tests::harness::{
+    FakeLlm, Service, live_group_members, workspace_bin, workspace_root,
+};
 use agentbox_tests::workload;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -105,8 +107,7 @@ struct Measured {
 /// A tool started from its files, ready to be spawned.
 struct Launch {
     cmd: Command,
-    /// What the client sends: path and headers (the body is the workload).
-    path: &'static str,
+    /// What the client sends to `/v1/messages` (the body is the workload for `model`).
     headers: Vec<(String, String)>,
     model: &'static str,
     /// Files the command reads (configs, the driver script), removed after the run.
@@ -193,7 +194,8 @@ fn needs(tool: Tool, dir: &Path) -> Option<PathBuf> {
 fn launch(tool: Tool, args: &Args, dir: &Path, port: u16, upstream: &str) -> Result<Launch> {
     let scratch = tempfile::Builder::new().prefix("bench-peer-").tempdir()?;
     let home = scratch.path();
-    let node_modules = dir.join("node/node_modules");
+    // What `needs` names: the package's manifest (llms), the CLI (ccr), the binary (LiteLLM).
+    let installed = || needs(tool, dir).context("a peer without an install path");
     let chat_url = format!("{upstream}/v1/chat/completions");
     let launch = match tool {
         Tool::Bridge => {
@@ -216,14 +218,14 @@ fn launch(tool: Tool, args: &Args, dir: &Path, port: u16, upstream: &str) -> Res
                 .env("BENCH_KEY", "sk-fake");
             Launch {
                 cmd,
-                path: "/v1/messages",
                 headers: json_headers(BRIDGE_TOKEN),
                 model: "gpt",
                 _scratch: scratch,
             }
         }
         Tool::Llms => {
-            let pkg = node_modules.join("@musistudio/llms");
+            let manifest = installed()?;
+            let pkg = manifest.parent().context("llms package dir")?;
             // Its translation server as peer-bench.md ran it: one provider, every request
             // routed to it by a pre-handler (what claude-code-router's router does).
             let driver = home.join("llms-server.cjs");
@@ -246,14 +248,13 @@ server.start();
             cmd.arg(&driver);
             Launch {
                 cmd,
-                path: "/v1/messages",
                 headers: json_headers("sk-none"),
                 model: "claude-sonnet-4-5",
                 _scratch: scratch,
             }
         }
         Tool::Ccr => {
-            let cli = node_modules.join("@musistudio/claude-code-router/dist/cli.js");
+            let cli = installed()?;
             let conf_dir = home.join(".claude-code-router");
             std::fs::create_dir_all(&conf_dir)?;
             std::fs::write(
@@ -268,14 +269,13 @@ server.start();
             cmd.arg(&cli).arg("start");
             Launch {
                 cmd,
-                path: "/v1/messages",
                 headers: json_headers("sk-none"),
                 model: "claude-sonnet-4-5",
                 _scratch: scratch,
             }
         }
         Tool::Litellm => {
-            let bin = dir.join("litellm/bin/litellm");
+            let bin = installed()?;
             let config = home.join("config.yaml");
             std::fs::write(
                 &config,
@@ -287,18 +287,20 @@ server.start();
             )?;
             let mut cmd = base_cmd(&bin, home);
             // Without the first, `openai/*` models' /v1/messages go to the Responses API.
-            cmd.env("LITELLM_USE_CHAT_COMPLETIONS_URL_FOR_ANTHROPIC_MESSAGES", "true")
-                .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-                .env("LITELLM_TELEMETRY", "False")
-                .arg("--config")
-                .arg(&config)
-                .arg("--host")
-                .arg("127.0.0.1")
-                .arg("--port")
-                .arg(port.to_string());
+            cmd.env(
+                "LITELLM_USE_CHAT_COMPLETIONS_URL_FOR_ANTHROPIC_MESSAGES",
+                "true",
+            )
+            .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            .env("LITELLM_TELEMETRY", "False")
+            .arg("--config")
+            .arg(&config)
+            .arg("--host")
+            .arg("127.0.0.1")
+            .arg("--port")
+            .arg(port.to_string());
             Launch {
                 cmd,
-                path: "/v1/messages",
                 headers: json_headers(LITELLM_KEY),
                 model: "anthropic-test",
                 _scratch: scratch,
@@ -367,7 +369,7 @@ async fn measure(
     plan: Plan,
 ) -> Result<Measured> {
     let load_before = loadavg();
-    let base = format!("http://127.0.0.1:{port}{}", launch.path);
+    let base = format!("http://127.0.0.1:{port}/v1/messages");
     let small = Target {
         url: base.clone(),
         unix: None,
@@ -397,7 +399,18 @@ async fn measure(
         };
         // The direct side sends exactly what the tool forwarded.
         let mark = log_len(fake)?;
-        through.send(client).await?;
+        // Once more if the pooled connection from the readiness probe was dropped meanwhile
+        // (a reset, not a measurement: uvicorn closes idle keep-alive connections).
+        if let Err(e) = through.send(client).await {
+            eprintln!(
+                "bench peers: {}: first request failed ({e:#}), once more",
+                tool.label()
+            );
+            through
+                .send(client)
+                .await
+                .context("the first full request")?;
+        }
         let forwarded = logged_after(fake, mark)?;
         let path = forwarded["path"].as_str().context("path")?.to_owned();
         let direct = Target {
@@ -411,7 +424,11 @@ async fn measure(
         };
         forwarded_to.push(format!("{path} {} KB", direct.body.len() / 1024));
         let case = super::case_name("Anthropic → chat", stream, bytes.len());
-        rows.push(compare(&case, client, &direct, &through, pgid, plan).await?);
+        rows.push(
+            compare(&case, client, &direct, &through, pgid, plan)
+                .await
+                .with_context(|| case.clone())?,
+        );
     }
     let processes = group_pids(pgid).len();
     let peak_kib = group_kib(pgid, "VmHWM:");
@@ -428,7 +445,11 @@ async fn measure(
 }
 
 pub async fn bench_peers(args: Args) -> Result<()> {
-    let plan = if args.quick { super::QUICK } else { super::FULL };
+    let plan = if args.quick {
+        super::QUICK
+    } else {
+        super::FULL
+    };
     let dir = peers_dir(&args)?;
     eprintln!("bench peers: peers from {}", dir.display());
     let mut fake: Option<FakeLlm> = None;
@@ -443,10 +464,7 @@ pub async fn bench_peers(args: Args) -> Result<()> {
     let mut results = Vec::new();
     for tool in Tool::ALL.into_iter().filter(|t| args.only.contains(t)) {
         if let Some(file) = needs(tool, &dir).filter(|f| !f.is_file()) {
-            let why = format!(
-                "{} missing; run scripts/install-peers.sh",
-                file.display()
-            );
+            let why = format!("{} missing; run scripts/install-peers.sh", file.display());
             eprintln!("bench peers: {} not installed: {why}", tool.label());
             results.push((tool, Outcome::NotInstalled(why)));
             continue;
