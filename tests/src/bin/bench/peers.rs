@@ -197,7 +197,8 @@ fn launch(tool: Tool, args: &Args, dir: &Path, port: u16, upstream: &str) -> Res
     // What `needs` names: the package's manifest (llms), the CLI (ccr), the binary (LiteLLM).
     let installed = || needs(tool, dir).context("a peer without an install path");
     let chat_url = format!("{upstream}/v1/chat/completions");
-    let launch = match tool {
+    // Per tool: the command, the key the client presents, the model it asks for.
+    let (cmd, auth, model) = match tool {
         Tool::Bridge => {
             let config = home.join("agentbox.toml");
             std::fs::write(
@@ -216,12 +217,7 @@ fn launch(tool: Tool, args: &Args, dir: &Path, port: u16, upstream: &str) -> Res
                 .env("AGENTBOX_DATA", home)
                 .env("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)
                 .env("BENCH_KEY", "sk-fake");
-            Launch {
-                cmd,
-                headers: json_headers(BRIDGE_TOKEN),
-                model: "gpt",
-                _scratch: scratch,
-            }
+            (cmd, BRIDGE_TOKEN, "gpt")
         }
         Tool::Llms => {
             let manifest = installed()?;
@@ -246,12 +242,7 @@ server.start();
             )?;
             let mut cmd = base_cmd(Path::new("node"), home);
             cmd.arg(&driver);
-            Launch {
-                cmd,
-                headers: json_headers("sk-none"),
-                model: "claude-sonnet-4-5",
-                _scratch: scratch,
-            }
+            (cmd, "sk-none", "claude-sonnet-4-5")
         }
         Tool::Ccr => {
             let cli = installed()?;
@@ -267,12 +258,7 @@ server.start();
             )?;
             let mut cmd = base_cmd(Path::new("node"), home);
             cmd.arg(&cli).arg("start");
-            Launch {
-                cmd,
-                headers: json_headers("sk-none"),
-                model: "claude-sonnet-4-5",
-                _scratch: scratch,
-            }
+            (cmd, "sk-none", "claude-sonnet-4-5")
         }
         Tool::Litellm => {
             let bin = installed()?;
@@ -299,15 +285,15 @@ server.start();
             .arg("127.0.0.1")
             .arg("--port")
             .arg(port.to_string());
-            Launch {
-                cmd,
-                headers: json_headers(LITELLM_KEY),
-                model: "anthropic-test",
-                _scratch: scratch,
-            }
+            (cmd, LITELLM_KEY, "anthropic-test")
         }
     };
-    Ok(launch)
+    Ok(Launch {
+        cmd,
+        headers: json_headers(auth),
+        model,
+        _scratch: scratch,
+    })
 }
 
 /// The pids of `pgid`'s live processes (the tool and whatever it started).
