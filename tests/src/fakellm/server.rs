@@ -517,6 +517,17 @@ fn json_response(status: StatusCode, seq: u64, body: &Value) -> Response {
     resp
 }
 
+/// A 200 whose JSON body is sent as `body` produces it.
+fn json_body_response(body: Body, seq: u64) -> Response {
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    add_request_id(resp.headers_mut(), seq);
+    resp
+}
+
 fn add_request_id(h: &mut axum::http::HeaderMap, seq: u64) {
     if let Ok(v) = HeaderValue::try_from(format!("req_fakellm_{seq:06}")) {
         h.insert("request-id", v.clone());
@@ -652,36 +663,19 @@ async fn scripted(
                     let text = body.to_string();
                     let half = Bytes::from(text.into_bytes());
                     let cut = half.len() / 2;
-                    let mut resp = Response::new(frames_body(
-                        vec![half.slice(..cut)],
-                        Duration::ZERO,
-                        true,
-                        notice,
-                    ));
-                    resp.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    add_request_id(resp.headers_mut(), seq);
-                    resp
+                    json_body_response(
+                        frames_body(vec![half.slice(..cut)], Duration::ZERO, true, notice),
+                        seq,
+                    )
                 }
                 None => match entry.huge_text_bytes {
                     Some(bytes) => {
                         let frames = vec![Bytes::from(body.to_string())];
                         let (total, frames) = expand_huge(frames, bytes, false);
-                        let mut resp = Response::new(frames_body_iter(
-                            total,
-                            frames,
-                            Duration::ZERO,
-                            false,
-                            notice,
-                        ));
-                        resp.headers_mut().insert(
-                            header::CONTENT_TYPE,
-                            HeaderValue::from_static("application/json"),
-                        );
-                        add_request_id(resp.headers_mut(), seq);
-                        resp
+                        json_body_response(
+                            frames_body_iter(total, frames, Duration::ZERO, false, notice),
+                            seq,
+                        )
                     }
                     None => json_response(StatusCode::OK, seq, &body),
                 },
