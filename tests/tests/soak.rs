@@ -73,27 +73,6 @@ fn soak_script() -> Value {
     json!({"rules": rules})
 }
 
-fn catalogue(fake: &FakeLlm) -> String {
-    format!(
-        r#"
-[models.claude]
-backend = "remote"
-provider = "anthropic"
-base_url = "{base}"
-upstream_model = "claude-upstream"
-key_env = "SOAK_ANTHROPIC_KEY"
-
-[models.gpt]
-backend = "remote"
-provider = "openai"
-base_url = "{base}/v1"
-upstream_model = "gpt-upstream"
-key_env = "SOAK_OPENAI_KEY"
-"#,
-        base = fake.base_url()
-    )
-}
-
 /// A small Claude-Code-like request, or (`big`) the 100 KB one, carrying `task`'s marker.
 fn soak_request(task: usize, stream: bool, big: bool) -> Value {
     let mut body = if big {
@@ -210,7 +189,10 @@ async fn sixty_four_tasks_through_gateway_and_bridge_stay_flat_and_meter_exactly
         ("SOAK_OPENAI_KEY", "sk-openai-soak"),
     ];
     let bridge = BridgeProcess::start(
-        &format!("[bridge]\nlisten = \"127.0.0.1:0\"\n{}", catalogue(&fake)),
+        &format!(
+            "[bridge]\nlisten = \"127.0.0.1:0\"\n{}",
+            fake.remote_models("SOAK_ANTHROPIC_KEY", "SOAK_OPENAI_KEY")
+        ),
         &keys,
     )
     .unwrap();
@@ -218,7 +200,7 @@ async fn sixty_four_tasks_through_gateway_and_bridge_stay_flat_and_meter_exactly
         &format!(
             "[gateway]\nbridge_url = \"{}\"\n{}",
             bridge.base_url(),
-            catalogue(&fake)
+            fake.remote_models("SOAK_ANTHROPIC_KEY", "SOAK_OPENAI_KEY")
         ),
         &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
     )
