@@ -2,6 +2,12 @@
 //! a restart loses no money. The gateway keeps its own directory under `state/` because the
 //! launcher (root) keeps its state beside it, in a directory the service user cannot touch. Written atomically (temp file, fsync, rename, fsync of the
 //! directory), so a crash leaves either the old file or the new one, never half of either.
+//!
+//! What a crash (SIGKILL, power loss) costs: the writer runs right after every settlement
+//! (bursts coalesced), so the file lags the ledger by at most the settlements of that moment;
+//! requests in flight at the crash were only reserved, in memory, and are never billed. A task
+//! can overshoot its budget by those, once per crash. Nothing is ever counted twice.
+//! `tests/tests/faults.rs` pins this.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
