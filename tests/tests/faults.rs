@@ -10,6 +10,7 @@
 //!   every task answers again on its old socket.
 //! - The bridge killed mid-stream: the gateway ends the streams with an error event, bills each
 //!   once for what it metered, and serves again once the bridge is back.
+//! - blackbox-server killed mid-turn: no process of its agent (opencode, its tools) is left.
 //!
 //! The launcher killed with its sandboxes running is `launcher_agents.rs`
 //! (`a_crashed_launcher_leaves_nothing_running_after_restart`: SIGKILL to the launcher alone,
@@ -20,8 +21,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
-    BridgeProcess, FakeLlm, GatewayProcess, HarnessError, UnixResponse, anthropic_text, parse_sse,
-    status_kib, unix_request,
+    BlackboxProcess, BridgeProcess, FakeLlm, GatewayProcess, HarnessError, UnixResponse,
+    anthropic_text, is_alive, opencode_options, parse_sse, processes_with, registration,
+    status_kib, unix_request, user,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -504,4 +506,75 @@ async fn bridge_killed_mid_stream_ends_streams_cleanly_and_serves_after_restart(
         );
         assert_eq!(tokens(&gw.task(tid).await.unwrap()) - before, 23, "{tid}");
     }
+}
+
+/// blackbox-server killed with SIGKILL (the server alone, not its group) while opencode runs a
+/// tool, then started again on the same runtime root: neither opencode nor the tool outlives
+/// that, and the new server serves a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn blackbox_server_killed_mid_turn_leaves_no_process() {
+    let marker = format!("timeout 4242.{} tail -f /dev/null", std::process::id());
+    let fake = FakeLlm::scripted(&json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [{"match": {"has_tools": true},
+                   "tool_calls": [{"id": "call_kill", "name": "bash",
+                                   "input": {"command": marker, "description": "wait"}}]}],
+        "fallback": {"text": "done"}
+    }))
+    .unwrap();
+    let mut bb = BlackboxProcess::start(&[]).unwrap();
+    let reg = registration(
+        "opencode",
+        opencode_options(),
+        &fake.base_url(),
+        "sess-kill",
+        &json!({}),
+    );
+    let r = bb.post("/v1/rollout/register", &reg).await;
+    assert_eq!(r.status, 200, "{r}");
+    let runtime = r.body["binding"]["runtime_dir"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let submit = json!({"turn_id": "t1", "mode": "async", "messages": user("wait")});
+    assert_eq!(bb.turn("sess-kill", &submit).await.status, 202);
+    bb.wait_for(
+        "the tool never ran",
+        &fake,
+        Duration::from_secs(120),
+        || !processes_with(&marker).is_empty(),
+    )
+    .await;
+    let agent = BlackboxProcess::opencode_pid(&runtime).expect("opencode pid");
+    // The parent-death signal ends opencode; its tool is stopped by the restarted server
+    // (blackbox/src/leftovers.rs).
+    bb.crash_and_restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while is_alive(agent) || !processes_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left after the server was killed and restarted: opencode {agent} alive: {}, its tool: {:?}\n{}",
+            is_alive(agent),
+            processes_with(&marker),
+            bb.describe()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The restarted server serves a new session.
+    let reg = registration(
+        "opencode",
+        opencode_options(),
+        &fake.base_url(),
+        "sess-next",
+        &json!({}),
+    );
+    let r = bb.post("/v1/rollout/register", &reg).await;
+    assert_eq!(r.status, 200, "{r}");
+    let r = bb
+        .turn(
+            "sess-next",
+            &json!({"turn_id": "t1", "messages": user("hi")}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r}");
 }
