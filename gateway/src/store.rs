@@ -21,6 +21,10 @@ pub const VERSION: u32 = 1;
 #[derive(Debug, Clone)]
 pub struct Store {
     path: PathBuf,
+    /// Saves share one temp file: the state writer and a control operation saving at once
+    /// would rename it from under each other (the loser fails with `ENOENT`) or write into the
+    /// file just renamed into place. One save at a time.
+    saving: std::sync::Arc<std::sync::Mutex<()>>,
 }
 
 /// Why the state could not be read or written.
@@ -73,6 +77,7 @@ impl Store {
         }
         Ok(Store {
             path: dir.join("gateway.json"),
+            saving: std::sync::Arc::default(),
         })
     }
 
@@ -114,6 +119,11 @@ impl Store {
             source,
         };
         let bytes = serde_json::to_vec_pretty(snap).map_err(|e| io(std::io::Error::other(e)))?;
+        // A panic while holding it left no state behind that the next save would trust.
+        let _one_at_a_time = self
+            .saving
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tmp = self.path.with_extension("json.tmp");
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -175,6 +185,28 @@ mod tests {
         store.save(&s).unwrap();
         assert_eq!(store.load().unwrap(), s);
         assert!(!d.path().join("state/gateway/gateway.json.tmp").exists());
+    }
+
+    /// The state writer and control operations save concurrently: every save succeeds and
+    /// the file is always whole.
+    #[test]
+    fn concurrent_saves_do_not_collide() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::open(d.path()).unwrap();
+        let s = Snapshot {
+            version: VERSION,
+            ..Snapshot::default()
+        };
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..50 {
+                        store.save(&s).unwrap();
+                    }
+                });
+            }
+        });
+        assert_eq!(store.load().unwrap(), s);
     }
 
     #[test]
