@@ -94,7 +94,8 @@
 //!   "disconnect_after_events": 3,      // abort the connection after N frames
 //!   "error_event": {"after_events": 3, "type": "overloaded_error", "message": "…"},
 //!   "heartbeats": 2,                   // streams: `: dressage-heartbeat` frames first
-//!   "garbage_after_events": 3          // streams: a non-JSON `data:` frame after N frames
+//!   "garbage_after_events": 3,         // streams: a non-JSON `data:` frame after N frames
+//!   "huge_text_bytes": 1073741824      // the text is this many bytes of filler, made on the fly
 //! }
 //! ```
 //! - Ids are generated from the request number: `msg_fakellm_000007` / `chatcmpl-fakellm-000007`,
@@ -123,6 +124,10 @@
 //!   `data: [DONE]`: how such a router reports a failure after committing to 200.
 //! - `garbage_after_events` on a streamed reply keeps the first N frames, then sends
 //!   `data: fakellm-garbage{` and ends the stream.
+//! - `huge_text_bytes` replaces `text` with that many bytes of `x` (rounded up to 64 KiB),
+//!   generated while the reply is sent, so fakellm's memory does not grow with it: a streamed
+//!   reply sends them as text deltas of 64 KiB each, a whole one inside its JSON body. Give
+//!   `usage` with it (the estimate does not count the filler).
 //! - `count_tokens`, `/v1/models`, `/health`, the rollout control calls and refused requests
 //!   never consume steps or rules.
 

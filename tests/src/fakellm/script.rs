@@ -94,6 +94,9 @@ pub struct Entry {
     /// Streamed replies: after this many frames, send one `data:` frame that is not JSON and
     /// end the stream there.
     pub garbage_after_events: Option<usize>,
+    /// Replace `text` with this many bytes of filler, generated as the reply goes out (never
+    /// held whole): streamed, as text deltas of 64 KiB; whole, inside the one JSON body.
+    pub huge_text_bytes: Option<u64>,
 }
 
 /// A scripted tool call; its id is generated unless given.

@@ -517,6 +517,17 @@ fn json_response(status: StatusCode, seq: u64, body: &Value) -> Response {
     resp
 }
 
+/// A 200 whose JSON body is sent as `body` produces it.
+fn json_body_response(body: Body, seq: u64) -> Response {
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    add_request_id(resp.headers_mut(), seq);
+    resp
+}
+
 fn add_request_id(h: &mut axum::http::HeaderMap, seq: u64) {
     if let Ok(v) = HeaderValue::try_from(format!("req_fakellm_{seq:06}")) {
         h.insert("request-id", v.clone());
@@ -589,6 +600,18 @@ async fn scripted(
     request_bytes: usize,
 ) -> Response {
     let seq = notice.seq;
+    // A huge text is rendered as one mark and expanded as the body goes out.
+    let huge;
+    let entry = match entry.huge_text_bytes {
+        Some(_) => {
+            huge = Entry {
+                text: Some(HUGE_MARK.to_string()),
+                ..entry.clone()
+            };
+            &huge
+        }
+        None => entry,
+    };
     if entry.delay_ms > 0 {
         tokio::time::sleep(Duration::from_millis(entry.delay_ms)).await;
     }
@@ -640,20 +663,22 @@ async fn scripted(
                     let text = body.to_string();
                     let half = Bytes::from(text.into_bytes());
                     let cut = half.len() / 2;
-                    let mut resp = Response::new(frames_body(
-                        vec![half.slice(..cut)],
-                        Duration::ZERO,
-                        true,
-                        notice,
-                    ));
-                    resp.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("application/json"),
-                    );
-                    add_request_id(resp.headers_mut(), seq);
-                    resp
+                    json_body_response(
+                        frames_body(vec![half.slice(..cut)], Duration::ZERO, true, notice),
+                        seq,
+                    )
                 }
-                None => json_response(StatusCode::OK, seq, &body),
+                None => match entry.huge_text_bytes {
+                    Some(bytes) => {
+                        let frames = vec![Bytes::from(body.to_string())];
+                        let (total, frames) = expand_huge(frames, bytes, false);
+                        json_body_response(
+                            frames_body_iter(total, frames, Duration::ZERO, false, notice),
+                            seq,
+                        )
+                    }
+                    None => json_response(StatusCode::OK, seq, &body),
+                },
             }
         }
     };
@@ -741,7 +766,12 @@ fn event_stream(
     frames: Vec<Bytes>,
     abort: bool,
 ) -> Response {
-    let mut resp = Response::new(frames_body(
+    let (total, frames) = match entry.huge_text_bytes {
+        Some(bytes) => expand_huge(frames, bytes, true),
+        None => (frames.len(), Box::new(frames.into_iter()) as Frames),
+    };
+    let mut resp = Response::new(frames_body_iter(
+        total,
         frames,
         Duration::from_millis(entry.event_delay_ms),
         abort,
@@ -760,9 +790,66 @@ fn event_stream(
 /// A body that sends `frames` one write each, `delay` apart, then ends cleanly or, with
 /// `abort`, fails so hyper drops the connection without finishing the response. If the client
 /// goes away first, `notice` records it.
-fn frames_body(frames: Vec<Bytes>, delay: Duration, abort: bool, mut notice: DropNotice) -> Body {
-    notice.total = frames.len();
-    let state = (frames.into_iter(), abort, true, notice);
+fn frames_body(frames: Vec<Bytes>, delay: Duration, abort: bool, notice: DropNotice) -> Body {
+    frames_body_iter(
+        frames.len(),
+        Box::new(frames.into_iter()),
+        delay,
+        abort,
+        notice,
+    )
+}
+
+/// Frames made as they are sent.
+type Frames = Box<dyn Iterator<Item = Bytes> + Send>;
+
+/// The one-character text a `huge_text_bytes` reply is rendered with (a private-use character:
+/// one text delta, written raw in JSON), replaced by the filler on the way out.
+const HUGE_MARK: char = '\u{E000}';
+
+/// How much filler one piece of a huge reply carries.
+const HUGE_CHUNK: usize = 64 << 10;
+
+/// `frames` with the one holding [`HUGE_MARK`] expanded to `bytes` of filler (rounded up to
+/// [`HUGE_CHUNK`]): with `whole_frames`, that frame repeated with a chunk in place of the mark
+/// each time (text deltas); else its text before the mark, the chunks, its text after (a
+/// JSON body). Each piece is a cheap clone of one buffer. Also how many pieces there are.
+fn expand_huge(frames: Vec<Bytes>, bytes: u64, whole_frames: bool) -> (usize, Frames) {
+    let chunks = usize::try_from(bytes.div_ceil(HUGE_CHUNK as u64)).unwrap_or(usize::MAX);
+    let mut mark = [0_u8; 4];
+    let mark = HUGE_MARK.encode_utf8(&mut mark).as_bytes().to_vec();
+    let filler = Bytes::from(vec![b'x'; HUGE_CHUNK]);
+    let per_mark = if whole_frames { chunks } else { chunks + 2 };
+    let total = frames.len().saturating_sub(1).saturating_add(per_mark);
+    let pieces = frames.into_iter().flat_map(move |f| -> Frames {
+        let Some(at) = f.windows(mark.len()).position(|w| w == mark.as_slice()) else {
+            return Box::new(std::iter::once(f));
+        };
+        let (before, after) = (f.slice(..at), f.slice(at + mark.len()..));
+        if whole_frames {
+            let frame = Bytes::from([&before[..], &filler[..], &after[..]].concat());
+            Box::new(std::iter::repeat_n(frame, chunks))
+        } else {
+            Box::new(
+                std::iter::once(before)
+                    .chain(std::iter::repeat_n(filler.clone(), chunks))
+                    .chain(std::iter::once(after)),
+            )
+        }
+    });
+    (total, Box::new(pieces))
+}
+
+/// [`frames_body`] over frames made as they are sent; `total` is how many there are.
+fn frames_body_iter(
+    total: usize,
+    frames: Frames,
+    delay: Duration,
+    abort: bool,
+    mut notice: DropNotice,
+) -> Body {
+    notice.total = total;
+    let state = (frames, abort, true, notice);
     let stream = futures_util::stream::unfold(
         state,
         move |(mut it, abort, first, mut notice)| async move {

@@ -387,3 +387,28 @@ pub fn wait_group_gone(pgid: u32, timeout: Duration) -> Vec<String> {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB; `None` once the process
+/// is gone or the field is absent.
+#[must_use]
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// How many descriptors `pid` holds open (`/proc/<pid>/fd`); 0 once it is gone.
+#[must_use]
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Whether `pid` is a live process (a zombie is dead: it only waits for its reaper).
+#[must_use]
+pub fn is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+}
