@@ -17,10 +17,10 @@ use serde_json::{Value, json};
 
 use agentbox_llm::adapter::anthropic_version;
 use agentbox_llm::{AnthropicTarget, Auth, ChatTarget};
-use agentbox_policy::config::Provider;
+use agentbox_policy::config::{Provider, Reasoning};
 use agentbox_policy::sanitize;
 use agentbox_policy::secret::presented_token;
-use agentbox_wire::translate::ChatOptions;
+use agentbox_wire::translate::{ChatOptions, ReasoningField};
 
 use crate::Bridge;
 use crate::check::check as probe;
@@ -123,6 +123,12 @@ async fn messages(
     })?;
     sanitize::sanitize_request(&mut value, &model.upstream_model, model.allow_url_sources)
         .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
+    if !model.forward_user_id
+        && let Some(Value::Object(metadata)) = value.get_mut("metadata")
+    {
+        // Claude Code's device, account and session ids: not the provider's business.
+        metadata.shift_remove("user_id");
+    }
     let stream = match value.get("stream") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) => true,
@@ -149,6 +155,12 @@ async fn messages(
                 chat: ChatOptions {
                     model: Some(model.upstream_model.clone()),
                     max_output_tokens: model.max_output_tokens,
+                    reasoning: match model.reasoning {
+                        Reasoning::None => ReasoningField::None,
+                        Reasoning::ReasoningEffort => ReasoningField::ReasoningEffort,
+                        Reasoning::Reasoning => ReasoningField::Reasoning,
+                    },
+                    forward_user: model.forward_user_id,
                     ..ChatOptions::default()
                 },
                 // Report the model the client asked for, not the provider's name for it.

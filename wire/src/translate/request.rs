@@ -100,11 +100,8 @@ pub fn anthropic_into_chat(
     {
         chat_extra.insert("top_k".to_owned(), Value::from(k));
     }
-    let reasoning_effort = if opts.reasoning_effort_from_thinking {
-        reasoning_effort(thinking.as_ref(), &extra)
-    } else {
-        None
-    };
+    let (reasoning_effort, reasoning) =
+        super::reasoning_fields(opts.reasoning, thinking_effort(thinking.as_ref(), &extra));
 
     Ok(ChatRequest {
         model: opts.model.clone().unwrap_or(model),
@@ -124,8 +121,11 @@ pub fn anthropic_into_chat(
         tool_choice,
         parallel_tool_calls,
         tools: (!tools.is_empty()).then_some(tools),
-        user: metadata.and_then(|m| m.user_id),
+        user: metadata
+            .filter(|_| opts.forward_user)
+            .and_then(|m| m.user_id),
         reasoning_effort,
+        reasoning,
         response_format: response_format(&extra),
         extra: chat_extra,
     })
@@ -520,7 +520,8 @@ fn translate_tool_choice(choice: Option<ToolChoice>) -> (Option<ChatToolChoice>,
     }
 }
 
-fn reasoning_effort(thinking: Option<&ThinkingConfig>, extra: &Extra) -> Option<String> {
+/// The effort a request's `thinking` asks for ([`super::ReasoningField`] states the rule).
+fn thinking_effort(thinking: Option<&ThinkingConfig>, extra: &Extra) -> Option<String> {
     let bucket = |budget: u64| match budget {
         0..4096 => "low",
         4096..16384 => "medium",
