@@ -20,6 +20,7 @@
 mod check;
 pub mod error;
 mod routes;
+mod typed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1237,20 +1237,39 @@ mod tests {
                 "[models.m]\nbackend = \"remote\"\nprovider = \"{provider}\"\nbase_url = \"https://x\"\nupstream_model = \"u\"\nkey_env = \"K\"\n{body}"
             )
         };
-        let m = parse(&remote("openai", "reasoning = \"reasoning\"\nforward_user_id = true")).unwrap();
+        let m = parse(&remote(
+            "openai",
+            "reasoning = \"reasoning\"\nforward_user_id = true",
+        ))
+        .unwrap();
         let m = m.model("m").unwrap();
         assert_eq!(m.reasoning, Reasoning::Reasoning);
         assert!(m.forward_user_id);
         let m = parse(&remote("openai", "")).unwrap();
         assert_eq!(m.model("m").unwrap().reasoning, Reasoning::None);
         assert!(!m.model("m").unwrap().forward_user_id);
-        assert!(parse(&remote("anthropic", "forward_user_id = true")).unwrap().model("m").unwrap().forward_user_id);
+        assert!(
+            parse(&remote("anthropic", "forward_user_id = true"))
+                .unwrap()
+                .model("m")
+                .unwrap()
+                .forward_user_id
+        );
         assert_err_keys(
             "",
             &[
-                (&remote("anthropic", "reasoning = \"reasoning_effort\""), "models.m.reasoning"),
-                (&remote("openai", "reasoning = \"effort\""), "models.m.reasoning"),
-                (&remote("openai", "forward_user_id = \"yes\""), "models.m.forward_user_id"),
+                (
+                    &remote("anthropic", "reasoning = \"reasoning_effort\""),
+                    "models.m.reasoning",
+                ),
+                (
+                    &remote("openai", "reasoning = \"effort\""),
+                    "models.m.reasoning",
+                ),
+                (
+                    &remote("openai", "forward_user_id = \"yes\""),
+                    "models.m.forward_user_id",
+                ),
                 (
                     "[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nreasoning = \"reasoning\"",
                     "models.m.reasoning",

@@ -217,32 +217,40 @@ pub fn refuse_url_sources(body: &Value) -> Result<(), SanitizeError> {
     Ok(())
 }
 
+/// [`refuse_url_sources`]'s rule for one object found at `path` (a block, or the fields of
+/// one a caller holds typed): the bridge walks its typed request and hands the maps it holds
+/// here.
+pub fn refuse_url_sources_in(
+    obj: &Map<String, Value>,
+    path: &mut String,
+) -> Result<(), SanitizeError> {
+    if let Some(Value::Object(source)) = obj.get("source")
+        && source.get("type").and_then(Value::as_str) == Some("url")
+    {
+        return Err(SanitizeError::UrlSource {
+            path: format!("{path}.source"),
+        });
+    }
+    let tool_call = matches!(
+        obj.get("type").and_then(Value::as_str),
+        Some("tool_use" | "server_tool_use")
+    );
+    for (k, child) in obj {
+        if tool_call && k == "input" {
+            continue;
+        }
+        let len = path.len();
+        path.push('.');
+        path.push_str(k);
+        find_url_source(child, path)?;
+        path.truncate(len);
+    }
+    Ok(())
+}
+
 fn find_url_source(v: &Value, path: &mut String) -> Result<(), SanitizeError> {
     match v {
-        Value::Object(obj) => {
-            if let Some(Value::Object(source)) = obj.get("source")
-                && source.get("type").and_then(Value::as_str) == Some("url")
-            {
-                return Err(SanitizeError::UrlSource {
-                    path: format!("{path}.source"),
-                });
-            }
-            let tool_call = matches!(
-                obj.get("type").and_then(Value::as_str),
-                Some("tool_use" | "server_tool_use")
-            );
-            for (k, child) in obj {
-                if tool_call && k == "input" {
-                    continue;
-                }
-                let len = path.len();
-                path.push('.');
-                path.push_str(k);
-                find_url_source(child, path)?;
-                path.truncate(len);
-            }
-            Ok(())
-        }
+        Value::Object(obj) => refuse_url_sources_in(obj, path),
         Value::Array(items) => {
             for (i, child) in items.iter().enumerate() {
                 let len = path.len();

@@ -217,7 +217,10 @@ async fn thinking_and_client_ids_follow_the_model_config() {
         req
     };
     let cases = [
-        thinking("thinker", json!({"type": "enabled", "budget_tokens": 31999})),
+        thinking(
+            "thinker",
+            json!({"type": "enabled", "budget_tokens": 31999}),
+        ),
         thinking("thinker", json!({"type": "enabled", "budget_tokens": 4000})),
         thinking("thinker", json!({"type": "disabled"})),
         thinking("gpt", json!({"type": "enabled", "budget_tokens": 31999})),
@@ -233,8 +236,14 @@ async fn thinking_and_client_ids_follow_the_model_config() {
     assert_eq!(bodies[0]["reasoning_effort"], "high", "{}", bodies[0]);
     assert_eq!(bodies[1]["reasoning_effort"], "low", "{}", bodies[1]);
     for b in &bodies[..3] {
-        assert!(b.get("user").is_none(), "user id sent without forward_user_id: {b}");
-        assert!(b.get("thinking").is_none() && b.get("reasoning").is_none(), "{b}");
+        assert!(
+            b.get("user").is_none(),
+            "user id sent without forward_user_id: {b}"
+        );
+        assert!(
+            b.get("thinking").is_none() && b.get("reasoning").is_none(),
+            "{b}"
+        );
     }
     assert!(bodies[2].get("reasoning_effort").is_none(), "{}", bodies[2]);
     // `gpt` has no `reasoning` key (thinking not sent) and forwards the user id.
@@ -242,7 +251,11 @@ async fn thinking_and_client_ids_follow_the_model_config() {
     assert_eq!(bodies[3]["user"], "user-1");
     // Passthrough keeps thinking as it is and drops only the user id.
     assert_eq!(bodies[4]["thinking"]["budget_tokens"], 31999);
-    assert!(bodies[4]["metadata"].get("user_id").is_none(), "{}", bodies[4]);
+    assert!(
+        bodies[4]["metadata"].get("user_id").is_none(),
+        "{}",
+        bodies[4]
+    );
     for (i, r) in reqs.iter().enumerate() {
         assert_eq!(r.to_string().contains("user-1"), i == 3, "{r}");
     }

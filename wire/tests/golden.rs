@@ -26,8 +26,7 @@ use agentbox_wire::error::anthropic_error_from_openai;
 use agentbox_wire::responses::ResponsesRequest;
 use agentbox_wire::translate::{
     ChatOptions, InlineSystem, MaxTokensField, ReasoningField, ResponseOptions, ResponsesOptions,
-    ToolNames,
-    anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
+    ToolNames, anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
     responses_into_chat,
 };
 use agentbox_wire::usage::{BodyKind, MeterReport, UsageMeter};
@@ -283,6 +282,7 @@ golden!(request:
     tool_choice_none,
     disable_parallel_tool_use,
     tool_choice_without_tools_dropped,
+    tool_choice_of_a_server_tool_dropped,
     stop_sequences_to_stop,
     metadata_user_id_to_user,
     metadata_user_id_not_forwarded_by_default,

@@ -77,10 +77,16 @@ pub fn anthropic_into_chat(
         .filter(|t| !t.is_server_tool())
         .map(translate_tool)
         .collect();
-    let (tool_choice, parallel_tool_calls) = if tools.is_empty() {
-        (None, None)
-    } else {
-        translate_tool_choice(tool_choice)
+    let (tool_choice, parallel_tool_calls) = match translate_tool_choice(tool_choice) {
+        _ if tools.is_empty() => (None, None),
+        // A choice forcing a server tool, which is not sent: the model chooses freely (the
+        // sanitizer's rule for the same case).
+        (Some(ChatToolChoice::Named(named)), _)
+            if !tools.iter().any(|t| t.function.name == named.function.name) =>
+        {
+            (None, None)
+        }
+        other => other,
     };
 
     let limit = match (max_tokens, opts.max_output_tokens) {
