@@ -25,16 +25,10 @@ pub fn refuse_url_sources(req: &MessagesRequest) -> Result<(), SanitizeError> {
 }
 
 fn content(c: &TextOrList<ContentBlock>, path: &mut String) -> Result<(), SanitizeError> {
-    let TextOrList::List(blocks) = c else {
-        return Ok(());
-    };
-    for (i, b) in blocks.iter().enumerate() {
-        let len = path.len();
-        path.push_str(&format!("[{i}]"));
-        block(b, path)?;
-        path.truncate(len);
+    match c {
+        TextOrList::List(blocks) => sanitize::each_indexed(blocks, path, block),
+        TextOrList::Text(_) => Ok(()),
     }
-    Ok(())
 }
 
 fn url_source(path: &str) -> SanitizeError {

@@ -251,17 +251,24 @@ pub fn refuse_url_sources_in(
 fn find_url_source(v: &Value, path: &mut String) -> Result<(), SanitizeError> {
     match v {
         Value::Object(obj) => refuse_url_sources_in(obj, path),
-        Value::Array(items) => {
-            for (i, child) in items.iter().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
-                find_url_source(child, path)?;
-                path.truncate(len);
-            }
-            Ok(())
-        }
+        Value::Array(items) => each_indexed(items, path, find_url_source),
         Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => Ok(()),
     }
+}
+
+/// Runs `f` on each item with `[i]` appended to `path` (the URL-source walks' list step).
+pub fn each_indexed<T>(
+    items: &[T],
+    path: &mut String,
+    mut f: impl FnMut(&T, &mut String) -> Result<(), SanitizeError>,
+) -> Result<(), SanitizeError> {
+    for (i, item) in items.iter().enumerate() {
+        let len = path.len();
+        path.push_str(&format!("[{i}]"));
+        f(item, path)?;
+        path.truncate(len);
+    }
+    Ok(())
 }
 
 /// What the gateway and the bridge do to every request before it goes upstream: refuse media
