@@ -126,6 +126,8 @@
 //! - `count_tokens`, `/v1/models`, `/health`, the rollout control calls and refused requests
 //!   never consume steps or rules.
 
+#![forbid(unsafe_code)]
+
 mod log;
 pub mod render;
 pub mod script;
