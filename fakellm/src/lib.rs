@@ -128,6 +128,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod claude;
 mod log;
 pub mod render;
 pub mod script;
