@@ -7,11 +7,14 @@
 //! - [`render`]: the progress line and the summary as text.
 //! - [`error`]: every failure as one line and a documented exit code ([`error::EXIT_CODES`]).
 //! - [`config_check`]: `config check`.
+//! - [`up`]: the three daemons in the foreground; [`demo`]: the whole path on a throwaway
+//!   setup with a built-in scripted model.
 
 #![forbid(unsafe_code)]
 
 pub mod config_check;
 pub mod daemons;
+pub mod demo;
 pub mod error;
 pub mod render;
 pub mod run;
@@ -112,6 +115,12 @@ enum Command {
     /// Run the launcher, gateway and bridge in the foreground on one data dir (a trial);
     /// Ctrl-C stops all three.
     Up(up::UpArgs),
+    /// The whole `run` path on a throwaway setup with a built-in scripted model (nothing
+    /// configured, no API key): Claude Code fixes a failing test in a new repository, then
+    /// the delivered branch, its diff and the budget spent are shown; everything is removed
+    /// on the way out.
+    #[command(after_help = EXIT_CODES)]
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,6 +271,9 @@ async fn dispatch(
     if let Command::Up(args) = command {
         return up::up(&args, config, env).await;
     }
+    if let Command::Demo(args) = command {
+        return demo::demo(&args, config, env).await;
+    }
     let d = Daemons::new(Config::load(config, env)?);
     match command {
         Command::Run(args) => run_command(&d, args).await,
@@ -285,7 +297,7 @@ async fn dispatch(
         Command::Backends {
             action: BackendsAction::Stop,
         } => verbs::backends_stop(&d).await,
-        Command::Config { .. } | Command::Up(_) => Ok(ExitCode::SUCCESS),
+        Command::Config { .. } | Command::Up(_) | Command::Demo(_) => Ok(ExitCode::SUCCESS),
     }
 }
 

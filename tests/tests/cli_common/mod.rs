@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output, Stdio};
 
+use agentbox_tests::fakellm::claude;
 use agentbox_tests::harness::launcher::{chown_tree, git_with};
 use agentbox_tests::harness::{
     BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess, readable_client, workspace_bin,
@@ -260,7 +261,7 @@ pub fn agent_processes(range: std::ops::Range<u32>) -> Vec<String> {
 
 /// [`write_script`]s for runs one after the other: `(file, content, done_delay_ms)` each.
 pub fn writes(runs: &[(&str, &str, u64)]) -> Value {
-    chain(
+    claude::chain(
         &runs
             .iter()
             .map(|(f, c, d)| write_script(f, c, *d))
@@ -268,32 +269,8 @@ pub fn writes(runs: &[(&str, &str, u64)]) -> Value {
     )
 }
 
-/// One script whose steps are those of `scripts` in order (for runs one after the other),
-/// with the first one's rules.
-pub fn chain(scripts: &[Value]) -> Value {
-    let steps: Vec<Value> = scripts
-        .iter()
-        .flat_map(|s| s["steps"].as_array().cloned().unwrap_or_default())
-        .collect();
-    serde_json::json!({"rules": scripts[0]["rules"], "steps": steps})
-}
-
 /// A fakellm script for Claude Code in chat mode (through the bridge): write `content` to
-/// `/workspace/<file>` with a shell command, then say done. Side requests without tools get
-/// "ok" and spend no step.
+/// `/workspace/<file>` with a shell command, then say done ([`claude::write_file`]).
 pub fn write_script(file: &str, content: &str, done_delay_ms: u64) -> Value {
-    serde_json::json!({
-        "rules": [{"match": {"has_tools": false}, "text": "ok"}],
-        "steps": [
-            {"match": {"has_tools": true},
-             "tool_calls": [{"name": "Bash", "input": {
-                 "command": format!("printf '{content}' > /workspace/{file} && echo wrote"),
-                 "description": "write the file"}}],
-             "usage": {"input_tokens": 1000, "output_tokens": 20}},
-            {"match": {"has_tools": true, "body_contains": "tool_call_id"},
-             "text": "done",
-             "delay_ms": done_delay_ms,
-             "usage": {"input_tokens": 1100, "output_tokens": 5, "cache_read_input_tokens": 200}}
-        ]
-    })
+    claude::write_file(file, content, done_delay_ms)
 }

@@ -131,6 +131,9 @@
 //! - `count_tokens`, `/v1/models`, `/health`, the rollout control calls and refused requests
 //!   never consume steps or rules.
 
+#![forbid(unsafe_code)]
+
+pub mod claude;
 mod log;
 pub mod render;
 pub mod script;
