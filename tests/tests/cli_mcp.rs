@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use agentbox_api::gateway::TaskState;
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{FakeLlm, claude_headless, run_captured, workspace_bin};
-use cli_common::{Stack, cli_with, git, write_script, writes};
+use cli_common::{Stack, cli_with, git, status_task, write_script, writes};
 use serde_json::{Value, json};
 
 /// How long a delegated run may take (Claude Code starting in bwrap, two turns).
@@ -353,12 +353,7 @@ async fn handshake_tools_run_with_progress_status_logs_and_bad_arguments() {
     assert_eq!(result["isError"], false, "{result}");
     let s = &result["structuredContent"];
     assert_eq!(s["launcher"]["ready"], true, "{result}");
-    let task = s["gateway"]["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == "mcp-run")
-        .unwrap_or_else(|| panic!("{result}"));
+    let task = status_task(s, "mcp-run");
     assert_eq!(task["state"], "closed", "{task}");
     assert_eq!(task["usage"]["total_tokens"].as_u64().unwrap(), total);
 

@@ -337,3 +337,11 @@ pub fn write_script(file: &str, content: &str, done_delay_ms: u64) -> Value {
         ]
     })
 }
+
+/// The gateway's entry for `tid` in a `status --json` object (fails the test when absent).
+pub fn status_task<'a>(status: &'a Value, tid: &str) -> &'a Value {
+    status["gateway"]["tasks"]
+        .as_array()
+        .and_then(|tasks| tasks.iter().find(|t| t["tid"] == tid))
+        .unwrap_or_else(|| panic!("no task {tid} in {status}"))
+}
