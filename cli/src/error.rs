@@ -181,6 +181,35 @@ impl CliError {
         }
     }
 
+    /// The exit code's name, stable for scripts and MCP clients (`daemon_down`, ...).
+    pub fn exit_name(&self) -> &'static str {
+        match self {
+            CliError::Usage(_) => "usage",
+            CliError::UnknownModel { .. } => "unknown_model",
+            CliError::BadRepo { .. } => "bad_repo",
+            CliError::Refused { .. } => "refused",
+            CliError::UnknownTask { .. } => "unknown_task",
+            CliError::DaemonDown { .. } => "daemon_down",
+            CliError::Daemon { .. } => "daemon_failed",
+            CliError::HostNotReady(_) => "host_not_ready",
+            CliError::Io { .. } => "io",
+            CliError::PermissionDenied { .. } => "permission_denied",
+            CliError::Config(_) => "config",
+            CliError::Interrupted => "interrupted",
+        }
+    }
+
+    /// The error as `--json` prints it (and an MCP tool result carries it): its one line, its
+    /// exit code and the code's name.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "ok": false,
+            "error": self.to_string(),
+            "exit_code": self.exit_code(),
+            "exit_name": self.exit_name(),
+        })
+    }
+
     /// A daemon's answer (or failure) as the error people should see. `service_user` names who
     /// may call it; `tid` is the task the request was about, if any.
     pub fn from_client(

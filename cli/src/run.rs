@@ -217,8 +217,9 @@ pub enum Event<'a> {
     },
 }
 
-/// Where progress goes (a terminal line, plain lines, MCP notifications).
-pub trait Progress {
+/// Where progress goes (a terminal line, plain lines, MCP notifications). `Send` so a run can
+/// be a spawned task (each MCP request is one).
+pub trait Progress: Send {
     /// Called for every event, in order.
     fn event(&mut self, event: &Event<'_>);
 }

@@ -35,7 +35,8 @@ pub use blackbox::{
     user_turn,
 };
 pub use clients::{
-    claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
+    claude_headless, claude_print_cmd, client_bin, clients_dir, readable_client,
+    stream_json_result, workspace_root,
 };
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, cargo, workspace_bin};
 pub use fake::FakeLlm;
