@@ -216,18 +216,11 @@ async fn model_faults_get_the_documented_answers_while_other_tasks_are_served() 
             n += 1;
             assert_eq!(r.status, 200, "{model} {marker}");
             let ev = events(&r);
-            // KNOWN GAP (reported): an Anthropic stream passed through (claude) that the
-            // upstream ends cleanly after a garbage frame reaches the client without the error
-            // frame `llm/src/body.rs` promises (no `message_stop` either); the check is kept
-            // for the translated path only until the passthrough meter ends such a stream.
-            let known_gap = model == "claude" && marker == "fault-garbage";
-            if !known_gap {
-                assert_eq!(
-                    ev.last().map(String::as_str),
-                    Some("error"),
-                    "{model} {marker}: {ev:?}"
-                );
-            }
+            assert_eq!(
+                ev.last().map(String::as_str),
+                Some("error"),
+                "{model} {marker}: {ev:?}"
+            );
             assert!(
                 !ev.iter().any(|e| e == "message_stop"),
                 "{model} {marker}: {ev:?}"
