@@ -3,7 +3,7 @@
 //! refuses with a typed error or gives a chat request that serializes.
 #![no_main]
 
-use agentbox_fuzz::chat_options;
+use agentbox_fuzz::{chat_options, no_duplicate_members};
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::normalize;
 use agentbox_wire::translate::{ResponseOptions, anthropic_into_chat};
@@ -16,7 +16,12 @@ fuzz_target!(|input: (u16, &[u8])| {
     };
     let text = serde_json::to_vec(&req).expect("a parsed request serializes");
     let back: MessagesRequest = serde_json::from_slice(&text).expect("own output parses");
-    assert_eq!(req, back, "parse and serialize lost something");
+    // A member named twice makes JSON itself ambiguous: the typed parse refuses it and keeps the
+    // block opaque (translation then refuses a known block type as malformed), a `Value` keeps
+    // the last. Only bodies without that ambiguity must round-trip exactly.
+    if no_duplicate_members::<MessagesRequest>(bytes, &req) {
+        assert_eq!(req, back, "parse and serialize lost something");
+    }
 
     let _ = ResponseOptions::for_request(&req);
     let mut folded = req.clone();

@@ -8,7 +8,7 @@
 use std::sync::OnceLock;
 
 use agentbox_policy::config::{Config, FixedEnv};
-use agentbox_wire::anthropic::{StreamAccumulator, StreamEvent, StreamViolation};
+use agentbox_wire::anthropic::{StopReason, StreamAccumulator, StreamEvent, StreamViolation};
 use agentbox_wire::sse::{Decoder, Encoder, Event};
 use agentbox_wire::usage::UsageMeter;
 use agentbox_wire::translate::{
@@ -104,6 +104,10 @@ fn write_responses(e: &agentbox_wire::responses::ResponseStreamEvent, out: &mut 
 /// (the upstream broke), never in a malformed sequence. The SSE it is written as must decode
 /// back to the same events.
 pub fn check_anthropic_events(events: &[StreamEvent]) {
+    let cut_at_max_tokens = events.iter().any(|e| {
+        matches!(e, StreamEvent::MessageDelta { delta, .. }
+            if delta.stop_reason == Some(StopReason::MaxTokens))
+    });
     let mut acc = StreamAccumulator::new();
     let mut wire = Vec::new();
     for e in events {
@@ -112,6 +116,14 @@ pub fn check_anthropic_events(events: &[StreamEvent]) {
         match acc.push(e) {
             Ok(()) => {}
             Err(StreamViolation::ErrorEvent(_)) => return,
+            // Arguments are streamed as the model wrote them: a model's malformed JSON reaches
+            // the client as it would from Anthropic, but arguments cut mid-value only when the
+            // output was cut at max_tokens.
+            Err(StreamViolation::ToolInputInvalid { reason, .. })
+                if cut_at_max_tokens || !reason.starts_with("EOF while parsing") =>
+            {
+                return;
+            }
             Err(v) => panic!("the translator broke the Anthropic stream contract: {v}\n{events:#?}"),
         }
     }
@@ -171,4 +183,16 @@ pub fn chat_options(bits: u16) -> agentbox_wire::translate::ChatOptions {
         reasoning_effort_from_thinking: !on(1),
         forward_top_k: on(2),
     }
+}
+
+/// Whether `bytes` mean the same `T` read directly and through a `Value` (which keeps the last
+/// of duplicated members): false only when a member named twice changed the typed reading.
+pub fn no_duplicate_members<T>(bytes: &[u8], direct: &T) -> bool
+where
+    T: serde::de::DeserializeOwned + PartialEq,
+{
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| serde_json::from_value::<T>(v).ok())
+        .is_some_and(|via_value| &via_value == direct)
 }
