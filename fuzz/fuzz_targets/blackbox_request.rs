@@ -5,6 +5,7 @@
 //! whose output must be the client's JSON object with the policy's members set.
 #![no_main]
 
+use agentbox_blackbox::error::ApiError;
 use agentbox_blackbox::hashing::{binding_fingerprint, messages_fingerprint, normalize_router};
 use agentbox_blackbox::ids;
 use agentbox_blackbox::model::{
@@ -12,7 +13,6 @@ use agentbox_blackbox::model::{
 };
 use agentbox_blackbox::proxy::rewrite::{self, Edit, Policy};
 use agentbox_blackbox::routes::parse_body;
-use agentbox_blackbox::error::ApiError;
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Map, Value};
 
@@ -48,8 +48,15 @@ fn proxy_policy(bytes: &[u8], bits: u8) {
     // What goes upstream now complies: peeking it again asks for nothing.
     let again = serde_json::to_vec(&out).expect("a map serializes");
     let p = rewrite::peek(&again, &policy).expect("the rewritten body peeks");
-    assert_eq!(p.edit, Edit::None, "the policy does not hold after its own edit");
-    assert_eq!(p.stream, peeked.stream, "the edit changed whether it streams");
+    assert_eq!(
+        p.edit,
+        Edit::None,
+        "the policy does not hold after its own edit"
+    );
+    assert_eq!(
+        p.stream, peeked.stream,
+        "the edit changed whether it streams"
+    );
 }
 
 fuzz_target!(|input: (u8, &[u8])| {
@@ -62,9 +69,13 @@ fuzz_target!(|input: (u8, &[u8])| {
             if let Some(o) = &r.server_config {
                 let _ = o.violations();
             }
-            for id in [&r.bound_session_id, &r.bound_instance_id, &r.bound_sandbox_id]
-                .into_iter()
-                .flatten()
+            for id in [
+                &r.bound_session_id,
+                &r.bound_instance_id,
+                &r.bound_sandbox_id,
+            ]
+            .into_iter()
+            .flatten()
             {
                 let _ = ids::is_valid(id);
             }

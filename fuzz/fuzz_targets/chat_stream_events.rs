@@ -76,9 +76,7 @@ fn chunk(choices: Value, usage: Option<Value>) -> String {
 }
 
 fn data(p: &Piece, index: u8, long_name: &str) -> String {
-    let choice = |delta: Value, finish: Value| {
-        json!([{"index": index, "delta": delta, "finish_reason": finish}])
-    };
+    let choice = |delta: Value, finish: Value| json!([{"index": index, "delta": delta, "finish_reason": finish}]);
     match p {
         Piece::Role => chunk(choice(json!({"role": "assistant"}), Value::Null), None),
         Piece::Text(t) => chunk(choice(json!({"content": t}), Value::Null), None),
@@ -90,7 +88,9 @@ fn data(p: &Piece, index: u8, long_name: &str) -> String {
             name,
             args,
         } => {
-            let name = name.as_deref().map(|n| if n == "L" { long_name } else { n });
+            let name = name
+                .as_deref()
+                .map(|n| if n == "L" { long_name } else { n });
             let call = json!({"index": i, "id": id, "type": "function",
                 "function": {"name": name, "arguments": args}});
             chunk(choice(json!({"tool_calls": [call]}), Value::Null), None)

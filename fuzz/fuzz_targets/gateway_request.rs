@@ -15,7 +15,10 @@ use serde_json::Value;
 fuzz_target!(|input: (bool, u8, &[u8])| {
     let (allow_urls, auth, body) = input;
     // The same bytes as either header, so the corpus stays plain request bodies.
-    let _ = presented_token((auth & 1 != 0).then_some(body), (auth & 2 != 0).then_some(body));
+    let _ = presented_token(
+        (auth & 1 != 0).then_some(body),
+        (auth & 2 != 0).then_some(body),
+    );
     let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
         return;
     };
@@ -32,7 +35,10 @@ fuzz_target!(|input: (bool, u8, &[u8])| {
             let again_before = value.clone();
             let report = sanitize_request(&mut value, "upstream-model", allow_urls)
                 .expect("a sanitized body sanitizes again");
-            assert!(!report.removed_anything(), "sanitize is not idempotent: {report:?}");
+            assert!(
+                !report.removed_anything(),
+                "sanitize is not idempotent: {report:?}"
+            );
             assert_eq!(value, again_before, "sanitize is not idempotent");
             assert_eq!(value["model"], "upstream-model");
         }

@@ -23,7 +23,11 @@ fn repo_path(path: &str) {
 
 fn branch(tid: &str, branch: &str) {
     if let Ok(b) = AgentBranch::parse(branch) {
-        assert_eq!(b.to_string(), branch, "a branch is accepted only as written");
+        assert_eq!(
+            b.to_string(),
+            branch,
+            "a branch is accepted only as written"
+        );
         let _ = validate::tid(tid).map(|t| &t == b.tid());
     }
 }

@@ -7,13 +7,20 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|text: &str| {
     let env = FixedEnv {
-        vars: [("AGENTBOX_DATA".to_owned(), "/var/lib/agentbox-fuzz".to_owned())].into(),
+        vars: [(
+            "AGENTBOX_DATA".to_owned(),
+            "/var/lib/agentbox-fuzz".to_owned(),
+        )]
+        .into(),
         euid: 0,
     };
     let Ok(config) = Config::from_toml_str(text, "fuzz.toml", &env) else {
         return;
     };
     for id in config.models.keys() {
-        assert!(config.model(id.as_str()).is_some(), "model {id:?} not found by its id");
+        assert!(
+            config.model(id.as_str()).is_some(),
+            "model {id:?} not found by its id"
+        );
     }
 });

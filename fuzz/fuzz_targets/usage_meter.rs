@@ -23,7 +23,11 @@ fuzz_target!(|input: (bool, u32, &[u8])| {
         let _ = split.usage();
     }
     let (whole, split) = (whole.finish(), split.finish());
-    assert_eq!(whole.billable_usage(), split.billable_usage(), "a split changed the meter");
+    assert_eq!(
+        whole.billable_usage(),
+        split.billable_usage(),
+        "a split changed the meter"
+    );
     if !stream {
         let _ = usage_from_json(bytes).billable_usage();
     }

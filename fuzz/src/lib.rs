@@ -10,10 +10,10 @@ use std::sync::OnceLock;
 use agentbox_policy::config::{Config, FixedEnv};
 use agentbox_wire::anthropic::{StopReason, StreamAccumulator, StreamEvent, StreamViolation};
 use agentbox_wire::sse::{Decoder, Encoder, Event};
-use agentbox_wire::usage::UsageMeter;
 use agentbox_wire::translate::{
     ChatStreamTranslator, ResponseOptions, ResponsesOptions, ResponsesStreamTranslator,
 };
+use agentbox_wire::usage::UsageMeter;
 
 /// `bytes` cut into pieces of 1 to 64 bytes, lengths drawn from `seed` (0: one piece). Any
 /// split must decode the same; a seed in the input's fixed-size head keeps the rest of the
@@ -86,8 +86,14 @@ pub fn translate_chat_stream(datas: &[String], opts: ResponseOptions, start_earl
     for e in responses.finish() {
         write_responses(&e, &mut sse);
     }
-    assert!(anthropic.is_done(), "finish() left the Anthropic stream open");
-    assert!(responses.is_done(), "finish() left the Responses stream open");
+    assert!(
+        anthropic.is_done(),
+        "finish() left the Anthropic stream open"
+    );
+    assert!(
+        responses.is_done(),
+        "finish() left the Responses stream open"
+    );
     assert!(
         decode(&[&sse], usize::MAX).is_some(),
         "the Responses events do not decode as SSE"
@@ -124,14 +130,20 @@ pub fn check_anthropic_events(events: &[StreamEvent]) {
             {
                 return;
             }
-            Err(v) => panic!("the translator broke the Anthropic stream contract: {v}\n{events:#?}"),
+            Err(v) => {
+                panic!("the translator broke the Anthropic stream contract: {v}\n{events:#?}")
+            }
         }
     }
-    let message = acc
-        .finish()
-        .unwrap_or_else(|v| panic!("the translated Anthropic stream does not finish: {v}\n{events:#?}"));
+    let message = acc.finish().unwrap_or_else(|v| {
+        panic!("the translated Anthropic stream does not finish: {v}\n{events:#?}")
+    });
     let back = decode(&[&wire], usize::MAX).unwrap_or_else(|| panic!("own SSE does not decode"));
-    assert_eq!(back.len(), events.len(), "own SSE decodes to another event count");
+    assert_eq!(
+        back.len(),
+        events.len(),
+        "own SSE decodes to another event count"
+    );
     // The gateway meters these bytes: it must bill what the message says.
     let mut meter = UsageMeter::event_stream();
     meter.feed(&wire);
@@ -143,8 +155,14 @@ pub fn check_anthropic_events(events: &[StreamEvent]) {
         "the meter reads other usage than the stream carries"
     );
     assert_eq!(
-        (billed.cache_read_input_tokens, billed.cache_creation_input_tokens),
-        (u.cache_read_input_tokens.unwrap_or(0), u.cache_creation_input_tokens.unwrap_or(0)),
+        (
+            billed.cache_read_input_tokens,
+            billed.cache_creation_input_tokens
+        ),
+        (
+            u.cache_read_input_tokens.unwrap_or(0),
+            u.cache_creation_input_tokens.unwrap_or(0)
+        ),
         "the meter reads other cache usage than the stream carries"
     );
 }
