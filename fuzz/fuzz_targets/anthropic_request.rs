@@ -3,7 +3,7 @@
 //! refuses with a typed error or gives a chat request that serializes.
 #![no_main]
 
-use agentbox_fuzz::{chat_options, no_duplicate_members};
+use agentbox_fuzz::{chat_options, parsed_round_trip};
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::normalize;
 use agentbox_wire::translate::{ResponseOptions, anthropic_into_chat};
@@ -11,18 +11,9 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|input: (u16, &[u8])| {
     let (bits, bytes) = input;
-    let Ok(req) = serde_json::from_slice::<MessagesRequest>(bytes) else {
+    let Some(req) = parsed_round_trip::<MessagesRequest>(bytes) else {
         return;
     };
-    let text = serde_json::to_vec(&req).expect("a parsed request serializes");
-    let back: MessagesRequest = serde_json::from_slice(&text).expect("own output parses");
-    // A member named twice makes JSON itself ambiguous: the typed parse refuses it and keeps the
-    // block opaque (translation then refuses a known block type as malformed), a `Value` keeps
-    // the last. Only bodies without that ambiguity must round-trip exactly.
-    if no_duplicate_members::<MessagesRequest>(bytes, &req) {
-        assert_eq!(req, back, "parse and serialize lost something");
-    }
-
     let _ = ResponseOptions::for_request(&req);
     let mut folded = req.clone();
     normalize::fold_inline_system(&mut folded);

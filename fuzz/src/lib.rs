@@ -214,3 +214,18 @@ where
         .and_then(|v| serde_json::from_value::<T>(v).ok())
         .is_some_and(|via_value| &via_value == direct)
 }
+
+/// `bytes` read as a request `T`, checked to survive serialize and parse again unchanged (for
+/// bodies without duplicated members, see [`no_duplicate_members`]); `None` if not a `T`.
+pub fn parsed_round_trip<T>(bytes: &[u8]) -> Option<T>
+where
+    T: serde::de::DeserializeOwned + serde::Serialize + PartialEq + std::fmt::Debug,
+{
+    let req: T = serde_json::from_slice(bytes).ok()?;
+    let text = serde_json::to_vec(&req).expect("a parsed request serializes");
+    let back: T = serde_json::from_slice(&text).expect("own output parses");
+    if no_duplicate_members(bytes, &req) {
+        assert_eq!(req, back, "parse and serialize lost something");
+    }
+    Some(req)
+}
