@@ -39,3 +39,5 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo nextest run --workspace --locked --no-fail-fast "$@"
 cargo test --workspace --doc --locked
+# The fuzz targets' smoke (fuzz/README.md): every target built and run briefly from its corpus.
+scripts/fuzz-smoke.sh

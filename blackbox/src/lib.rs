@@ -6,8 +6,9 @@
 //! Modules: [`config`] (`BBS_*`), [`model`] (every wire shape), [`error`] (the one mapping to
 //! status and body), [`routes`] (HTTP), [`server`] (registration, turns, sessions, health
 //! monitor, pause, shutdown), [`session`] (state machines and the turn ledger), [`backend`]
-//! (the agent trait and opencode), [`exec`] (`execute_cmd`), [`hashing`], [`ids`], and
-//! `proxy` (the in-process LLM proxy).
+//! (the agent trait and opencode), [`exec`] (`execute_cmd`), [`hashing`], [`ids`],
+//! [`leftovers`] (agents a killed server left running, stopped at start), and `proxy` (the
+//! in-process LLM proxy).
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +18,7 @@ pub mod error;
 pub mod exec;
 pub mod hashing;
 pub mod ids;
+pub mod leftovers;
 pub mod model;
 pub mod proxy;
 pub mod routes;
@@ -34,6 +36,12 @@ pub use server::Server;
 /// commands are ended, requests get until `BBS_SHUTDOWN_TIMEOUT`, the agent and its process
 /// group are stopped and the runtime directory removed.
 pub async fn run(listener: TcpListener, config: Config, stop: CancellationToken) {
+    let root = std::path::PathBuf::from(&config.server.runtime_root);
+    match tokio::task::spawn_blocking(move || leftovers::kill(&root)).await {
+        Ok(0) => {}
+        Ok(n) => tracing::warn!(processes = n, "killed what a previous server left running"),
+        Err(e) => tracing::error!(error = %e, "the leftover scan failed"),
+    }
     let server = Server::new(config.server, config.bins);
     let serving = CancellationToken::new();
     let http = tokio::spawn(agentbox_http::serve_tcp(

@@ -20,13 +20,14 @@
 mod check;
 pub mod error;
 mod routes;
+mod typed;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use agentbox_llm::{ClientError, ClientOptions, Upstream};
-use agentbox_policy::config::{Backend, Config, HostEnv, Provider};
+use agentbox_policy::config::{Backend, Config, HostEnv, Provider, Reasoning};
 use agentbox_policy::secret::Secret;
 
 pub use error::BridgeError;
@@ -58,6 +59,10 @@ pub struct RemoteModel {
     pub max_output_tokens: Option<u64>,
     /// Whether media with URL sources may pass (`allow_url_sources`).
     pub allow_url_sources: bool,
+    /// Where a translated request's `thinking` goes (`reasoning`).
+    pub reasoning: Reasoning,
+    /// Whether the client's `metadata.user_id` reaches the provider (`forward_user_id`).
+    pub forward_user_id: bool,
     /// The variable the key comes from (a name, not a secret: shown in errors).
     pub key_env: String,
     /// The key, when the variable is set.
@@ -102,6 +107,8 @@ impl Bridge {
                     upstream_model: m.upstream_model.clone(),
                     max_output_tokens: m.max_output_tokens,
                     allow_url_sources: m.allow_url_sources,
+                    reasoning: m.reasoning,
+                    forward_user_id: m.forward_user_id,
                     key_env: key_env.clone(),
                     key: env.var(key_env).and_then(Secret::new),
                 },

@@ -13,14 +13,16 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
+use serde_json::error::Category;
 use serde_json::{Value, json};
 
 use agentbox_llm::adapter::anthropic_version;
 use agentbox_llm::{AnthropicTarget, Auth, ChatTarget};
-use agentbox_policy::config::Provider;
+use agentbox_policy::config::{Provider, Reasoning};
 use agentbox_policy::sanitize;
 use agentbox_policy::secret::presented_token;
-use agentbox_wire::translate::ChatOptions;
+use agentbox_wire::anthropic::MessagesRequest;
+use agentbox_wire::translate::{ChatOptions, ReasoningField};
 
 use crate::Bridge;
 use crate::check::check as probe;
@@ -95,23 +97,45 @@ async fn check(State(bridge): State<Arc<Bridge>>, Path(model): Path<String>) -> 
     axum::Json(body).into_response()
 }
 
+/// The two fields read before anything else: which model (so which provider) and whether the
+/// answer streams. A scan of the body that builds nothing else.
+#[derive(serde::Deserialize)]
+struct Peek {
+    model: Option<Value>,
+    stream: Option<Value>,
+}
+
 /// `POST /v1/messages`.
+///
+/// An `openai` model's request is parsed once into the typed request (never into a
+/// `serde_json::Value` tree), checked for URL sources, translated and written out: what the
+/// sanitizer removes (server tools, `mcp_servers`, `container`, `context_management`,
+/// unknown fields) has no place in a chat request anyway. An `anthropic` model's request is
+/// passed through, so it keeps everything the sanitizer does not remove.
 async fn messages(
     State(bridge): State<Arc<Bridge>>,
     req: Request,
 ) -> Result<Response, BridgeError> {
     let (parts, body) = req.into_parts();
     let bytes = read_body(&bridge, &parts.headers, body).await?;
-    let mut value: Value =
-        serde_json::from_slice(&bytes).map_err(|e| BridgeError::MalformedJson(e.to_string()))?;
-    let model_id = match value.get("model") {
-        Some(Value::String(s)) => s.clone(),
+    let peek: Peek = serde_json::from_slice(&bytes).map_err(json_error)?;
+    let model_id = match peek.model {
+        Some(Value::String(s)) => s,
         Some(_) => {
             return Err(BridgeError::InvalidRequest(
                 "model: expected a string".into(),
             ));
         }
         None => return Err(BridgeError::InvalidRequest("model: field required".into())),
+    };
+    let stream = match peek.stream {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(_) => {
+            return Err(BridgeError::InvalidRequest(
+                "stream: expected a boolean".into(),
+            ));
+        }
     };
     let model = bridge
         .models
@@ -121,45 +145,70 @@ async fn messages(
         model: model.id.clone(),
         key_env: model.key_env.clone(),
     })?;
-    sanitize::sanitize_request(&mut value, &model.upstream_model, model.allow_url_sources)
-        .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
-    let stream = match value.get("stream") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
-        Some(Value::Bool(true)) => true,
-        Some(_) => {
-            return Err(BridgeError::InvalidRequest(
-                "stream: expected a boolean".into(),
-            ));
-        }
-    };
-    tracing::info!(model = %model.id, provider = model.provider.as_str(), stream, bytes = bytes.len(), "messages");
+    tracing::debug!(model = %model.id, provider = model.provider.as_str(), stream, bytes = bytes.len(), "messages");
     let answer = match model.provider {
         Provider::Anthropic => {
+            let mut value: Value = serde_json::from_slice(&bytes).map_err(json_error)?;
+            let size_hint = bytes.len();
+            drop(bytes);
+            sanitize::sanitize_request(&mut value, &model.upstream_model, model.allow_url_sources)
+                .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
+            if !model.forward_user_id
+                && let Some(Value::Object(metadata)) = value.get_mut("metadata")
+            {
+                // Claude Code's device, account and session ids: not the provider's business.
+                metadata.shift_remove("user_id");
+            }
             let target = AnthropicTarget {
                 url: &format!("{}/v1/messages", model.base_url),
                 auth: Auth::ApiKey(key),
                 version: anthropic_version(&parts.headers),
+                size_hint,
             };
-            bridge.upstream.anthropic(target, &value).await?
+            bridge.upstream.anthropic(target, value).await?
         }
         Provider::Openai => {
+            let request: MessagesRequest = serde_json::from_slice(&bytes).map_err(json_error)?;
+            // A rough count (4 bytes a token) until the provider's usage arrives.
+            let input_tokens_estimate = (bytes.len() / 4) as u64;
+            drop(bytes);
+            if !model.allow_url_sources {
+                crate::typed::refuse_url_sources(&request)
+                    .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
+            }
             let target = ChatTarget {
                 url: &format!("{}/chat/completions", model.base_url),
                 auth: Auth::Bearer(key),
                 chat: ChatOptions {
                     model: Some(model.upstream_model.clone()),
                     max_output_tokens: model.max_output_tokens,
+                    reasoning: match model.reasoning {
+                        Reasoning::None => ReasoningField::None,
+                        Reasoning::ReasoningEffort => ReasoningField::ReasoningEffort,
+                        Reasoning::Reasoning => ReasoningField::Reasoning,
+                    },
+                    forward_user: model.forward_user_id,
                     ..ChatOptions::default()
                 },
                 // Report the model the client asked for, not the provider's name for it.
                 reported_model: model.id.clone(),
-                // A rough count (4 bytes a token) until the provider's usage arrives.
-                input_tokens_estimate: (bytes.len() / 4) as u64,
+                input_tokens_estimate,
             };
-            bridge.upstream.anthropic_via_chat(target, value).await?
+            bridge.upstream.anthropic_via_chat(target, request).await?
         }
     };
     Ok(answer.into_response())
+}
+
+/// A body serde_json refused: not JSON at all (400, "not valid JSON"), or JSON of the wrong
+/// shape (400 naming what is wrong).
+fn json_error(e: serde_json::Error) -> BridgeError {
+    match e.classify() {
+        Category::Syntax | Category::Eof | Category::Io => {
+            BridgeError::MalformedJson(e.to_string())
+        }
+        Category::Data => BridgeError::InvalidRequest(e.to_string()),
+    }
 }
 
 /// Reads the body under the size limit and the body timeout.

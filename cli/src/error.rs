@@ -22,7 +22,8 @@ Exit codes:
   66   no such task
   69   a daemon is not running (no socket, or nothing listening)
   70   a daemon answered something unexpected
-  71   this host cannot run sandboxes (bubblewrap, user namespaces, cgroups)
+  71   this host cannot run sandboxes (bubblewrap, user namespaces, cgroups; demo: also root,
+       git, python3, npm), one line per missing thing
   74   an I/O error on this side (writing output, running git)
   77   permission denied on a daemon's socket (run as root or the service user)
   78   the configuration is invalid
@@ -125,6 +126,12 @@ pub enum CliError {
     /// The launcher says the host cannot run sandboxes.
     #[error("this host cannot run sandboxes: {0}; fix that and restart the launcher")]
     HostNotReady(String),
+    /// `agentbox demo`'s own host check failed: one line per missing thing, each with its fix.
+    #[error(
+        "this host cannot run the demo:{}",
+        .0.iter().map(|l| format!("\n  - {l}")).collect::<String>()
+    )]
+    HostUnfit(Vec<String>),
     /// A daemon refused the request (a 4xx with its envelope).
     #[error("the {} refused: {message} ({code}); correct the request and retry", daemon.name())]
     Refused {
@@ -166,12 +173,41 @@ impl CliError {
             CliError::UnknownTask { .. } => 66,
             CliError::DaemonDown { .. } => 69,
             CliError::Daemon { .. } => 70,
-            CliError::HostNotReady(_) => 71,
+            CliError::HostNotReady(_) | CliError::HostUnfit(_) => 71,
             CliError::Io { .. } => 74,
             CliError::PermissionDenied { .. } => 77,
             CliError::Config(_) => 78,
             CliError::Interrupted => 130,
         }
+    }
+
+    /// The exit code's name, stable for scripts and MCP clients (`daemon_down`, ...).
+    pub fn exit_name(&self) -> &'static str {
+        match self {
+            CliError::Usage(_) => "usage",
+            CliError::UnknownModel { .. } => "unknown_model",
+            CliError::BadRepo { .. } => "bad_repo",
+            CliError::Refused { .. } => "refused",
+            CliError::UnknownTask { .. } => "unknown_task",
+            CliError::DaemonDown { .. } => "daemon_down",
+            CliError::Daemon { .. } => "daemon_failed",
+            CliError::HostNotReady(_) => "host_not_ready",
+            CliError::Io { .. } => "io",
+            CliError::PermissionDenied { .. } => "permission_denied",
+            CliError::Config(_) => "config",
+            CliError::Interrupted => "interrupted",
+        }
+    }
+
+    /// The error as `--json` prints it (and an MCP tool result carries it): its one line, its
+    /// exit code and the code's name.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "ok": false,
+            "error": self.to_string(),
+            "exit_code": self.exit_code(),
+            "exit_name": self.exit_name(),
+        })
     }
 
     /// A daemon's answer (or failure) as the error people should see. `service_user` names who

@@ -1,36 +1,42 @@
 //! The `agentbox` command line: argument parsing and the subcommands. It reaches the daemons
-//! only through `agentbox-api`'s typed clients ([`daemons`]); the work of `run` lives in
-//! [`run`] so other front doors (a demo, an MCP server) share it.
+//! only through `agentbox-api`'s typed clients ([`daemons`]); the work of every verb lives in
+//! [`run`] and [`verbs`] so other front doors (a demo, the MCP server) share it, and this
+//! module only parses and prints.
 //!
+//! - [`args`]: the verbs' arguments, shared by clap and the MCP tools' JSON schemas.
 //! - [`run`]: snapshot, gateway task, Claude Code in the sandbox, progress, deliver, summary.
-//! - [`verbs`]: `status`, `logs`, `stop`, `check`, `deliver`, `backends`.
-//! - [`render`]: the progress line and the summary as text.
+//! - [`verbs`]: `status`, `logs`, `stop`, `check`, `deliver`, `backends`, as typed results.
+//! - [`render`]: the progress line, the summary and the verbs' results as text.
+//! - [`mcp`]: `agentbox mcp`, the same verbs as the tools of a stdio MCP server.
 //! - [`error`]: every failure as one line and a documented exit code ([`error::EXIT_CODES`]).
 //! - [`config_check`]: `config check`.
+//! - [`up`]: the three daemons in the foreground; [`demo`]: the whole path on a throwaway
+//!   setup with a built-in scripted model.
 
 #![forbid(unsafe_code)]
 
+pub mod args;
 pub mod config_check;
 pub mod daemons;
+pub mod demo;
 pub mod error;
+pub mod mcp;
 pub mod render;
 pub mod run;
 pub mod up;
 pub mod verbs;
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use agentbox_api::gateway::Budget;
 use agentbox_policy::config::{Config, HostEnv, config_path};
-use agentbox_policy::id::Tid;
 use clap::{Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use crate::args::{CheckArgs, DeliverArgs, LogsArgs, RunArgs, StatusArgs, StopArgs, tid};
 use crate::daemons::Daemons;
 use crate::error::{CliError, EXIT_CODES};
 
@@ -61,49 +67,15 @@ enum Command {
     #[command(after_help = EXIT_CODES)]
     Run(RunArgs),
     /// Tasks, backends and host readiness.
-    Status {
-        /// One JSON object instead of tables.
-        #[arg(long)]
-        json: bool,
-    },
+    Status(StatusArgs),
     /// The agent's output (Claude Code's stream-json lines).
-    Logs {
-        /// The task id.
-        tid: String,
-        /// Keep printing until the run ends.
-        #[arg(long, short)]
-        follow: bool,
-        /// Its standard error instead.
-        #[arg(long)]
-        stderr: bool,
-    },
+    Logs(LogsArgs),
     /// Stop a task: kill its sandbox, hand the workspace back, close its gateway task.
-    Stop {
-        /// The task id.
-        tid: String,
-    },
+    Stop(StopArgs),
     /// Run a command in a sandbox on the task's workspace (no network, no model), e.g. tests.
-    Check {
-        /// The task id.
-        tid: String,
-        /// Seconds before the check is killed.
-        #[arg(long, default_value_t = 600)]
-        timeout: u64,
-        /// A venv under launcher.venv_root, mounted at /opt/venv.
-        #[arg(long)]
-        venv: Option<String>,
-        /// The command (run by /bin/sh -c; several words are quoted and joined).
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
+    Check(CheckArgs),
     /// Bring agent/<tid> into the repository the task was snapshotted from.
-    Deliver {
-        /// The task id.
-        tid: String,
-        /// The repository.
-        #[arg(long)]
-        repo: PathBuf,
-    },
+    Deliver(DeliverArgs),
     /// Start or stop vLLM backends.
     Backends {
         #[command(subcommand)]
@@ -112,6 +84,15 @@ enum Command {
     /// Run the launcher, gateway and bridge in the foreground on one data dir (a trial);
     /// Ctrl-C stops all three.
     Up(up::UpArgs),
+    /// The whole `run` path on a throwaway setup with a built-in scripted model (nothing
+    /// configured, no API key): Claude Code fixes a failing test in a new repository, then
+    /// the delivered branch, its diff and the budget spent are shown; everything is removed
+    /// on the way out.
+    #[command(after_help = EXIT_CODES)]
+    Demo(demo::DemoArgs),
+    /// Serve run, status, logs, stop, check and deliver as the tools of an MCP server on
+    /// stdin/stdout, for a supervising agent (`claude mcp add agentbox -- agentbox mcp`).
+    Mcp,
 }
 
 #[derive(Debug, Subcommand)]
@@ -135,49 +116,6 @@ enum BackendsAction {
     Stop,
 }
 
-#[derive(Debug, clap::Args)]
-struct RunArgs {
-    /// The repository to work on (its top level, under one of launcher.repo_roots).
-    #[arg(long)]
-    repo: PathBuf,
-    /// The model, an id of the config's catalogue.
-    #[arg(long)]
-    model: String,
-    /// What to do; `-` reads it from standard input. It reaches the agent on its standard
-    /// input, never in a command line other users can see.
-    prompt: String,
-    /// The commit to start from (default: HEAD).
-    #[arg(long = "ref")]
-    git_ref: Option<String>,
-    /// Token budget (input + output + cache); the gateway refuses requests past it.
-    #[arg(long)]
-    budget_tokens: Option<u64>,
-    /// Cost budget in USD (the model needs prices in the catalogue).
-    #[arg(long)]
-    budget_usd: Option<f64>,
-    /// Seconds before the agent is killed.
-    #[arg(long, default_value_t = 3600)]
-    timeout: u64,
-    /// A venv under launcher.venv_root, mounted at /opt/venv.
-    #[arg(long)]
-    venv: Option<String>,
-    /// Extra environment for the agent, KEY=VALUE (repeatable; launcher.env_allowlist decides).
-    #[arg(long = "env", value_name = "KEY=VALUE")]
-    env: Vec<String>,
-    /// Do not deliver: leave agent/<tid> in the task's shadow repository.
-    #[arg(long)]
-    keep: bool,
-    /// The task id (default: a fresh random one).
-    #[arg(long)]
-    tid: Option<String>,
-    /// The model name Claude Code is told (the gateway rewrites it to the catalogue's).
-    #[arg(long, default_value = "claude-sonnet-4-5")]
-    claude_model: String,
-    /// Print one JSON object (the summary, or the error) on stdout.
-    #[arg(long)]
-    json: bool,
-}
-
 /// Runs the CLI with the given arguments; the exit codes are [`EXIT_CODES`].
 pub fn run<I: IntoIterator<Item = OsString>>(args: I, env: &dyn HostEnv) -> ExitCode {
     let cli = match Cli::try_parse_from(args) {
@@ -194,7 +132,7 @@ pub fn run<I: IntoIterator<Item = OsString>>(args: I, env: &dyn HostEnv) -> Exit
     {
         return config_check::config_check(cli.config.as_deref(), json, env);
     }
-    let json = matches!(&cli.command, Command::Run(RunArgs { json: true, .. }));
+    let json = matches!(&cli.command, Command::Run(args::RunArgs { json: true, .. }));
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -211,7 +149,10 @@ pub fn run<I: IntoIterator<Item = OsString>>(args: I, env: &dyn HostEnv) -> Exit
         }
     };
     let config = config_path(cli.config.as_deref(), env);
-    match runtime.block_on(dispatch(cli.command, &config, env)) {
+    let result = runtime.block_on(dispatch(cli.command, &config, env));
+    // A read of stdin (`mcp`) cannot be cancelled; do not wait for it.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    match result {
         Ok(code) => code,
         Err(e) => fail(&e, json),
     }
@@ -221,9 +162,7 @@ pub fn run<I: IntoIterator<Item = OsString>>(args: I, env: &dyn HostEnv) -> Exit
 fn fail(e: &CliError, json: bool) -> ExitCode {
     eprintln!("agentbox: {e}");
     if json {
-        let body =
-            serde_json::json!({"ok": false, "error": e.to_string(), "exit_code": e.exit_code()});
-        println!("{body}");
+        println!("{}", e.to_json());
     }
     ExitCode::from(e.exit_code())
 }
@@ -249,9 +188,25 @@ pub(crate) fn interrupt_token() -> Result<CancellationToken, CliError> {
     Ok(token)
 }
 
-/// A task id given on the command line.
-fn tid(s: &str) -> Result<Tid, CliError> {
-    Tid::parse(s).map_err(|e| CliError::Usage(format!("task id {s:?}: {e}")))
+/// Writes `text` to stdout.
+fn out(text: &str) -> Result<(), CliError> {
+    use std::io::Write;
+    std::io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .map_err(|e| CliError::Io {
+            what: "writing to stdout".to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// `value` as one JSON line on stdout.
+fn out_json<T: serde::Serialize>(value: &T) -> Result<(), CliError> {
+    let body = serde_json::to_string(value).map_err(|e| CliError::Io {
+        what: "writing JSON".to_owned(),
+        reason: e.to_string(),
+    })?;
+    out(&format!("{body}\n"))
 }
 
 async fn dispatch(
@@ -262,35 +217,84 @@ async fn dispatch(
     if let Command::Up(args) = command {
         return up::up(&args, config, env).await;
     }
+    if let Command::Demo(args) = command {
+        return demo::demo(&args, config, env).await;
+    }
     let d = Daemons::new(Config::load(config, env)?);
     match command {
         Command::Run(args) => run_command(&d, args).await,
-        Command::Status { json } => verbs::status(&d, json).await,
-        Command::Logs {
-            tid: t,
-            follow,
-            stderr,
-        } => verbs::logs(&d, &tid(&t)?, follow, stderr).await,
-        Command::Stop { tid: t } => verbs::stop(&d, &tid(&t)?).await,
-        Command::Check {
-            tid: t,
-            timeout,
-            venv,
-            command,
-        } => verbs::check(&d, &tid(&t)?, timeout, venv, &command).await,
-        Command::Deliver { tid: t, repo } => verbs::deliver(&d, &tid(&t)?, &repo).await,
+        Command::Status(StatusArgs { json }) => {
+            let report = verbs::status(&d).await;
+            if json {
+                out(&format!("{}\n", report.to_json()))?;
+            } else {
+                out(&render::status_text(&report))?;
+            }
+            Ok(ExitCode::from(report.exit_code()))
+        }
+        Command::Logs(args) => logs_command(&d, &args).await,
+        Command::Stop(StopArgs { tid: t }) => {
+            out(&render::stopped_text(&verbs::stop(&d, &tid(&t)?).await?))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check(args) => {
+            let c =
+                verbs::check(&d, &tid(&args.tid)?, args.timeout, args.venv, &args.command).await?;
+            out(&c.check.stdout)?;
+            eprint!("{}", c.check.stderr);
+            if let Some(problem) = &c.problem {
+                eprintln!("agentbox: {problem}");
+            }
+            Ok(ExitCode::from(c.exit_code))
+        }
+        Command::Deliver(DeliverArgs { tid: t, repo }) => {
+            out(&render::delivered_text(
+                &verbs::deliver(&d, &tid(&t)?, &repo).await?,
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Backends {
             action: BackendsAction::Start { model },
-        } => verbs::backend_start(&d, &model).await,
+        } => {
+            out(&render::backend_started_text(
+                &verbs::backend_start(&d, &model).await?,
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Backends {
             action: BackendsAction::Stop,
-        } => verbs::backends_stop(&d).await,
-        Command::Config { .. } | Command::Up(_) => Ok(ExitCode::SUCCESS),
+        } => {
+            out(&render::backends_stopped_text(
+                &verbs::backends_stop(&d).await?,
+            ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp => mcp::serve(d).await,
+        Command::Config { .. } | Command::Up(_) | Command::Demo(_) => Ok(ExitCode::SUCCESS),
     }
 }
 
-async fn run_command(d: &Daemons, args: RunArgs) -> Result<ExitCode, CliError> {
-    let prompt = if args.prompt == "-" {
+/// How often `logs --follow` polls.
+const FOLLOW_POLL: Duration = Duration::from_millis(500);
+
+/// `agentbox logs TID [--follow]`: the run's output; following prints what is new until the
+/// run ends.
+async fn logs_command(d: &Daemons, args: &LogsArgs) -> Result<ExitCode, CliError> {
+    let tid = tid(&args.tid)?;
+    let mut offset = 0;
+    loop {
+        let page = verbs::logs(d, &tid, args.stderr, offset, None).await?;
+        out(&page.output)?;
+        offset = page.next_offset;
+        if !args.follow || page.done {
+            return Ok(ExitCode::SUCCESS);
+        }
+        tokio::time::sleep(FOLLOW_POLL).await;
+    }
+}
+
+async fn run_command(d: &Daemons, mut args: RunArgs) -> Result<ExitCode, CliError> {
+    if args.prompt == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
@@ -298,45 +302,17 @@ async fn run_command(d: &Daemons, args: RunArgs) -> Result<ExitCode, CliError> {
                 what: "reading the prompt from standard input".to_owned(),
                 reason: e.to_string(),
             })?;
-        s
-    } else {
-        args.prompt
-    };
-    let mut env = BTreeMap::new();
-    for kv in &args.env {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| CliError::Usage(format!("--env {kv:?}: expected KEY=VALUE")))?;
-        env.insert(k.to_owned(), v.to_owned());
+        args.prompt = s;
     }
-    let opts = run::RunOptions {
-        repo: args.repo,
-        git_ref: args.git_ref,
-        model: args.model,
-        prompt,
-        tid: args.tid.as_deref().map(tid).transpose()?,
-        budget: Budget {
-            tokens: args.budget_tokens,
-            usd: args.budget_usd,
-        },
-        timeout_s: args.timeout,
-        venv: args.venv,
-        env,
-        keep: args.keep,
-        claude_model: args.claude_model,
-        poll: Duration::from_millis(500),
-    };
+    let json = args.json;
+    let opts = args.options(Duration::from_millis(500))?;
     let cancel = interrupt_token()?;
     let mut progress = render::Terminal::stderr();
     let summary = run::run(d, &opts, &mut progress, &cancel).await?;
-    if args.json {
-        let body = serde_json::to_string(&summary).map_err(|e| CliError::Io {
-            what: "writing the summary".to_owned(),
-            reason: e.to_string(),
-        })?;
-        println!("{body}");
+    if json {
+        out_json(&summary)?;
     } else {
-        print!("{}", render::summary_text(&summary));
+        out(&render::summary_text(&summary))?;
     }
     if let Some(advice) = summary.outcome.advice() {
         eprintln!("agentbox: {advice}");

@@ -1,13 +1,16 @@
 //! What people see: the progress of a run on stderr (one spinner line on a terminal, plain
-//! lines otherwise) and the run's summary as text. Numbers are grouped (`12,345`) so a budget
+//! lines otherwise), the run's summary and the other verbs' results as text. The MCP server
+//! sends the same lines as its progress messages. Numbers are grouped (`12,345`) so a budget
 //! reads at a glance.
 
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 
-use agentbox_api::gateway::{Budget, Remaining, TaskView};
+use agentbox_api::gateway::{Budget, Remaining, TaskState, TaskView};
+use agentbox_api::launcher::{BackendStartResult, BackendStopResult, DeliverResult};
 
 use crate::run::{Event, Outcome, Progress, RunSummary, Tick};
+use crate::verbs::{StatusReport, Stopped};
 
 /// `12345` → `12,345`.
 pub fn grouped(n: u64) -> String {
@@ -49,7 +52,7 @@ fn left(budget: &Budget, remaining: &Remaining) -> String {
 }
 
 /// The status of a run in one line, without the elapsed time.
-fn tick_line(tick: &Tick) -> String {
+pub fn tick_line(tick: &Tick) -> String {
     let mut line = tick.state.to_string();
     if let Some(TaskView {
         usage,
@@ -106,47 +109,51 @@ impl Terminal {
     }
 }
 
+/// One line for an event (a tick with its elapsed time), as plain progress shows it.
+pub fn event_line(event: &Event<'_>) -> String {
+    match event {
+        Event::Snapshot { tid, sha } => {
+            let short = sha.get(..12).unwrap_or(sha);
+            format!("task {tid}: snapshot of {short}")
+        }
+        Event::Started { tid } => {
+            format!("task {tid}: Claude Code runs in the sandbox (Ctrl-C stops it)")
+        }
+        Event::Tick(tick) => format!("[{}] {}", duration(tick.elapsed), tick_line(tick)),
+        Event::Stopping => {
+            "stopping: killing the sandbox, handing the workspace back, closing the gateway task"
+                .to_owned()
+        }
+        Event::Finished(status) => {
+            let code = status
+                .exit_code
+                .map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
+            format!("agent {} ({code})", status.state)
+        }
+        Event::Delivered { branch, sha } => {
+            let short = sha.get(..12).unwrap_or(sha);
+            format!("delivered {branch} ({short})")
+        }
+    }
+}
+
 impl Progress for Terminal {
     fn event(&mut self, event: &Event<'_>) {
-        match event {
-            Event::Snapshot { tid, sha } => {
-                let short = sha.get(..12).unwrap_or(sha);
-                self.line(&format!("task {tid}: snapshot of {short}"));
-            }
-            Event::Started { tid } => self.line(&format!(
-                "task {tid}: Claude Code runs in the sandbox (Ctrl-C stops it)"
-            )),
-            Event::Tick(tick) => {
-                let line = tick_line(tick);
-                if self.tty {
-                    let spin = SPINNER.get(self.frame % SPINNER.len()).unwrap_or(&'*');
-                    self.frame += 1;
-                    let mut err = std::io::stderr().lock();
-                    let _ = write!(
-                        err,
-                        "\r\x1b[2K{spin} {} · {line}",
-                        duration(tick.elapsed)
-                    );
-                    let _ = err.flush();
-                    self.spinning = true;
-                } else if self.last.as_deref() != Some(line.as_str()) {
-                    self.line(&format!("[{}] {line}", duration(tick.elapsed)));
-                    self.last = Some(line);
-                }
-            }
-            Event::Stopping => self.line(
-                "stopping: killing the sandbox, handing the workspace back, closing the gateway task",
-            ),
-            Event::Finished(status) => {
-                let code = status
-                    .exit_code
-                    .map_or_else(|| "no exit code".to_owned(), |c| format!("exit {c}"));
-                self.line(&format!("agent {} ({code})", status.state));
-            }
-            Event::Delivered { branch, sha } => {
-                let short = sha.get(..12).unwrap_or(sha);
-                self.line(&format!("delivered {branch} ({short})"));
-            }
+        let Event::Tick(tick) = event else {
+            self.line(&event_line(event));
+            return;
+        };
+        let line = tick_line(tick);
+        if self.tty {
+            let spin = SPINNER.get(self.frame % SPINNER.len()).unwrap_or(&'*');
+            self.frame += 1;
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K{spin} {} · {line}", duration(tick.elapsed));
+            let _ = err.flush();
+            self.spinning = true;
+        } else if self.last.as_deref() != Some(line.as_str()) {
+            self.line(&event_line(event));
+            self.last = Some(line);
         }
     }
 }
@@ -231,6 +238,156 @@ pub fn summary_text(s: &RunSummary) -> String {
         out.push_str(&format!("error     {e}\n"));
     }
     out
+}
+
+/// `agentbox status` as tables.
+pub fn status_text(report: &StatusReport) -> String {
+    let launcher = report.launcher.as_ref();
+    let gateway = report.gateway.as_ref();
+    let mut s = String::new();
+    match launcher {
+        Ok(l) => {
+            let host = if l.host.ready {
+                "host ready".to_owned()
+            } else {
+                format!("HOST NOT READY: {}", l.host.reasons.join("; "))
+            };
+            let disk = l.disk.as_ref().map_or_else(String::new, |d| {
+                format!(
+                    " · disk {} MB per run ({})",
+                    grouped(d.limit_mb),
+                    d.mode.as_str()
+                )
+            });
+            s.push_str(&format!(
+                "launcher  running · {} agents, {} checks · {host}{disk}\n",
+                l.agents.len(),
+                l.checks.len()
+            ));
+            for (name, c) in [
+                ("bwrap", &l.host.bwrap),
+                ("user namespaces", &l.host.user_namespaces),
+                ("cgroups", &l.host.cgroups),
+            ] {
+                let mark = if c.ok { "ok" } else { "MISSING" };
+                s.push_str(&format!("  {name:<16} {mark:<8} {}\n", c.detail));
+            }
+        }
+        Err(e) => s.push_str(&format!("launcher  {e}\n")),
+    }
+    match gateway {
+        Ok(g) => s.push_str(&format!(
+            "gateway   running · {} open tasks · bridge token {}\n",
+            g.open_tasks,
+            if g.bridge_token { "set" } else { "not set" }
+        )),
+        Err(e) => s.push_str(&format!("gateway   {e}\n")),
+    }
+    let runs = launcher.map(|l| l.agents.as_slice()).unwrap_or_default();
+    if let Ok(g) = gateway {
+        s.push_str(&format!(
+            "\n{:<20} {:<14} {:<8} {:<10} {:>8} {:>12} {:>10}  {}\n",
+            "TASK", "MODEL", "GATEWAY", "RUN", "REQUESTS", "TOKENS", "COST", "BUDGET LEFT"
+        ));
+        for t in &g.tasks {
+            let run = runs
+                .iter()
+                .find(|r| r.tid == t.tid)
+                .map_or("-", |r| r.state.as_str());
+            let state = match t.state {
+                TaskState::Open => "open",
+                TaskState::Closed => "closed",
+            };
+            let mut left = Vec::new();
+            if let Some(tok) = t.remaining.tokens {
+                left.push(format!("{} tokens", grouped(tok)));
+            }
+            if let Some(usd) = t.remaining.usd {
+                left.push(format!("${usd:.4}"));
+            }
+            s.push_str(&format!(
+                "{:<20} {:<14} {:<8} {:<10} {:>8} {:>12} {:>10}  {}\n",
+                t.tid,
+                t.model,
+                state,
+                run,
+                t.usage.requests,
+                grouped(t.usage.total_tokens),
+                format!("${:.4}", t.usage.cost_usd),
+                if left.is_empty() {
+                    "unlimited".to_owned()
+                } else {
+                    left.join(", ")
+                }
+            ));
+        }
+    }
+    if let Ok(l) = launcher
+        && !l.backends.is_empty()
+    {
+        s.push_str(&format!(
+            "\n{:<20} {:<10} {:>6} {:>7}  {}\n",
+            "BACKEND", "STATE", "PORT", "AGENTS", "ERROR"
+        ));
+        for b in &l.backends {
+            s.push_str(&format!(
+                "{:<20} {:<10} {:>6} {:>7}  {}\n",
+                b.model,
+                b.state.as_str(),
+                b.port,
+                b.agents,
+                b.error.as_deref().unwrap_or("")
+            ));
+        }
+    }
+    s
+}
+
+/// What `agentbox stop` did, a line per daemon.
+pub fn stopped_text(s: &Stopped) -> String {
+    let mut lines = String::new();
+    if let Some(state) = s.run {
+        lines.push_str(&format!("run {}: {state}\n", s.tid));
+    }
+    if let Some(v) = &s.task {
+        lines.push_str(&format!(
+            "gateway task {}: closed ({} requests, {} tokens, ${:.4})\n",
+            s.tid,
+            v.usage.requests,
+            grouped(v.usage.total_tokens),
+            v.usage.cost_usd
+        ));
+    }
+    lines
+}
+
+/// What `agentbox deliver` did.
+pub fn delivered_text(r: &DeliverResult) -> String {
+    format!("{} -> {} in {}\n", r.branch, r.sha, r.repo)
+}
+
+/// What `agentbox backends start` did.
+pub fn backend_started_text(r: &BackendStartResult) -> String {
+    let stopped = if r.stopped.is_empty() {
+        String::new()
+    } else {
+        format!(" (stopped {})", r.stopped.join(", "))
+    };
+    format!(
+        "{}: {} on 127.0.0.1:{}{stopped}\n",
+        r.backend.model,
+        r.backend.state.as_str(),
+        r.backend.port
+    )
+}
+
+/// What `agentbox backends stop` did.
+pub fn backends_stopped_text(r: &BackendStopResult) -> String {
+    if r.stopped.is_empty() {
+        "no backend was running\n".to_owned()
+    } else {
+        format!("stopped {}\n", r.stopped.join(", "))
+    }
 }
 
 #[cfg(test)]

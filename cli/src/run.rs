@@ -217,8 +217,9 @@ pub enum Event<'a> {
     },
 }
 
-/// Where progress goes (a terminal line, plain lines, MCP notifications).
-pub trait Progress {
+/// Where progress goes (a terminal line, plain lines, MCP notifications). `Send` so a run can
+/// be a spawned task (each MCP request is one).
+pub trait Progress: Send {
     /// Called for every event, in order.
     fn event(&mut self, event: &Event<'_>);
 }
@@ -556,7 +557,12 @@ pub fn last_action(stdout: &str) -> Option<String> {
 
 /// git in the operator's repository, reading only: no system or global config, no fsmonitor,
 /// any owner accepted (the CLI may run as root on the service user's repository).
-async fn git(repo: &Path, args: &[&str]) -> Option<String> {
+pub(crate) async fn git(repo: &Path, args: &[&str]) -> Option<String> {
+    git_checked(repo, args).await.ok()
+}
+
+/// [`git`], with why it failed (its stderr, or why it could not start).
+pub(crate) async fn git_checked(repo: &Path, args: &[&str]) -> Result<String, String> {
     let out = tokio::process::Command::new("git")
         .arg("-C")
         .arg(repo)
@@ -569,10 +575,12 @@ async fn git(repo: &Path, args: &[&str]) -> Option<String> {
         .stdin(std::process::Stdio::null())
         .output()
         .await
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
 }
 
 async fn git_commits(repo: &Path, base: &str, head: &str) -> Vec<Commit> {

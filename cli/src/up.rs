@@ -43,7 +43,7 @@ fn io(what: String) -> impl Fn(std::io::Error) -> CliError {
 }
 
 /// `name`'s uid and gid from `/etc/passwd`.
-fn passwd_ids(name: &str) -> Option<(u32, u32)> {
+pub(crate) fn passwd_ids(name: &str) -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|l| {
         let f: Vec<&str> = l.split(':').collect();
@@ -59,6 +59,115 @@ struct Running {
     child: Child,
 }
 
+/// How to start the three daemons on one config.
+#[derive(Debug, Clone)]
+pub struct StackSpec {
+    /// The config file they all read.
+    pub config_path: PathBuf,
+    /// That file, loaded.
+    pub config: Config,
+    /// Where their binaries are.
+    pub bin_dir: PathBuf,
+    /// The service uid and gid (gateway, bridge).
+    pub service: (u32, u32),
+    /// The bridge's token.
+    pub token: String,
+    /// The launcher's cgroup directory name.
+    pub cgroup_parent: String,
+    /// Extra environment for the bridge and the gateway (a provider key).
+    pub env: Vec<(String, String)>,
+    /// Where their output goes (`<name>.log` each); `None`: this terminal.
+    pub log_dir: Option<PathBuf>,
+}
+
+/// The three daemons, running; dropping it kills them ([`Stack::stop`] stops them properly).
+#[derive(Debug)]
+pub struct Stack {
+    running: Vec<Running>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({:?})", self.name, self.child.id())
+    }
+}
+
+impl Stack {
+    /// Starts the launcher, waits for its socket, then the bridge and the gateway, and waits
+    /// for the gateway's; what was started is stopped again on failure.
+    ///
+    /// # Errors
+    /// A binary that cannot start, a daemon that exits or does not answer in time.
+    pub async fn start(spec: &StackSpec) -> Result<Stack, CliError> {
+        let mut stack = Stack {
+            running: Vec::new(),
+        };
+        // The launcher first: it lays out the data dir the gateway binds in.
+        let started = async {
+            stack.running.push(spawn(spec, "agentbox-launcher")?);
+            let d = Daemons::new(spec.config.clone());
+            wait_ready(&d, Daemon::Launcher, &mut stack.running).await?;
+            stack.running.push(spawn(spec, "agentbox-bridge")?);
+            stack.running.push(spawn(spec, "agentbox-gateway")?);
+            wait_ready(&d, Daemon::Gateway, &mut stack.running).await
+        }
+        .await;
+        match started {
+            Ok(()) => Ok(stack),
+            Err(e) => {
+                stack.stop().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The name of the first daemon to exit.
+    pub async fn first_exit(&mut self) -> &'static str {
+        first_exit(&mut self.running).await
+    }
+
+    /// SIGTERM to each, then SIGKILL to those still there after a grace period; waits for
+    /// all.
+    pub async fn stop(&mut self) {
+        stop_all(&mut self.running).await;
+    }
+}
+
+/// Starts one daemon of `spec`: the launcher as root, the others as the service uid.
+fn spawn(spec: &StackSpec, name: &'static str) -> Result<Running, CliError> {
+    let bin = spec.bin_dir.join(name);
+    let mut cmd = Command::new(&bin);
+    cmd.arg("--config")
+        .arg(&spec.config_path)
+        .env("AGENTBOX_DATA", &spec.config.data_dir)
+        .env(&spec.config.bridge.token_env, &spec.token)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if name == "agentbox-launcher" {
+        cmd.arg("--service-uid")
+            .arg(spec.service.0.to_string())
+            .arg("--cgroup-parent")
+            .arg(&spec.cgroup_parent);
+    } else {
+        cmd.uid(spec.service.0)
+            .gid(spec.service.1)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)));
+    }
+    if let Some(dir) = &spec.log_dir {
+        let path = dir.join(format!("{name}.log"));
+        let log =
+            std::fs::File::create(&path).map_err(io(format!("creating {}", path.display())))?;
+        let err = log
+            .try_clone()
+            .map_err(io(format!("opening {}", path.display())))?;
+        cmd.stdout(log).stderr(err);
+    }
+    let child = cmd
+        .spawn()
+        .map_err(io(format!("starting {}", bin.display())))?;
+    Ok(Running { name, child })
+}
+
 /// Runs the three daemons until interrupted; see the module docs.
 ///
 /// # Errors
@@ -71,13 +180,9 @@ pub async fn up(
     let config = Config::load(config_path, env)?;
     let bin_dir = match &args.bin_dir {
         Some(d) => d.clone(),
-        None => std::env::current_exe()
-            .map_err(io("locating this binary".to_owned()))?
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default(),
+        None => bin_dir()?,
     };
-    let (uid, gid) = match args.service_uid {
+    let service = match args.service_uid {
         Some(u) => (u, u),
         None => passwd_ids(&config.service_user).ok_or_else(|| {
             CliError::Usage(format!(
@@ -93,52 +198,27 @@ pub async fn up(
     std::fs::create_dir_all(&config.data_dir)
         .map_err(io(format!("creating {}", config.data_dir.display())))?;
     let cancel = crate::interrupt_token()?;
-    let spawn = |name: &'static str, service: bool| -> Result<Running, CliError> {
-        let mut cmd = Command::new(bin_dir.join(name));
-        cmd.arg("--config")
-            .arg(config_path)
-            .env("AGENTBOX_DATA", &config.data_dir)
-            .env(&config.bridge.token_env, &token)
-            .stdin(std::process::Stdio::null())
-            .kill_on_drop(true);
-        if service {
-            cmd.uid(uid).gid(gid);
-        } else {
-            cmd.arg("--service-uid")
-                .arg(uid.to_string())
-                .arg("--cgroup-parent")
-                .arg(&args.cgroup_parent);
-        }
-        let child = cmd
-            .spawn()
-            .map_err(io(format!("starting {}", bin_dir.join(name).display())))?;
-        Ok(Running { name, child })
+    let data_dir = config.data_dir.clone();
+    let spec = StackSpec {
+        config_path: config_path.to_path_buf(),
+        config,
+        bin_dir,
+        service,
+        token,
+        cgroup_parent: args.cgroup_parent.clone(),
+        env: Vec::new(),
+        log_dir: None,
     };
-    // The launcher first: it lays out the data dir the gateway binds in.
-    let mut daemons = vec![spawn("agentbox-launcher", false)?];
-    let d = Daemons::new(config.clone());
-    let ready = wait_ready(&d, Daemon::Launcher, &mut daemons).await;
-    if ready.is_ok() {
-        daemons.push(spawn("agentbox-bridge", true)?);
-        daemons.push(spawn("agentbox-gateway", true)?);
-    }
-    let ready = match ready {
-        Ok(()) => wait_ready(&d, Daemon::Gateway, &mut daemons).await,
-        Err(e) => Err(e),
-    };
-    if let Err(e) = ready {
-        stop_all(&mut daemons).await;
-        return Err(e);
-    }
+    let mut stack = Stack::start(&spec).await?;
     eprintln!(
         "agentbox is up on {} (launcher, gateway, bridge); Ctrl-C stops all three",
-        config.data_dir.display()
+        data_dir.display()
     );
     let exited = tokio::select! {
         () = cancel.cancelled() => None,
-        name = first_exit(&mut daemons) => Some(name),
+        name = stack.first_exit() => Some(name),
     };
-    stop_all(&mut daemons).await;
+    stack.stop().await;
     match exited {
         None => {
             eprintln!("agentbox: stopped the launcher, the gateway and the bridge");
@@ -149,6 +229,19 @@ pub async fn up(
             reason: "the others were stopped; its messages are above".to_owned(),
         }),
     }
+}
+
+/// The directory of this binary (where the daemons' binaries are built and installed beside
+/// it).
+///
+/// # Errors
+/// When the kernel cannot say where this binary is.
+pub fn bin_dir() -> Result<PathBuf, CliError> {
+    Ok(std::env::current_exe()
+        .map_err(io("locating this binary".to_owned()))?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default())
 }
 
 /// Waits until `daemon` answers on its socket, failing early if a started daemon exits.

@@ -1,34 +1,21 @@
 //! The operator's verbs beside `run`: `status`, `logs`, `stop`, `check`, `deliver` and
-//! `backends`. Each is one or two calls through `agentbox-api`; failures go through
-//! [`Daemons::error`] so every verb reports the same way.
+//! `backends`, as library calls that return typed results; the CLI renders them
+//! ([`crate::render`]) and the MCP server ([`crate::mcp`]) returns them as JSON. Each is one or
+//! two calls through `agentbox-api`; failures go through [`Daemons::error`] so every verb
+//! reports the same way.
 
-use std::io::Write;
 use std::path::Path;
-use std::process::ExitCode;
-use std::time::Duration;
 
-use agentbox_api::gateway::{GatewayStatus, TaskState};
-use agentbox_api::launcher::{CheckRequest, DeliverRequest, LauncherStatus};
+use agentbox_api::gateway::{GatewayStatus, TaskView};
+use agentbox_api::launcher::{
+    BackendStartResult, BackendStopResult, CheckRequest, CheckResult, DeliverRequest,
+    DeliverResult, LauncherStatus, RunState,
+};
 use agentbox_policy::id::Tid;
+use serde::Serialize;
 
 use crate::daemons::Daemons;
 use crate::error::{CliError, Daemon};
-use crate::render::grouped;
-
-fn io(what: &str) -> impl Fn(std::io::Error) -> CliError + '_ {
-    move |e| CliError::Io {
-        what: what.to_owned(),
-        reason: e.to_string(),
-    }
-}
-
-/// Writes `text` to stdout.
-fn out(text: &str) -> Result<(), CliError> {
-    std::io::stdout()
-        .lock()
-        .write_all(text.as_bytes())
-        .map_err(io("writing to stdout"))
-}
 
 /// `call` on `daemon` once its socket answers; either failure as the error people see.
 async fn reach<T>(
@@ -40,208 +27,148 @@ async fn reach<T>(
     call.await.map_err(|e| d.error(daemon, None, e))
 }
 
-/// `agentbox status`: both daemons (each may be down), tasks, backends, host readiness. Exits
-/// with the first unreachable daemon's code, after printing what it could.
-pub async fn status(d: &Daemons, json: bool) -> Result<ExitCode, CliError> {
-    let launcher = reach(d, Daemon::Launcher, d.launcher.status()).await;
-    let gateway = reach(d, Daemon::Gateway, d.gateway.status()).await;
-    if json {
-        let part = |r: Result<serde_json::Value, &CliError>| match r {
-            Ok(v) => v,
-            Err(e) => serde_json::json!({"error": e.to_string(), "exit_code": e.exit_code()}),
-        };
-        let body = serde_json::json!({
-            "launcher": part(launcher.as_ref().map(|s| serde_json::to_value(s).unwrap_or_default())),
-            "gateway": part(gateway.as_ref().map(|s| serde_json::to_value(s).unwrap_or_default())),
-        });
-        out(&format!("{body}\n"))?;
-    } else {
-        out(&status_text(launcher.as_ref(), gateway.as_ref()))?;
-    }
-    let code = [launcher.err(), gateway.err()]
-        .into_iter()
-        .flatten()
-        .map(|e| e.exit_code())
-        .next()
-        .unwrap_or(0);
-    Ok(ExitCode::from(code))
+/// What `status` found: each daemon's status, or why it could not be reached.
+#[derive(Debug)]
+pub struct StatusReport {
+    /// The launcher's status.
+    pub launcher: Result<LauncherStatus, CliError>,
+    /// The gateway's status.
+    pub gateway: Result<GatewayStatus, CliError>,
 }
 
-fn status_text(
-    launcher: Result<&LauncherStatus, &CliError>,
-    gateway: Result<&GatewayStatus, &CliError>,
-) -> String {
-    let mut s = String::new();
-    match launcher {
-        Ok(l) => {
-            let host = if l.host.ready {
-                "host ready".to_owned()
-            } else {
-                format!("HOST NOT READY: {}", l.host.reasons.join("; "))
-            };
-            let disk = l.disk.as_ref().map_or_else(String::new, |d| {
-                format!(
-                    " · disk {} MB per run ({})",
-                    grouped(d.limit_mb),
-                    d.mode.as_str()
-                )
-            });
-            s.push_str(&format!(
-                "launcher  running · {} agents, {} checks · {host}{disk}\n",
-                l.agents.len(),
-                l.checks.len()
-            ));
-            for (name, c) in [
-                ("bwrap", &l.host.bwrap),
-                ("user namespaces", &l.host.user_namespaces),
-                ("cgroups", &l.host.cgroups),
-            ] {
-                let mark = if c.ok { "ok" } else { "MISSING" };
-                s.push_str(&format!("  {name:<16} {mark:<8} {}\n", c.detail));
+impl StatusReport {
+    /// The first unreachable daemon's exit code, else 0.
+    pub fn exit_code(&self) -> u8 {
+        [self.launcher.as_ref().err(), self.gateway.as_ref().err()]
+            .into_iter()
+            .flatten()
+            .map(CliError::exit_code)
+            .next()
+            .unwrap_or(0)
+    }
+
+    /// `{"launcher": status or error, "gateway": status or error}` (what `--json` prints).
+    pub fn to_json(&self) -> serde_json::Value {
+        fn part<T: Serialize>(r: &Result<T, CliError>) -> serde_json::Value {
+            match r {
+                Ok(v) => serde_json::to_value(v).unwrap_or_default(),
+                Err(e) => e.to_json(),
             }
         }
-        Err(e) => s.push_str(&format!("launcher  {e}\n")),
+        serde_json::json!({"launcher": part(&self.launcher), "gateway": part(&self.gateway)})
     }
-    match gateway {
-        Ok(g) => s.push_str(&format!(
-            "gateway   running · {} open tasks · bridge token {}\n",
-            g.open_tasks,
-            if g.bridge_token { "set" } else { "not set" }
-        )),
-        Err(e) => s.push_str(&format!("gateway   {e}\n")),
-    }
-    let runs = launcher.map(|l| l.agents.as_slice()).unwrap_or_default();
-    if let Ok(g) = gateway {
-        s.push_str(&format!(
-            "\n{:<20} {:<14} {:<8} {:<10} {:>8} {:>12} {:>10}  {}\n",
-            "TASK", "MODEL", "GATEWAY", "RUN", "REQUESTS", "TOKENS", "COST", "BUDGET LEFT"
-        ));
-        for t in &g.tasks {
-            let run = runs
-                .iter()
-                .find(|r| r.tid == t.tid)
-                .map_or("-", |r| r.state.as_str());
-            let state = match t.state {
-                TaskState::Open => "open",
-                TaskState::Closed => "closed",
-            };
-            let mut left = Vec::new();
-            if let Some(tok) = t.remaining.tokens {
-                left.push(format!("{} tokens", grouped(tok)));
-            }
-            if let Some(usd) = t.remaining.usd {
-                left.push(format!("${usd:.4}"));
-            }
-            s.push_str(&format!(
-                "{:<20} {:<14} {:<8} {:<10} {:>8} {:>12} {:>10}  {}\n",
-                t.tid,
-                t.model,
-                state,
-                run,
-                t.usage.requests,
-                grouped(t.usage.total_tokens),
-                format!("${:.4}", t.usage.cost_usd),
-                if left.is_empty() {
-                    "unlimited".to_owned()
-                } else {
-                    left.join(", ")
-                }
-            ));
-        }
-    }
-    if let Ok(l) = launcher
-        && !l.backends.is_empty()
-    {
-        s.push_str(&format!(
-            "\n{:<20} {:<10} {:>6} {:>7}  {}\n",
-            "BACKEND", "STATE", "PORT", "AGENTS", "ERROR"
-        ));
-        for b in &l.backends {
-            s.push_str(&format!(
-                "{:<20} {:<10} {:>6} {:>7}  {}\n",
-                b.model,
-                b.state.as_str(),
-                b.port,
-                b.agents,
-                b.error.as_deref().unwrap_or("")
-            ));
-        }
-    }
-    s
 }
 
-/// How often `logs --follow` polls.
-const FOLLOW_POLL: Duration = Duration::from_millis(500);
+/// `status`: both daemons (each may be down): tasks, backends, host readiness.
+pub async fn status(d: &Daemons) -> StatusReport {
+    StatusReport {
+        launcher: reach(d, Daemon::Launcher, d.launcher.status()).await,
+        gateway: reach(d, Daemon::Gateway, d.gateway.status()).await,
+    }
+}
 
-/// `agentbox logs TID [--follow]`: the run's output; following prints what is new until the
-/// run ends.
+/// A page of a run's output.
+#[derive(Debug, Clone, Serialize)]
+pub struct Logs {
+    /// The task id.
+    pub tid: String,
+    /// The run's state when it was read.
+    pub state: RunState,
+    /// The run has ended: no more output will come.
+    pub done: bool,
+    /// Where this page starts (a byte offset into the output).
+    pub offset: usize,
+    /// Where the next page starts.
+    pub next_offset: usize,
+    /// The output from `offset`, at most the limit asked for.
+    pub output: String,
+}
+
+/// `logs`: the run's standard output (or error) from byte `offset`, at most `limit` bytes
+/// (cut at a character boundary).
+///
+/// # Errors
+/// A daemon failure, an unknown task, or an `offset` past the end or inside a character.
 pub async fn logs(
     d: &Daemons,
     tid: &Tid,
-    follow: bool,
     stderr: bool,
-) -> Result<ExitCode, CliError> {
+    offset: usize,
+    limit: Option<usize>,
+) -> Result<Logs, CliError> {
     d.probe(Daemon::Launcher).await?;
-    let mut shown = 0usize;
-    loop {
-        let status = d
-            .launcher
-            .agent(tid)
-            .await
-            .map_err(|e| d.error(Daemon::Launcher, Some(tid.as_str()), e))?;
-        let text = if stderr {
-            &status.stderr
-        } else {
-            &status.stdout
-        };
-        if let Some(new) = text.get(shown..) {
-            out(new)?;
-            shown = text.len();
-        }
-        if !follow || status.state.is_done() {
-            return Ok(ExitCode::SUCCESS);
-        }
-        tokio::time::sleep(FOLLOW_POLL).await;
+    let status = d
+        .launcher
+        .agent(tid)
+        .await
+        .map_err(|e| d.error(Daemon::Launcher, Some(tid.as_str()), e))?;
+    let text = if stderr {
+        &status.stderr
+    } else {
+        &status.stdout
+    };
+    let rest = text.get(offset..).ok_or_else(|| {
+        CliError::Usage(format!(
+            "offset {offset} is not a character boundary within the {} bytes of output",
+            text.len()
+        ))
+    })?;
+    let mut end = limit.map_or(rest.len(), |l| l.min(rest.len()));
+    while !rest.is_char_boundary(end) {
+        end -= 1;
     }
+    let output = rest.get(..end).unwrap_or_default().to_owned();
+    Ok(Logs {
+        tid: tid.to_string(),
+        state: status.state,
+        done: status.state.is_done(),
+        offset,
+        next_offset: offset + output.len(),
+        output,
+    })
 }
 
-/// `agentbox stop TID`: deletes the run (the launcher answers once the sandbox is gone and the
-/// workspace handed back) and closes the gateway task. Unknown to both is an error.
-pub async fn stop(d: &Daemons, tid: &Tid) -> Result<ExitCode, CliError> {
+/// What `stop` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stopped {
+    /// The task id.
+    pub tid: String,
+    /// The run's final state, if the launcher had a run by that id.
+    pub run: Option<RunState>,
+    /// The closed gateway task (its usage), if the gateway had one.
+    pub task: Option<TaskView>,
+}
+
+/// `stop`: deletes the run (the launcher answers once the sandbox is gone and the workspace
+/// handed back) and closes the gateway task.
+///
+/// # Errors
+/// A daemon failure, or a task unknown to both.
+pub async fn stop(d: &Daemons, tid: &Tid) -> Result<Stopped, CliError> {
     d.probe_both().await?;
     let run = d.launcher.delete_agent(tid).await;
     let task = d.gateway.close_task(tid).await;
-    let mut lines = String::new();
-    let mut known = false;
-    match run {
-        Ok(s) => {
-            known = true;
-            lines.push_str(&format!("run {tid}: {}\n", s.state));
-        }
-        Err(e) if e.code() == Some("unknown_task") => {}
+    let run = match run {
+        Ok(s) => Some(s.state),
+        Err(e) if e.code() == Some("unknown_task") => None,
         Err(e) => return Err(d.error(Daemon::Launcher, Some(tid.as_str()), e)),
-    }
-    match task {
-        Ok(v) => {
-            known = true;
-            lines.push_str(&format!(
-                "gateway task {tid}: closed ({} requests, {} tokens, ${:.4})\n",
-                v.usage.requests,
-                grouped(v.usage.total_tokens),
-                v.usage.cost_usd
-            ));
-        }
-        Err(e) if e.code() == Some("no_such_task") => {}
+    };
+    let task = match task {
+        Ok(v) => Some(v),
+        Err(e) if e.code() == Some("no_such_task") => None,
         Err(e) => return Err(d.error(Daemon::Gateway, Some(tid.as_str()), e)),
-    }
-    if !known {
+    };
+    if run.is_none() && task.is_none() {
         return Err(CliError::UnknownTask {
             daemon: Daemon::Launcher,
             tid: tid.to_string(),
         });
     }
-    out(&lines)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Stopped {
+        tid: tid.to_string(),
+        run,
+        task,
+    })
 }
 
 /// One shell word, quoted when it needs to be.
@@ -256,15 +183,29 @@ fn shell_word(w: &str) -> String {
     }
 }
 
-/// `agentbox check TID -- CMD...`: runs the command in a sandbox on the workspace; prints its
-/// output and exits with its status (4 at the timeout, 5 for OOM, as `run`).
+/// What a check did, and the exit code the CLI gives it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Checked {
+    /// The launcher's answer: the command's exit status and output.
+    pub check: CheckResult,
+    /// The CLI's exit code: the command's, or 4 at the timeout, 5 for OOM, 6 at the disk
+    /// limit, 7 when the sandbox could not be set up (as `run`).
+    pub exit_code: u8,
+    /// What went wrong around the command, if something did.
+    pub problem: Option<String>,
+}
+
+/// `check`: runs the command in a sandbox on the workspace.
+///
+/// # Errors
+/// A daemon failure or an unknown task.
 pub async fn check(
     d: &Daemons,
     tid: &Tid,
     timeout_s: u64,
     venv: Option<String>,
     command: &[String],
-) -> Result<ExitCode, CliError> {
+) -> Result<Checked, CliError> {
     d.probe(Daemon::Launcher).await?;
     let command = match command {
         [one] => one.clone(),
@@ -284,45 +225,69 @@ pub async fn check(
         })
         .await
         .map_err(|e| d.error(Daemon::Launcher, Some(tid.as_str()), e))?;
-    out(&r.stdout)?;
-    eprint!("{}", r.stderr);
-    let code = if r.timed_out {
-        eprintln!("agentbox: the check ran past --timeout {timeout_s}s and was killed");
-        4
+    let (exit_code, problem) = if r.timed_out {
+        (
+            4,
+            Some(format!(
+                "the check ran past its timeout ({timeout_s}s) and was killed"
+            )),
+        )
     } else if r.oom_killed {
-        eprintln!("agentbox: the check was killed for using too much memory");
-        5
+        (
+            5,
+            Some("the check was killed for using too much memory".to_owned()),
+        )
+    } else if r.disk_exceeded {
+        (
+            6,
+            Some(
+                "the check filled the workspace to launcher.limits.disk_mb and was stopped"
+                    .to_owned(),
+            ),
+        )
     } else if r.setup_failed {
-        eprintln!("agentbox: the sandbox could not be set up for the check (see above)");
-        7
+        (
+            7,
+            Some("the sandbox could not be set up for the check (see its stderr)".to_owned()),
+        )
     } else {
-        r.exit_code.and_then(|c| u8::try_from(c).ok()).unwrap_or(1)
+        (
+            r.exit_code.and_then(|c| u8::try_from(c).ok()).unwrap_or(1),
+            None,
+        )
     };
-    Ok(ExitCode::from(code))
+    Ok(Checked {
+        check: r,
+        exit_code,
+        problem,
+    })
 }
 
-/// `agentbox deliver TID --repo PATH`: `agent/<tid>` into the repository.
-pub async fn deliver(d: &Daemons, tid: &Tid, repo: &Path) -> Result<ExitCode, CliError> {
+/// `deliver`: `agent/<tid>` into the repository.
+///
+/// # Errors
+/// A bad repository path, a daemon failure or an unknown task.
+pub async fn deliver(d: &Daemons, tid: &Tid, repo: &Path) -> Result<DeliverResult, CliError> {
     d.probe(Daemon::Launcher).await?;
     let path = std::fs::canonicalize(repo).map_err(|e| CliError::BadRepo {
         path: repo.to_path_buf(),
         reason: e.to_string(),
     })?;
-    let r = d
-        .launcher
+    d.launcher
         .deliver(&DeliverRequest {
             tid: tid.to_string(),
             path: path.display().to_string(),
             branch: format!("agent/{tid}"),
         })
         .await
-        .map_err(|e| d.error(Daemon::Launcher, Some(tid.as_str()), e))?;
-    out(&format!("{} -> {} in {}\n", r.branch, r.sha, r.repo))?;
-    Ok(ExitCode::SUCCESS)
+        .map_err(|e| d.error(Daemon::Launcher, Some(tid.as_str()), e))
 }
 
-/// `agentbox backends start MODEL`.
-pub async fn backend_start(d: &Daemons, model: &str) -> Result<ExitCode, CliError> {
+/// `backends start MODEL`.
+///
+/// # Errors
+/// An unknown model or a daemon failure.
+pub async fn backend_start(d: &Daemons, model: &str) -> Result<BackendStartResult, CliError> {
     let id = agentbox_policy::config::ModelId::parse(model)
         .ok()
         .filter(|m| d.config.models.contains_key(m))
@@ -330,30 +295,15 @@ pub async fn backend_start(d: &Daemons, model: &str) -> Result<ExitCode, CliErro
             model: model.to_owned(),
             known: d.config.models.keys().map(ToString::to_string).collect(),
         })?;
-    let r = reach(d, Daemon::Launcher, d.launcher.start_backend(&id)).await?;
-    let stopped = if r.stopped.is_empty() {
-        String::new()
-    } else {
-        format!(" (stopped {})", r.stopped.join(", "))
-    };
-    out(&format!(
-        "{}: {} on 127.0.0.1:{}{stopped}\n",
-        r.backend.model,
-        r.backend.state.as_str(),
-        r.backend.port
-    ))?;
-    Ok(ExitCode::SUCCESS)
+    reach(d, Daemon::Launcher, d.launcher.start_backend(&id)).await
 }
 
-/// `agentbox backends stop`.
-pub async fn backends_stop(d: &Daemons) -> Result<ExitCode, CliError> {
-    let r = reach(d, Daemon::Launcher, d.launcher.stop_backends()).await?;
-    out(&if r.stopped.is_empty() {
-        "no backend was running\n".to_owned()
-    } else {
-        format!("stopped {}\n", r.stopped.join(", "))
-    })?;
-    Ok(ExitCode::SUCCESS)
+/// `backends stop`.
+///
+/// # Errors
+/// A daemon failure.
+pub async fn backends_stop(d: &Daemons) -> Result<BackendStopResult, CliError> {
+    reach(d, Daemon::Launcher, d.launcher.stop_backends()).await
 }
 
 #[cfg(test)]

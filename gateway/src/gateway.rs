@@ -481,7 +481,7 @@ impl Accounts for Gateway {
             let prices = self.opts.models.get(&t.model).and_then(|m| m.prices);
             t.account.settle(r, usage, prices.as_ref());
         }
-        tracing::info!(%tid, input = usage.input_tokens, output = usage.output_tokens,
+        tracing::debug!(%tid, input = usage.input_tokens, output = usage.output_tokens,
             cache_read = usage.cache_read_input_tokens, cache_creation = usage.cache_creation_input_tokens, "settled");
         self.dirty.notify_one();
     }

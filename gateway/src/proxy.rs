@@ -152,12 +152,12 @@ fn authenticate(ctx: &TaskCtx, headers: &HeaderMap) -> Result<(), ProxyError> {
     Ok(ctx.account.check_token(token)?)
 }
 
-/// The body as JSON, with its charge against the body budgets: keep the charge while the value
-/// lives.
+/// The body as JSON, with its charge against the body budgets (keep the charge while the value
+/// lives) and the body's length.
 async fn read_json(
     ctx: &TaskCtx,
     req: Request,
-) -> Result<(HeaderMap, Value, BodyCharge), ProxyError> {
+) -> Result<(HeaderMap, Value, BodyCharge, usize), ProxyError> {
     let (parts, body) = req.into_parts();
     authenticate(ctx, &parts.headers)?;
     let held = read_body_within(
@@ -180,24 +180,25 @@ async fn read_json(
     let (bytes, charge) = held.split();
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}")))?;
+    let len = bytes.len();
     drop(bytes);
     if !value.is_object() {
         return Err(ProxyError::InvalidRequest(
             "request body must be a JSON object".into(),
         ));
     }
-    Ok((parts.headers, value, charge))
+    Ok((parts.headers, value, charge, len))
 }
 
 /// `POST /v1/messages/count_tokens`: answered locally, never forwarded, never billed.
 async fn count_tokens(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
-    let (_, value, _charge) = read_json(&ctx, req).await?;
+    let (_, value, _charge, _) = read_json(&ctx, req).await?;
     Ok(axum::Json(json!({"input_tokens": estimate::input_tokens(&value)})).into_response())
 }
 
 /// `POST /v1/messages`.
 async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
-    let (headers, mut value, _charge) = read_json(&ctx, req).await?;
+    let (headers, mut value, _charge, size_hint) = read_json(&ctx, req).await?;
     let model = ctx.account.model()?;
     let dest = ctx.cfg.destination(&model);
     // Before any reservation or upstream call: a URL the provider fetches could carry workspace
@@ -262,6 +263,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         bridge_token,
         version: anthropic_version(&headers).to_owned(),
         body: value,
+        size_hint,
     };
     let (tx, rx) = oneshot::channel();
     ctx.cfg.background.spawn(async move {
@@ -289,6 +291,8 @@ struct Call {
     bridge_token: Option<Secret>,
     version: String,
     body: Value,
+    /// The client's body length, about the length of the body written upstream.
+    size_hint: usize,
 }
 
 impl Call {
@@ -303,9 +307,10 @@ impl Call {
             url: &self.dest.url,
             auth,
             version: &self.version,
+            size_hint: self.size_hint,
         };
         admission.sent();
-        match self.cfg.upstream.anthropic(target, &self.body).await {
+        match self.cfg.upstream.anthropic(target, self.body).await {
             Ok(answer) => {
                 let tid = self.tid;
                 Ok(answer.metered(move |report| {

@@ -11,6 +11,7 @@
 //!
 //! [`StreamTranslator`]: crate::body::StreamTranslator
 
+use agentbox_wire::FastValue;
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::chat::ChatResponse;
 use agentbox_wire::translate::{
@@ -46,6 +47,9 @@ pub struct AnthropicTarget<'a> {
     pub auth: Auth<'a>,
     /// The `anthropic-version` header.
     pub version: &'a str,
+    /// About how long the body will be written (the client's body length): its buffer is
+    /// allocated once at that size rather than grown by doubling.
+    pub size_hint: usize,
 }
 
 /// An OpenAI chat completions endpoint and how to translate for it.
@@ -64,14 +68,18 @@ pub struct ChatTarget<'a> {
 }
 
 impl Upstream {
-    /// Passes a request to an Anthropic endpoint and its answer back, streamed or not.
+    /// Passes a request to an Anthropic endpoint and its answer back, streamed or not. The
+    /// request is written out and freed before the call.
     pub async fn anthropic(
         &self,
         target: AnthropicTarget<'_>,
-        body: &Value,
+        body: Value,
     ) -> Result<Answer, LlmError> {
-        let bytes =
-            serde_json::to_vec(body).map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        let mut bytes = Vec::with_capacity(target.size_hint.saturating_add(4096));
+        serde_json::to_writer(&mut bytes, &FastValue(&body))
+            .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        // The tree is several times the body's size: not kept while the upstream works.
+        drop(body);
         let resp = self
             .post_json(
                 target.url,
@@ -100,10 +108,8 @@ impl Upstream {
     pub async fn anthropic_via_chat(
         &self,
         target: ChatTarget<'_>,
-        body: Value,
+        req: MessagesRequest,
     ) -> Result<Answer, LlmError> {
-        let req: MessagesRequest =
-            serde_json::from_value(body).map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
         let stream = req.stream == Some(true);
         let resp_opts = ResponseOptions {
             model: Some(target.reported_model),
@@ -112,8 +118,17 @@ impl Upstream {
         };
         let chat = anthropic_into_chat(req, &target.chat)
             .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
-        let bytes =
-            serde_json::to_vec(&chat).map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        // Written once into a buffer of about the right size (the estimate is a quarter of the
+        // client's body), not grown by doubling; the request is freed before the call.
+        let mut bytes = Vec::with_capacity(
+            usize::try_from(target.input_tokens_estimate)
+                .unwrap_or(0)
+                .saturating_mul(4)
+                .saturating_add(4096),
+        );
+        serde_json::to_writer(&mut bytes, &chat)
+            .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        drop(chat);
         let resp = self.post_json(target.url, target.auth, &[], bytes).await?;
         if stream {
             return Ok(Answer {

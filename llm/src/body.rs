@@ -148,6 +148,9 @@ enum Mode {
         sse: Option<Protocol>,
         /// Whether the bytes forwarded so far end at an SSE frame boundary.
         at_boundary: bool,
+        /// Watches an Anthropic stream for its last event, so an upstream that closes
+        /// cleanly before it still ends the client's stream with an error frame.
+        end: EndScan,
     },
     /// SSE decoded and translated.
     Translate {
@@ -157,6 +160,37 @@ enum Mode {
     },
     /// A body already in memory (a translated non-streamed answer).
     Ready(Option<Bytes>),
+}
+
+/// Whether an Anthropic event stream has shown its last event (`message_stop`, or an `error`
+/// event, after which the upstream may close): a marker split across chunks is found through
+/// the few bytes kept from the previous chunk.
+#[derive(Default)]
+struct EndScan {
+    seen: bool,
+    tail: Vec<u8>,
+}
+
+impl EndScan {
+    const MARKERS: [&'static [u8]; 2] = [b"message_stop", b"event: error"];
+    const KEEP: usize = 11; // the longest marker's length minus one
+
+    fn feed(&mut self, bytes: &[u8]) {
+        if self.seen {
+            return;
+        }
+        let found = |hay: &[u8]| {
+            Self::MARKERS
+                .iter()
+                .any(|m| memchr::memmem::find(hay, m).is_some())
+        };
+        let head = &bytes[..bytes.len().min(Self::KEEP)];
+        let mut joint = std::mem::take(&mut self.tail);
+        joint.extend_from_slice(head);
+        self.seen = found(&joint) || found(bytes);
+        let keep = bytes.len().saturating_sub(Self::KEEP);
+        self.tail = bytes[keep..].to_vec();
+    }
 }
 
 /// One step of the transformer.
@@ -200,6 +234,7 @@ impl LlmBody {
             Mode::Passthrough {
                 sse,
                 at_boundary: true,
+                end: EndScan::default(),
             },
         )
     }
@@ -254,16 +289,33 @@ impl LlmBody {
                 Some(bytes) => Step::Data { bytes, last: true },
                 None => Step::End,
             }),
-            Mode::Passthrough { sse, at_boundary } => {
+            Mode::Passthrough {
+                sse,
+                at_boundary,
+                end,
+            } => {
                 let Some(up) = upstream.as_mut() else {
                     return Poll::Ready(Step::End);
                 };
                 match up.as_mut().poll_next(cx) {
                     Poll::Pending => Poll::Pending,
-                    Poll::Ready(None) => Poll::Ready(Step::End),
+                    Poll::Ready(None) => Poll::Ready(match sse {
+                        Some(Protocol::Anthropic) if !end.seen => {
+                            tracing::warn!(
+                                "upstream ended an Anthropic stream before message_stop"
+                            );
+                            Step::Failure(Bytes::from(
+                                Protocol::Anthropic.failure_frame(!*at_boundary, BROKEN_STREAM),
+                            ))
+                        }
+                        Some(Protocol::Anthropic | Protocol::OpenAi) | None => Step::End,
+                    }),
                     Poll::Ready(Some(Ok(bytes))) => {
                         if !bytes.is_empty() {
                             *at_boundary = sse::ends_frame(&bytes);
+                            if matches!(sse, Some(Protocol::Anthropic)) {
+                                end.feed(&bytes);
+                            }
                         }
                         Poll::Ready(Step::Data { bytes, last: false })
                     }
@@ -582,6 +634,29 @@ mod tests {
         let frame = out.rsplit("event: error\ndata: ").next().unwrap();
         let v: serde_json::Value = serde_json::from_str(frame.trim()).unwrap();
         assert_eq!(v["error"]["type"], "api_error");
+    }
+
+    #[tokio::test]
+    async fn an_anthropic_stream_closed_before_message_stop_ends_with_an_error_frame() {
+        // The upstream closes cleanly after a frame that is not the end (garbage, say).
+        let up = upstream(vec![Ok(START), Ok("event: junk\ndata: not json\n\n")]);
+        let mut body = LlmBody::passthrough(up, Some(Protocol::Anthropic));
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        assert!(out.ends_with("\n\n"), "{out}");
+        assert!(
+            out.rsplit("event: junk")
+                .next()
+                .unwrap()
+                .contains("event: error\n"),
+            "{out}"
+        );
+        // A complete stream, its `message_stop` split across chunks, ends as it is.
+        let (a, b) = END.split_at(END.find("message_stop").unwrap() + 4);
+        let up = upstream(vec![Ok(START), Ok(a), Ok(b)]);
+        let mut body = LlmBody::passthrough(up, Some(Protocol::Anthropic));
+        let (out, _) = collect(&mut body).await;
+        assert!(out.ends_with(END) && !out.contains("event: error"), "{out}");
     }
 
     #[tokio::test]

@@ -44,8 +44,9 @@ async fn call(up: &Upstream, url: &str) -> LlmError {
         url,
         auth: Auth::None,
         version: "2023-06-01",
+        size_hint: 0,
     };
-    match up.anthropic(target, &json!({"model": "m"})).await {
+    match up.anthropic(target, json!({"model": "m"})).await {
         Ok(a) => panic!("expected an error, got {}", a.status),
         Err(e) => e,
     }

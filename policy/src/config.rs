@@ -354,6 +354,8 @@ struct RawModel {
     price_cache_write_per_mtok: Option<f64>,
     #[serde(default)]
     allow_url_sources: bool,
+    reasoning: Option<Reasoning>,
+    forward_user_id: Option<bool>,
 }
 
 /// Which kind of backend serves a model (`backend = "..."`).
@@ -397,6 +399,20 @@ impl Provider {
             Provider::Anthropic => "anthropic",
         }
     }
+}
+
+/// Where the bridge puts an Anthropic request's `thinking` when it translates it to chat
+/// completions (`reasoning = "..."`, `provider = "openai"` models only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reasoning {
+    /// Not sent: for models that reject reasoning settings (the default).
+    #[default]
+    None,
+    /// `reasoning_effort`: OpenAI's reasoning models, vLLM, SGLang, Ollama.
+    ReasoningEffort,
+    /// `reasoning: {effort}`: OpenRouter.
+    Reasoning,
 }
 
 // === validated layer: what daemons use ===
@@ -539,6 +555,11 @@ pub struct Model {
     /// the provider fetches them, so they can carry data out and cost what the gateway cannot
     /// see.
     pub allow_url_sources: bool,
+    /// Where a translated request's `thinking` goes (`reasoning`, default none).
+    pub reasoning: Reasoning,
+    /// Whether the client's `metadata.user_id` (Claude Code's device, account and session
+    /// ids) reaches the provider (`forward_user_id`, default false; remote models only).
+    pub forward_user_id: bool,
     /// Where the model is served.
     pub backend: Backend,
 }
@@ -929,6 +950,23 @@ fn validate_model(
         }
     };
 
+    // Only the bridge reads these: a local backend gets the request as the agent sent it.
+    let remote = matches!(backend, Backend::Remote { .. });
+    forbid("forward_user_id", !remote && rm.forward_user_id.is_some())?;
+    let translated = matches!(
+        backend,
+        Backend::Remote {
+            provider: Provider::Openai,
+            ..
+        }
+    );
+    if !translated && rm.reasoning.is_some() {
+        return Err(invalid(
+            &k("reasoning"),
+            "only used by backend \"remote\" with provider \"openai\"".to_owned(),
+        ));
+    }
+
     for (field, v) in [
         ("context_tokens", rm.context_tokens),
         ("max_output_tokens", rm.max_output_tokens),
@@ -996,6 +1034,8 @@ fn validate_model(
         max_output_tokens: rm.max_output_tokens,
         prices,
         allow_url_sources: rm.allow_url_sources,
+        reasoning: rm.reasoning.unwrap_or_default(),
+        forward_user_id: rm.forward_user_id.unwrap_or(false),
         backend,
     })
 }
@@ -1185,6 +1225,61 @@ mod tests {
         ));
         assert!(c.model("nope").is_none());
         assert!(c.model("../x").is_none());
+        assert_eq!(g.reasoning, Reasoning::ReasoningEffort);
+        assert!(!g.forward_user_id);
+        assert_eq!(c.model("sonnet").unwrap().reasoning, Reasoning::None);
+    }
+
+    #[test]
+    fn reasoning_and_forward_user_id_belong_to_remote_models() {
+        let remote = |provider: &str, body: &str| {
+            format!(
+                "[models.m]\nbackend = \"remote\"\nprovider = \"{provider}\"\nbase_url = \"https://x\"\nupstream_model = \"u\"\nkey_env = \"K\"\n{body}"
+            )
+        };
+        let m = parse(&remote(
+            "openai",
+            "reasoning = \"reasoning\"\nforward_user_id = true",
+        ))
+        .unwrap();
+        let m = m.model("m").unwrap();
+        assert_eq!(m.reasoning, Reasoning::Reasoning);
+        assert!(m.forward_user_id);
+        let m = parse(&remote("openai", "")).unwrap();
+        assert_eq!(m.model("m").unwrap().reasoning, Reasoning::None);
+        assert!(!m.model("m").unwrap().forward_user_id);
+        assert!(
+            parse(&remote("anthropic", "forward_user_id = true"))
+                .unwrap()
+                .model("m")
+                .unwrap()
+                .forward_user_id
+        );
+        assert_err_keys(
+            "",
+            &[
+                (
+                    &remote("anthropic", "reasoning = \"reasoning_effort\""),
+                    "models.m.reasoning",
+                ),
+                (
+                    &remote("openai", "reasoning = \"effort\""),
+                    "models.m.reasoning",
+                ),
+                (
+                    &remote("openai", "forward_user_id = \"yes\""),
+                    "models.m.forward_user_id",
+                ),
+                (
+                    "[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nreasoning = \"reasoning\"",
+                    "models.m.reasoning",
+                ),
+                (
+                    "[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nforward_user_id = false",
+                    "models.m.forward_user_id",
+                ),
+            ],
+        );
     }
 
     #[test]

@@ -217,43 +217,58 @@ pub fn refuse_url_sources(body: &Value) -> Result<(), SanitizeError> {
     Ok(())
 }
 
+/// [`refuse_url_sources`]'s rule for one object found at `path` (a block, or the fields of
+/// one a caller holds typed): the bridge walks its typed request and hands the maps it holds
+/// here.
+pub fn refuse_url_sources_in(
+    obj: &Map<String, Value>,
+    path: &mut String,
+) -> Result<(), SanitizeError> {
+    if let Some(Value::Object(source)) = obj.get("source")
+        && source.get("type").and_then(Value::as_str) == Some("url")
+    {
+        return Err(SanitizeError::UrlSource {
+            path: format!("{path}.source"),
+        });
+    }
+    let tool_call = matches!(
+        obj.get("type").and_then(Value::as_str),
+        Some("tool_use" | "server_tool_use")
+    );
+    for (k, child) in obj {
+        if tool_call && k == "input" {
+            continue;
+        }
+        let len = path.len();
+        path.push('.');
+        path.push_str(k);
+        find_url_source(child, path)?;
+        path.truncate(len);
+    }
+    Ok(())
+}
+
 fn find_url_source(v: &Value, path: &mut String) -> Result<(), SanitizeError> {
     match v {
-        Value::Object(obj) => {
-            if let Some(Value::Object(source)) = obj.get("source")
-                && source.get("type").and_then(Value::as_str) == Some("url")
-            {
-                return Err(SanitizeError::UrlSource {
-                    path: format!("{path}.source"),
-                });
-            }
-            let tool_call = matches!(
-                obj.get("type").and_then(Value::as_str),
-                Some("tool_use" | "server_tool_use")
-            );
-            for (k, child) in obj {
-                if tool_call && k == "input" {
-                    continue;
-                }
-                let len = path.len();
-                path.push('.');
-                path.push_str(k);
-                find_url_source(child, path)?;
-                path.truncate(len);
-            }
-            Ok(())
-        }
-        Value::Array(items) => {
-            for (i, child) in items.iter().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
-                find_url_source(child, path)?;
-                path.truncate(len);
-            }
-            Ok(())
-        }
+        Value::Object(obj) => refuse_url_sources_in(obj, path),
+        Value::Array(items) => each_indexed(items, path, find_url_source),
         Value::Null | Value::Bool(_) | Value::Number(_) | Value::String(_) => Ok(()),
     }
+}
+
+/// Runs `f` on each item with `[i]` appended to `path` (the URL-source walks' list step).
+pub fn each_indexed<T>(
+    items: &[T],
+    path: &mut String,
+    mut f: impl FnMut(&T, &mut String) -> Result<(), SanitizeError>,
+) -> Result<(), SanitizeError> {
+    for (i, item) in items.iter().enumerate() {
+        let len = path.len();
+        path.push_str(&format!("[{i}]"));
+        f(item, path)?;
+        path.truncate(len);
+    }
+    Ok(())
 }
 
 /// What the gateway and the bridge do to every request before it goes upstream: refuse media

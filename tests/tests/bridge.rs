@@ -32,6 +32,15 @@ base_url = "{base}/v1"
 upstream_model = "gpt-upstream"
 key_env = "TEST_OPENAI_KEY"
 max_output_tokens = 4096
+forward_user_id = true
+
+[models.thinker]
+backend = "remote"
+provider = "openai"
+base_url = "{base}/v1"
+upstream_model = "o-upstream"
+key_env = "TEST_OPENAI_KEY"
+reasoning = "reasoning_effort"
 
 [models.claude]
 backend = "remote"
@@ -194,6 +203,62 @@ async fn anthropic_passthrough_non_stream() {
     );
     assert_eq!(r["body"]["x_unknown_field"]["kept"], true);
     assert_no_bridge_token(&reqs);
+}
+
+/// `thinking` reaches a translated model's reasoning field only as its `reasoning` key says,
+/// and `metadata.user_id` (Claude Code's device, account and session ids) reaches no provider
+/// unless `forward_user_id` says so: not translated (`user`), not passed through.
+#[tokio::test]
+async fn thinking_and_client_ids_follow_the_model_config() {
+    let (fake, bridge) = start(&json!({"fallback": {"text": "ok"}}));
+    let thinking = |model: &str, thinking: Value| {
+        let mut req = request(model, false);
+        req["thinking"] = thinking;
+        req
+    };
+    let cases = [
+        thinking(
+            "thinker",
+            json!({"type": "enabled", "budget_tokens": 31999}),
+        ),
+        thinking("thinker", json!({"type": "enabled", "budget_tokens": 4000})),
+        thinking("thinker", json!({"type": "disabled"})),
+        thinking("gpt", json!({"type": "enabled", "budget_tokens": 31999})),
+        thinking("claude", json!({"type": "enabled", "budget_tokens": 31999})),
+    ];
+    for req in &cases {
+        let resp = post(&bridge, req).await;
+        assert_eq!(resp.status(), 200, "{req}");
+    }
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs.len(), cases.len());
+    let bodies: Vec<&Value> = reqs.iter().map(|r| &r["body"]).collect();
+    assert_eq!(bodies[0]["reasoning_effort"], "high", "{}", bodies[0]);
+    assert_eq!(bodies[1]["reasoning_effort"], "low", "{}", bodies[1]);
+    for b in &bodies[..3] {
+        assert!(
+            b.get("user").is_none(),
+            "user id sent without forward_user_id: {b}"
+        );
+        assert!(
+            b.get("thinking").is_none() && b.get("reasoning").is_none(),
+            "{b}"
+        );
+    }
+    assert!(bodies[2].get("reasoning_effort").is_none(), "{}", bodies[2]);
+    // `gpt` has no `reasoning` key (thinking not sent) and forwards the user id.
+    assert!(bodies[3].get("reasoning_effort").is_none(), "{}", bodies[3]);
+    assert_eq!(bodies[3]["user"], "user-1");
+    // Passthrough keeps thinking as it is and drops only the user id.
+    assert_eq!(bodies[4]["thinking"]["budget_tokens"], 31999);
+    assert!(
+        bodies[4]["metadata"].get("user_id").is_none(),
+        "{}",
+        bodies[4]
+    );
+    for (i, r) in reqs.iter().enumerate() {
+        assert_eq!(r.to_string().contains("user-1"), i == 3, "{r}");
+    }
 }
 
 #[tokio::test]

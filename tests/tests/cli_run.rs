@@ -9,7 +9,7 @@
 mod cli_common;
 
 use std::io::{BufRead, BufReader};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agentbox_api::gateway::TaskState;
 use agentbox_policy::id::Tid;
@@ -126,28 +126,12 @@ async fn sigint_mid_run_stops_everything_and_closes_the_task() {
             .map_while(Result::ok)
             .collect::<Vec<_>>()
     });
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let steps_served = || {
-        stack
-            .fake
-            .requests()
-            .unwrap_or_default()
-            .iter()
-            .filter(|r| {
-                r["served_by"]
-                    .as_str()
-                    .is_some_and(|s| s.starts_with("step"))
-            })
-            .count()
-    };
-    while steps_served() < 2 {
-        assert!(
-            Instant::now() < deadline && child.try_wait().unwrap().is_none(),
-            "the agent never reached its second turn\n{}",
-            stack.launcher.describe()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    stack.wait_for_steps(
+        2,
+        Duration::from_secs(120),
+        &mut || child.try_wait().unwrap().is_none(),
+        &|| stack.launcher.describe(),
+    );
     assert!(
         !stack.agent_processes().is_empty(),
         "the agent runs as its own uid"

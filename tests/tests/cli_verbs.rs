@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{readable_client, workspace_bin};
-use cli_common::{SERVICE, Stack, cli_with, git, interrupt, writes};
+use cli_common::{SERVICE, Stack, cli_with, git, interrupt, status_task, writes};
 use serde_json::Value;
 
 fn text(out: &std::process::Output) -> String {
@@ -54,12 +54,7 @@ async fn status_logs_check_deliver_stop_and_backends() {
     let out = stack.cli(&["status", "--json"]).output().unwrap();
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["launcher"]["ready"], true, "{v}");
-    let task = v["gateway"]["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tid"] == "cli-v")
-        .unwrap();
+    let task = status_task(&v, "cli-v");
     assert!(task["usage"]["requests"].as_u64().unwrap() >= 2, "{v}");
     assert_eq!(task["budget"]["usd"], 1.0, "{v}");
 

@@ -797,16 +797,7 @@ async fn vllm_models_go_to_their_loopback_port() {
 
 /// The gateway's peak resident memory (`VmHWM`), bytes.
 fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    kb << 10
+    agentbox_tests::harness::status_kib(pid, "VmHWM:").unwrap() << 10
 }
 
 /// An upstream error body is read only up to the engine's cap: a 24 MiB one costs the gateway

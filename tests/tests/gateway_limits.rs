@@ -66,15 +66,7 @@ async fn b_succeeds(sock: &Path, what: &str) {
 }
 
 fn status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    agentbox_tests::harness::status_kib(pid, field).unwrap()
 }
 
 /// Task A opens 2,000 idle connections, far more than its limit and more than the gateway's

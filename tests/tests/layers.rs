@@ -58,11 +58,17 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "agentbox-wire",
         ],
     ),
-    ("agentbox-cli", &["agentbox-api", "agentbox-policy"]),
+    // fakellm is a test and demo tool: ground crates only.
+    ("agentbox-fakellm", &["agentbox-api"]),
+    (
+        "agentbox-cli",
+        &["agentbox-api", "agentbox-fakellm", "agentbox-policy"],
+    ),
     (
         "agentbox-tests",
         &[
             "agentbox-api",
+            "agentbox-fakellm",
             "agentbox-policy",
             "agentbox-sandbox",
             "agentbox-wire",

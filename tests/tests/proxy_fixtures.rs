@@ -140,6 +140,8 @@ fn chat_options() -> ChatOptions {
         max_tokens_field: MaxTokensField::MaxTokens,
         include_usage: true,
         forward_top_k: true,
+        // The router is the operator's own: it keeps the agent's session ids.
+        forward_user: true,
         ..ChatOptions::default()
     }
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
-    FakeLlm, GatewayProcess, Service, client_bin, run_captured, wait_group_gone,
+    FakeLlm, GatewayProcess, Service, claude_headless, client_bin, run_captured, wait_group_gone,
 };
 use serde_json::{Value, json};
 
@@ -119,26 +119,17 @@ impl ClaudeRun {
         prompt: &str,
         extra_env: &[(&str, &str)],
     ) -> Self {
-        let claude = bin_or_fail("claude");
-        let mut cmd = tokio::process::Command::new(&claude);
-        cmd.current_dir(scratch.workspace())
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("HOME", scratch.home())
-            .env("CLAUDE_CONFIG_DIR", scratch.home().join(".claude"))
-            .env("TMPDIR", scratch.tmp())
-            .env("ANTHROPIC_BASE_URL", base_url)
-            .env("ANTHROPIC_AUTH_TOKEN", token)
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_TELEMETRY", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            // bypassPermissions refuses to run as root unless told it is sandboxed; tests run
-            // as root on CI and the temp workspace is the only thing it may touch.
-            .env("IS_SANDBOX", "1")
-            .args(["-p", prompt])
-            .args(["--output-format", "stream-json", "--verbose"])
-            .args(["--model", model])
-            .args(["--permission-mode", "bypassPermissions"]);
+        let mut cmd = claude_headless(
+            &scratch.workspace(),
+            &scratch.home(),
+            &scratch.tmp(),
+            base_url,
+            token,
+            model,
+            prompt,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        cmd.args(["--permission-mode", "bypassPermissions"]);
         for (k, v) in extra_env {
             cmd.env(k, v);
         }

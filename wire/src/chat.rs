@@ -49,9 +49,21 @@ pub struct ChatRequest {
     pub user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<String>,
+    /// OpenRouter's reasoning settings (`{"effort": ...}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningConfig>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<Value>,
     /// `n`, `seed`, `top_k` (vLLM/SGLang/Ollama), `chat_template_kwargs`, ...
+    #[serde(flatten)]
+    pub extra: Extra,
+}
+
+/// `reasoning` of a request (OpenRouter's shape: `effort`, or `max_tokens`, `exclude`, ...).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ReasoningConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }

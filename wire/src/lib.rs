@@ -27,4 +27,6 @@ pub mod sse;
 pub mod translate;
 pub mod usage;
 
+pub use serde_util::FastValue;
+
 pub use serde_util::TextOrList;

@@ -14,7 +14,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
-use serde::ser::Serializer;
+use serde::ser::{SerializeStruct, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -90,25 +90,29 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for TextOrList<T> {
 /// value costs an allocation).
 const LONG_TEXT: usize = 256;
 
+/// The struct (and field) name under which serde_json's serializers take a value's JSON text
+/// as it is (what `RawValue` serializes as). Handing the escaped text over this way skips building a
+/// `RawValue`, which would check the text by parsing it again. If serde_json ever changed the
+/// name, the text would come out as a string of escaped JSON: the tests below compare every
+/// output with serde_json's own, so that cannot pass unnoticed.
+const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
+
 /// Writes a string as serde_json does, byte for byte, but scans long ones eight bytes at a time
-/// for the bytes JSON must escape (`"`, backslash, controls) and hands the escaped text over as a raw
-/// value. Use as `#[serde(serialize_with = "...")]` on fields that may hold long text. (A
-/// serializer other than serde_json's sees a raw value, which serde_json's `to_value` reads
-/// back as the string; nothing else serializes these types.)
+/// for the bytes JSON must escape (`"`, backslash, controls) and hands the escaped text over as
+/// raw JSON. Use as `#[serde(serialize_with = "...")]` on fields that may hold long text. (A
+/// serializer other than serde_json's sees a struct holding the escaped text; serde_json's
+/// `to_value` reads it back as the string; nothing else serializes these types.)
 pub fn text<S: Serializer>(s: &str, serializer: S) -> Result<S::Ok, S::Error> {
     if s.len() < LONG_TEXT {
         return serializer.serialize_str(s);
     }
-    let mut out = Vec::with_capacity(s.len() + s.len() / 16 + 2);
-    out.push(b'"');
-    escape_into(&mut out, s.as_bytes());
-    out.push(b'"');
-    // Escaping only adds ASCII to valid UTF-8, and `from_string` checks the result is one JSON
-    // string; neither can fail, and if one ever did the plain writer still gives the answer.
-    match String::from_utf8(out).map(RawValue::from_string) {
-        Ok(Ok(raw)) => raw.serialize(serializer),
-        Ok(Err(_)) | Err(_) => serializer.serialize_str(s),
-    }
+    let mut out = String::with_capacity(s.len() + s.len() / 16 + 2);
+    out.push('"');
+    escape_into(&mut out, s);
+    out.push('"');
+    let mut raw = serializer.serialize_struct(RAW_VALUE_TOKEN, 1)?;
+    raw.serialize_field(RAW_VALUE_TOKEN, out.as_str())?;
+    raw.end()
 }
 
 /// [`text`] for an optional field (with `skip_serializing_if = "Option::is_none"`).
@@ -116,6 +120,37 @@ pub fn opt_text<S: Serializer>(s: &Option<String>, serializer: S) -> Result<S::O
     match s {
         Some(s) => text(s, serializer),
         None => serializer.serialize_none(),
+    }
+}
+
+/// A [`serde_json::Value`] written exactly as serde_json writes it, its long strings through
+/// [`text`]: for the passthrough paths, which forward a whole parsed request (message text is
+/// most of its bytes, and serde_json's writer looks at them one at a time).
+#[derive(Debug)]
+pub struct FastValue<'a>(pub &'a serde_json::Value);
+
+impl Serialize for FastValue<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        use serde_json::Value;
+        match self.0 {
+            Value::String(s) => text(s, serializer),
+            Value::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(&FastValue(item))?;
+                }
+                seq.end()
+            }
+            Value::Object(map) => {
+                let mut out = serializer.serialize_map(Some(map.len()))?;
+                for (k, v) in map {
+                    out.serialize_entry(k, &FastValue(v))?;
+                }
+                out.end()
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => self.0.serialize(serializer),
+        }
     }
 }
 
@@ -133,11 +168,13 @@ fn needs_escape(w: u64) -> bool {
     (control | quote | backslash) & HIGHS != 0
 }
 
-/// Appends `bytes` JSON-escaped exactly as serde_json escapes them: the two-character forms for
+/// Appends `text` JSON-escaped exactly as serde_json escapes it: the two-character forms for
 /// `"`, backslash, backspace, form feed, newline, carriage return and tab, `\u00xx` (lower-case hex)
-/// for the other controls, everything else (DEL and non-ASCII included) as it is.
-pub(crate) fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
+/// for the other controls, everything else (DEL and non-ASCII included) as it is. Every byte
+/// escaped is ASCII, so the pieces copied between them are whole characters.
+pub(crate) fn escape_into(out: &mut String, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = text.as_bytes();
     let mut start = 0;
     let mut i = 0;
     while i < bytes.len() {
@@ -151,35 +188,33 @@ pub(crate) fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
         }
         let b = bytes[i];
         let short = match b {
-            b'"' => Some(b'"'),
-            b'\\' => Some(b'\\'),
-            0x08 => Some(b'b'),
-            0x0c => Some(b'f'),
-            b'\n' => Some(b'n'),
-            b'\r' => Some(b'r'),
-            b'\t' => Some(b't'),
+            b'"' => Some('"'),
+            b'\\' => Some('\\'),
+            0x08 => Some('b'),
+            0x0c => Some('f'),
+            b'\n' => Some('n'),
+            b'\r' => Some('r'),
+            b'\t' => Some('t'),
             0x00..=0x1f => None,
             _ => {
                 i += 1;
                 continue;
             }
         };
-        out.extend_from_slice(&bytes[start..i]);
+        out.push_str(&text[start..i]);
+        out.push('\\');
         match short {
-            Some(c) => out.extend_from_slice(&[b'\\', c]),
-            None => out.extend_from_slice(&[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xf)],
-            ]),
+            Some(c) => out.push(c),
+            None => {
+                out.push_str("u00");
+                out.push(char::from(HEX[usize::from(b >> 4)]));
+                out.push(char::from(HEX[usize::from(b & 0xf)]));
+            }
         }
         i += 1;
         start = i;
     }
-    out.extend_from_slice(&bytes[start..]);
+    out.push_str(&text[start..]);
 }
 
 /// A JSON value kept as its text (a tool's schema, say): checked to be JSON when parsed, written
@@ -320,6 +355,24 @@ mod tests {
             let s = format!("{}{s}", "a".repeat(pad));
             proptest::prop_assert_eq!(written(&s), serde_json::to_string(&s).unwrap());
         }
+    }
+
+    #[test]
+    fn fast_value_is_written_as_serde_json_writes_it() {
+        let long = format!("{}\n\"é\u{1}{}", "a".repeat(300), "\\".repeat(40));
+        let v = serde_json::json!({
+            "model": "m", "n": [1, 2.5, -3, null, true], "empty": {}, "list": [],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": long}]}],
+            "long key": long.clone(),
+        });
+        let fast = serde_json::to_string(&FastValue(&v)).unwrap();
+        assert_eq!(fast, serde_json::to_string(&v).unwrap());
+        let pretty = serde_json::to_string_pretty(&FastValue(&v)).unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&pretty).unwrap(),
+            v
+        );
+        assert_eq!(serde_json::to_value(FastValue(&v)).unwrap(), v);
     }
 
     #[test]

@@ -148,6 +148,9 @@ impl Decoder {
         }
         while let Some(end) = memchr2(b'\r', b'\n', chunk) {
             if self.line.is_empty() {
+                // The same bound as a line buffered across chunks: whether a stream is refused
+                // must not depend on how the network split it.
+                self.check_size(end)?;
                 self.process_line(&chunk[..end], &mut on_event);
             } else {
                 let mut line = std::mem::take(&mut self.line);
@@ -431,6 +434,23 @@ mod tests {
         );
         let mut d = Decoder::with_max_event_bytes(16);
         assert!(d.feed(&[b'x'; 17], &mut out).is_err());
+    }
+
+    /// Found by the `sse_decode` fuzz target: a long line (here an ignored field) that arrived
+    /// in one chunk escaped the bound, the same line split across chunks was refused.
+    #[test]
+    fn the_bound_does_not_depend_on_the_split() {
+        let stream = format!("x{}: y\ndata: z\n\n", "C".repeat(40));
+        let mut whole = Decoder::with_max_event_bytes(32);
+        let whole = whole.feed(stream.as_bytes(), &mut Vec::new());
+        let mut split = Decoder::with_max_event_bytes(32);
+        let mut out = Vec::new();
+        let split = stream
+            .as_bytes()
+            .chunks(7)
+            .try_for_each(|c| split.feed(c, &mut out));
+        assert_eq!(whole, Err(SseError::EventTooLarge { limit: 32 }));
+        assert_eq!(whole, split);
     }
 
     #[test]

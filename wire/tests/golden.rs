@@ -25,8 +25,8 @@ use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::error::anthropic_error_from_openai;
 use agentbox_wire::responses::ResponsesRequest;
 use agentbox_wire::translate::{
-    ChatOptions, InlineSystem, MaxTokensField, ResponseOptions, ResponsesOptions, ToolNames,
-    anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
+    ChatOptions, InlineSystem, MaxTokensField, ReasoningField, ResponseOptions, ResponsesOptions,
+    ToolNames, anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
     responses_into_chat,
 };
 use agentbox_wire::usage::{BodyKind, MeterReport, UsageMeter};
@@ -85,8 +85,14 @@ fn chat_options(v: &Value) -> ChatOptions {
     if let Some(b) = flag("reasoning_passback") {
         o.reasoning_passback = b;
     }
-    if let Some(b) = flag("reasoning_effort_from_thinking") {
-        o.reasoning_effort_from_thinking = b;
+    match v.get("reasoning").and_then(Value::as_str) {
+        Some("reasoning_effort") => o.reasoning = ReasoningField::ReasoningEffort,
+        Some("reasoning") => o.reasoning = ReasoningField::Reasoning,
+        Some("none") | None => {}
+        Some(other) => panic!("unknown reasoning {other}"),
+    }
+    if let Some(b) = flag("forward_user") {
+        o.forward_user = b;
     }
     if let Some(b) = flag("forward_top_k") {
         o.forward_top_k = b;
@@ -276,13 +282,19 @@ golden!(request:
     tool_choice_none,
     disable_parallel_tool_use,
     tool_choice_without_tools_dropped,
+    tool_choice_of_a_server_tool_dropped,
     stop_sequences_to_stop,
     metadata_user_id_to_user,
+    metadata_user_id_not_forwarded_by_default,
     max_tokens_clamped_to_model_limit,
     max_tokens_field_both,
     stream_requests_include_usage,
     thinking_passed_back_as_reasoning_content,
     thinking_to_reasoning_effort,
+    thinking_to_reasoning_object,
+    thinking_not_sent_by_default,
+    thinking_adaptive_uses_output_config_effort,
+    thinking_disabled_sends_nothing,
     inline_system_folded_into_user_turn,
     inline_system_kept_when_asked,
     long_tool_name_shortened,

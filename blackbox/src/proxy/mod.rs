@@ -31,7 +31,7 @@
 mod control;
 mod headers;
 mod meter;
-mod rewrite;
+pub mod rewrite;
 mod routes;
 mod state;
 mod upstream;

@@ -77,7 +77,10 @@ pub fn peek(bytes: &[u8], policy: &Policy) -> Result<Peeked, String> {
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err("expected an object".into());
     }
-    let p: Peek = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+    // As text first: skipping the members it does not read, serde_json checks their syntax
+    // but not their UTF-8, and a body that is not JSON must be refused whole, not forwarded.
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let p: Peek = serde_json::from_str(text).map_err(|e| e.to_string())?;
     let stream = truthy(p.stream.as_ref());
     let mut rewrite = policy
         .model_override
@@ -200,6 +203,26 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    /// Found by the `blackbox_request` fuzz target: invalid UTF-8 inside a member the policy
+    /// does not read passed `peek`, so the proxy forwarded (or spliced into) a body that is not
+    /// JSON.
+    #[test]
+    fn a_body_that_is_not_utf8_is_refused_wherever_the_bad_bytes_are() {
+        let policy = Policy {
+            model_override: None,
+            default_temperature: Some(0.5),
+        };
+        // Inside `messages`, which peek skips.
+        let mut body = br#"{"messages":[{"role":"user","content":"x"#.to_vec();
+        body.extend_from_slice(b"\x8d\x8d\"}]}");
+        assert!(serde_json::from_slice::<Value>(&body).is_err());
+        assert!(peek(&body, &policy).is_err());
+        // The same body in valid UTF-8 passes and only needs the temperature added.
+        let good = br#"{"messages":[{"role":"user","content":"x"}],"f":1}"#;
+        let p = peek(good, &policy).unwrap();
+        assert!(matches!(p.edit, Edit::Add(_)));
+    }
 
     fn run(body: Value, policy: &Policy) -> (Value, bool) {
         let Value::Object(mut m) = body else {

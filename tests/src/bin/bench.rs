@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|proxy|server|launcher|all] [--quick]
+//! cargo run --release -p agentbox-tests --bin bench -- peers [--quick] [--only ...]  # see [`peers`]
 //! ```
 //! `server` is blackbox-server itself: start to the first `/health` answer, idle RSS, and
 //! RSS once registered with the real opencode running; see [`bench_server`].
@@ -29,13 +30,15 @@ use agentbox_api::launcher::{AgentRequest, RunState};
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
     BlackboxProcess, BlackboxProxy, BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess,
-    opencode_registration, workspace_bin,
+    live_group_members, opencode_registration, workspace_bin,
 };
 use agentbox_tests::workload;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+#[path = "bench/peers.rs"]
+mod peers;
 #[path = "bench/turns.rs"]
 mod turns;
 
@@ -203,12 +206,30 @@ async fn concurrent(client: &Clients, target: &Target, plan: Plan) -> Result<(Ve
     Ok((lat, rps.iter().sum::<f64>() / rps.len() as f64))
 }
 
+/// CPU time so far of every live process in group `pgid` (a daemon and whatever it started:
+/// our daemons are one process, the peers of `bench peers` may be several).
+fn group_cpu_time(pgid: u32) -> Result<Duration> {
+    let mut total = Duration::ZERO;
+    for stat in live_group_members(pgid) {
+        let pid = stat
+            .split(' ')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .context("pid in /proc/<pid>/stat")?;
+        // A member that exits between the listing and the read is simply not counted.
+        total += cpu_time(pid).unwrap_or_default();
+    }
+    Ok(total)
+}
+
+/// One case: warm-up, then c=1 pairs alternating direct and through (CPU of the daemon's
+/// process group `daemon_pgid` measured over them), then c=64 rounds per side.
 async fn compare(
     case: &str,
     client: &Clients,
     direct: &Target,
     through: &Target,
-    daemon_pid: u32,
+    daemon_pgid: u32,
     plan: Plan,
 ) -> Result<Row> {
     eprintln!("bench: {case}");
@@ -217,7 +238,7 @@ async fn compare(
         through.send(client).await?;
     }
     let (mut d, mut t) = (Vec::new(), Vec::new());
-    let cpu0 = cpu_time(daemon_pid)?;
+    let cpu0 = group_cpu_time(daemon_pgid)?;
     for i in 0..plan.pairs {
         // Alternate which side goes first so neither always meets a warmer cache.
         if i % 2 == 0 {
@@ -234,8 +255,8 @@ async fn compare(
             .map(|(t, d)| (t.as_secs_f64() - d.as_secs_f64()) * 1000.0)
             .collect(),
     );
-    let cpu_ms_per_req =
-        (cpu_time(daemon_pid)?.saturating_sub(cpu0)).as_secs_f64() * 1000.0 / plan.pairs as f64;
+    let cpu_ms_per_req = (group_cpu_time(daemon_pgid)?.saturating_sub(cpu0)).as_secs_f64() * 1000.0
+        / plan.pairs as f64;
     let (cd, rps_direct) = concurrent(client, direct, plan).await?;
     let (ct, rps_through) = concurrent(client, through, plan).await?;
     Ok(Row {
@@ -301,15 +322,17 @@ fn print_table(title: &str, rows: &[Row], notes: &str) {
     println!("\n{notes}\n");
 }
 
-/// The model both proxy benches talk to: every request gets the same short answer.
-fn start_fake() -> Result<FakeLlm> {
-    let fakellm = workspace_bin("agentbox-tests", "fakellm")?;
+/// What the proxy benches' fakellm answers to every request: the same short answer.
+fn fake_script() -> Value {
     // Twenty text deltas, so a stream has the shape of a short real answer.
     let reply = "All done: the file was written and the tests pass. ".repeat(4);
-    Ok(FakeLlm::start(
-        &fakellm,
-        &json!({"fallback": {"text": reply, "usage": {"input_tokens": 25000, "output_tokens": 60}}}),
-    )?)
+    json!({"fallback": {"text": reply, "usage": {"input_tokens": 25000, "output_tokens": 60}}})
+}
+
+/// The model the proxy benches talk to.
+fn start_fake() -> Result<FakeLlm> {
+    let fakellm = workspace_bin("agentbox-tests", "fakellm")?;
+    Ok(FakeLlm::start(&fakellm, &fake_script())?)
 }
 
 async fn bench_bridge(plan: Plan) -> Result<()> {
@@ -1135,6 +1158,14 @@ fn main() -> Result<()> {
         "server" => rt.block_on(bench_server(if quick { 5 } else { 30 })),
         "launcher" => rt.block_on(bench_launcher(start_plan)),
         "turns" => rt.block_on(turns::bench_turns(quick)),
+        "peers" => {
+            let parsed = match peers::parse(&args) {
+                Ok(a) => a,
+                // Usage errors and --help print as clap formats them (exit 2, or 0 for help).
+                Err(e) => e.exit(),
+            };
+            rt.block_on(peers::bench_peers(parsed))
+        }
         "all" => rt.block_on(async {
             bench_bridge(plan).await?;
             bench_gateway(plan).await?;
@@ -1144,7 +1175,7 @@ fn main() -> Result<()> {
         }),
         other => {
             bail!(
-                "unknown benchmark {other:?}; known: bridge, gateway, proxy, server, launcher, all"
+                "unknown benchmark {other:?}; known: bridge, gateway, proxy, server, launcher, turns, peers, all"
             )
         }
     }

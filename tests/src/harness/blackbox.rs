@@ -20,6 +20,7 @@ pub struct BlackboxProcess {
     service: Service,
     address: String,
     http: reqwest::Client,
+    env: Vec<(String, String)>,
     // Declared last so the process is gone before its files are removed.
     runtime_root: tempfile::TempDir,
 }
@@ -67,23 +68,11 @@ impl BlackboxProcess {
                 path: std::env::temp_dir(),
                 source,
             })?;
-        let opencode = client_bin("opencode")?;
-        let claude = client_bin("claude")?;
-        let codex = client_bin("codex")?;
-        let openclaw = client_bin("openclaw")?;
-        let (service, address) = start_bin("blackbox-server", |cmd| {
-            cmd.env_clear()
-                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-                .env("RUST_LOG", "info")
-                .env("BBS_HOST", "127.0.0.1")
-                .env("BBS_PORT", "0")
-                .env("BBS_RUNTIME_ROOT", runtime_root.path())
-                .env("OPENCODE_BIN", opencode)
-                .env("CLAUDE_CODE_BIN", claude)
-                .env("CODEX_BIN", codex)
-                .env("OPENCLAW_BIN", openclaw)
-                .envs(env.iter().copied());
-        })?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let (service, address) = Self::spawn(runtime_root.path(), &env)?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(300))
             .build()
@@ -92,8 +81,59 @@ impl BlackboxProcess {
             service,
             address,
             http,
+            env,
             runtime_root,
         })
+    }
+
+    fn spawn(
+        runtime_root: &Path,
+        env: &[(String, String)],
+    ) -> Result<(Service, String), HarnessError> {
+        let opencode = client_bin("opencode")?;
+        let claude = client_bin("claude")?;
+        let codex = client_bin("codex")?;
+        let openclaw = client_bin("openclaw")?;
+        start_bin("blackbox-server", |cmd| {
+            cmd.env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .env("RUST_LOG", "info")
+                .env("BBS_HOST", "127.0.0.1")
+                .env("BBS_PORT", "0")
+                .env("BBS_RUNTIME_ROOT", runtime_root)
+                .env("OPENCODE_BIN", opencode)
+                .env("CLAUDE_CODE_BIN", claude)
+                .env("CODEX_BIN", codex)
+                .env("OPENCLAW_BIN", openclaw)
+                .envs(env.iter().map(|(k, v)| (k, v)));
+        })
+    }
+
+    /// SIGKILL to the server alone (not its group: what it started is on its own, as after
+    /// a real crash), then a new server on the same runtime root and environment.
+    ///
+    /// # Errors
+    /// When the new server does not come up.
+    ///
+    /// # Panics
+    /// When the signal cannot be sent.
+    pub fn crash_and_restart(&mut self) -> Result<(), HarnessError> {
+        let pid = i32::try_from(self.pid())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .unwrap_or_else(|| panic!("pid {} out of range", self.pid()));
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL)
+            .unwrap_or_else(|e| panic!("SIGKILL: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.is_running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (service, address) = Self::spawn(self.runtime_root.path(), &self.env)?;
+        // The old service's drop would signal its group; it is dead and reaped already.
+        let mut old = std::mem::replace(&mut self.service, service);
+        old.kill();
+        self.address = address;
+        Ok(())
     }
 
     /// `http://127.0.0.1:PORT`.

@@ -110,6 +110,43 @@ pub fn readable_client(name: &str, dir: &Path) -> Result<PathBuf, HarnessError> 
     Ok(target)
 }
 
+/// The real Claude Code headless on the host: `claude -p PROMPT` with stream-json output and
+/// `model`, in `workdir`, against `base_url` with `token`, in a clean environment whose HOME,
+/// config and temp dirs are `home`, `home/.claude` and `tmp`, without telemetry or updates.
+/// The caller adds its own flags (permission mode, MCP config) and environment.
+///
+/// # Errors
+/// When the client is not installed.
+pub fn claude_headless(
+    workdir: &Path,
+    home: &Path,
+    tmp: &Path,
+    base_url: &str,
+    token: &str,
+    model: &str,
+    prompt: &str,
+) -> Result<tokio::process::Command, HarnessError> {
+    let mut cmd = tokio::process::Command::new(client_bin("claude")?);
+    cmd.current_dir(workdir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", home)
+        .env("CLAUDE_CONFIG_DIR", home.join(".claude"))
+        .env("TMPDIR", tmp)
+        .env("ANTHROPIC_BASE_URL", base_url)
+        .env("ANTHROPIC_AUTH_TOKEN", token)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_TELEMETRY", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        // bypassPermissions refuses to run as root unless told it is sandboxed; tests run
+        // as root on CI and their temp dirs are all it may touch.
+        .env("IS_SANDBOX", "1")
+        .args(["-p", prompt])
+        .args(["--output-format", "stream-json", "--verbose"])
+        .args(["--model", model]);
+    Ok(cmd)
+}
+
 /// The `cmd` of a one-shot Claude Code agent ([`agentbox_api::launcher::claude_print_cmd`])
 /// with the model fakellm scripts answer.
 #[must_use]

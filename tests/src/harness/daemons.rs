@@ -165,8 +165,10 @@ fn start_daemon(
 pub struct BridgeProcess {
     service: Service,
     address: String,
+    config: PathBuf,
+    env: Vec<(String, String)>,
     // Declared last so the process is gone before its files are removed.
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl BridgeProcess {
@@ -177,15 +179,58 @@ impl BridgeProcess {
     /// When the binary cannot be built or the bridge does not come up.
     pub fn start(config: &str, env: &[(&str, &str)]) -> Result<Self, HarnessError> {
         let (dir, path) = config_dir("bridge-", config)?;
-        let mut cmd = daemon_cmd("agentbox-bridge", &path)?;
-        cmd.env("AGENTBOX_DATA", dir.path())
-            .envs(env.iter().copied());
-        let (service, address) = start_daemon("agentbox-bridge", cmd, "listening on ")?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let (service, address) = Self::spawn(dir.path(), &path, &env)?;
         Ok(Self {
             service,
             address,
-            _dir: dir,
+            config: path,
+            env,
+            dir,
         })
+    }
+
+    fn spawn(
+        data: &Path,
+        config: &Path,
+        env: &[(String, String)],
+    ) -> Result<(Service, String), HarnessError> {
+        let mut cmd = daemon_cmd("agentbox-bridge", config)?;
+        cmd.env("AGENTBOX_DATA", data)
+            .envs(env.iter().map(|(k, v)| (k, v)));
+        start_daemon("agentbox-bridge", cmd, "listening on ")
+    }
+
+    /// Kills the bridge with SIGKILL and starts it again on the same address (its config's
+    /// `listen` pinned to the port it had), so a gateway configured with it finds it again.
+    ///
+    /// # Errors
+    /// When it does not come back.
+    pub fn crash_and_restart(&mut self) -> Result<(), HarnessError> {
+        self.service.kill();
+        let io = |source| HarnessError::Io {
+            path: self.config.clone(),
+            source,
+        };
+        let text = std::fs::read_to_string(&self.config).map_err(io)?;
+        let pinned: String = text
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("listen") {
+                    format!("listen = \"{}\"\n", self.address)
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        std::fs::write(&self.config, pinned).map_err(io)?;
+        let (service, address) = Self::spawn(self.dir.path(), &self.config, &self.env)?;
+        self.service = service;
+        self.address = address;
+        Ok(())
     }
 
     /// `http://127.0.0.1:PORT`.

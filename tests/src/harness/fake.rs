@@ -72,6 +72,20 @@ impl FakeLlm {
         })
     }
 
+    /// A catalogue (TOML) of two remote models on this fakellm, as the bridge and the gateway
+    /// read it: `claude` (provider `anthropic`, key in `$anthropic_key_env`, passed through)
+    /// and `gpt` (provider `openai`, key in `$openai_key_env`, translated).
+    #[must_use]
+    pub fn remote_models(&self, anthropic_key_env: &str, openai_key_env: &str) -> String {
+        format!(
+            "[models.claude]\nbackend = \"remote\"\nprovider = \"anthropic\"\nbase_url = \"{base}\"\n\
+             upstream_model = \"claude-upstream\"\nkey_env = \"{anthropic_key_env}\"\n\n\
+             [models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\nbase_url = \"{base}/v1\"\n\
+             upstream_model = \"gpt-upstream\"\nkey_env = \"{openai_key_env}\"\n",
+            base = self.base_url()
+        )
+    }
+
     /// `127.0.0.1:PORT`, or `unix:PATH`.
     #[must_use]
     pub fn address(&self) -> &str {

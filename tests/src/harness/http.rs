@@ -107,3 +107,26 @@ pub fn strs<'a>(array: &'a serde_json::Value, key: &str) -> Vec<&'a str> {
         })
         .collect()
 }
+
+/// The text of a complete Anthropic answer, streamed (SSE ending in `message_stop`, the text
+/// deltas joined) or whole (its text blocks joined); `None` for anything else.
+#[must_use]
+pub fn anthropic_text(body: &str) -> Option<String> {
+    let frames = parse_sse(body);
+    if frames.is_empty() {
+        let v: serde_json::Value = serde_json::from_str(body).ok()?;
+        let blocks = v["content"].as_array()?;
+        return Some(blocks.iter().filter_map(|b| b["text"].as_str()).collect());
+    }
+    if frames.last()?.event.as_deref() != Some("message_stop") {
+        return None;
+    }
+    let mut out = String::new();
+    for f in &frames {
+        let v: serde_json::Value = serde_json::from_str(&f.data).ok()?;
+        if let Some(t) = v["delta"]["text"].as_str() {
+            out.push_str(t);
+        }
+    }
+    Some(out)
+}

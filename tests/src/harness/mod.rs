@@ -35,12 +35,18 @@ pub use blackbox::{
     settled, user, user_turn,
 };
 pub use clients::{
-    claude_print_cmd, client_bin, clients_dir, readable_client, stream_json_result, workspace_root,
+    claude_headless, claude_print_cmd, client_bin, clients_dir, readable_client,
+    stream_json_result, workspace_root,
 };
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, cargo, workspace_bin};
 pub use fake::FakeLlm;
-pub use http::{SseFrame, UnixResponse, get_json, parse_sse, strs, unix_json, unix_request};
-pub use process::{Captured, Service, live_group_members, run_captured, wait_group_gone};
+pub use http::{
+    SseFrame, UnixResponse, anthropic_text, get_json, parse_sse, strs, unix_json, unix_request,
+};
+pub use process::{
+    Captured, Service, is_alive, live_group_members, open_fds, run_captured, status_kib,
+    wait_group_gone,
+};
 pub use proxy::BlackboxProxy;
 
 use std::path::PathBuf;

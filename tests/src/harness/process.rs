@@ -57,10 +57,47 @@ impl Service {
     /// error carries its output so far.
     pub fn start<F>(
         what: &str,
-        mut cmd: Command,
+        cmd: Command,
         timeout: Duration,
         ready: F,
     ) -> Result<(Self, String), HarnessError>
+    where
+        F: Fn(&str) -> Option<String> + Send + 'static,
+    {
+        let (mut service, rx) = Self::launch(what, cmd, ready)?;
+        let reason = match rx.recv_timeout(timeout) {
+            Ok(Some(v)) => return Ok((service, v)),
+            Ok(None) => "it closed stdout (exited?) before printing its ready line".to_owned(),
+            Err(_) => "no ready line on stdout".to_owned(),
+        };
+        service.stop();
+        // Give the drain threads a moment to collect the last output.
+        std::thread::sleep(Duration::from_millis(100));
+        Err(HarnessError::NotReady {
+            what: what.to_owned(),
+            timeout,
+            reason,
+            stdout: service.stdout(),
+            stderr: service.stderr(),
+        })
+    }
+
+    /// Starts `cmd` in a new process group without waiting for anything: for programs that
+    /// announce nothing, whose readiness the caller probes itself (the bench's peers).
+    ///
+    /// # Errors
+    /// When the process cannot start.
+    pub fn spawn(what: &str, cmd: Command) -> Result<Self, HarnessError> {
+        Ok(Self::launch(what, cmd, |_| None)?.0)
+    }
+
+    /// Spawns `cmd` with its output drained; the receiver gets what `ready` extracted from the
+    /// first stdout line it recognizes, or `None` when stdout closes first.
+    fn launch<F>(
+        what: &str,
+        mut cmd: Command,
+        ready: F,
+    ) -> Result<(Self, mpsc::Receiver<Option<String>>), HarnessError>
     where
         F: Fn(&str) -> Option<String> + Send + 'static,
     {
@@ -98,28 +135,14 @@ impl Service {
         if let Some(err) = child.stderr.take() {
             drain_into(err, Arc::clone(&stderr));
         }
-        let mut service = Self {
+        let service = Self {
             what: what.to_owned(),
             child,
             stdout,
             stderr,
             stopped: false,
         };
-        let reason = match rx.recv_timeout(timeout) {
-            Ok(Some(v)) => return Ok((service, v)),
-            Ok(None) => "it closed stdout (exited?) before printing its ready line".to_owned(),
-            Err(_) => "no ready line on stdout".to_owned(),
-        };
-        service.stop();
-        // Give the drain threads a moment to collect the last output.
-        std::thread::sleep(Duration::from_millis(100));
-        Err(HarnessError::NotReady {
-            what: what.to_owned(),
-            timeout,
-            reason,
-            stdout: service.stdout(),
-            stderr: service.stderr(),
-        })
+        Ok((service, rx))
     }
 
     /// [`Service::start`] for our own programs, which announce `<prefix><address>` on stdout
@@ -363,4 +386,29 @@ pub fn wait_group_gone(pgid: u32, timeout: Duration) -> Vec<String> {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in KiB; `None` once the process
+/// is gone or the field is absent.
+#[must_use]
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// How many descriptors `pid` holds open (`/proc/<pid>/fd`); 0 once it is gone.
+#[must_use]
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// Whether `pid` is a live process (a zombie is dead: it only waits for its reaper).
+#[must_use]
+pub fn is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
 }

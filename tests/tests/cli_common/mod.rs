@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output, Stdio};
 
+use agentbox_tests::fakellm::claude;
 use agentbox_tests::harness::launcher::{chown_tree, git_with};
 use agentbox_tests::harness::{
     BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess, readable_client, workspace_bin,
@@ -143,10 +144,18 @@ impl Stack {
     /// Everything a failing test needs to see.
     pub fn describe(&self, out: &Output) -> String {
         format!(
-            "status {:?}\n--- cli stdout ---\n{}\n--- cli stderr ---\n{}\n--- fakellm ---\n{}\n--- gateway ---\n{}\n--- launcher ---\n{}",
+            "status {:?}\n--- cli stdout ---\n{}\n--- cli stderr ---\n{}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
+            self.describe_logs()
+        )
+    }
+
+    /// What fakellm served and the daemons' logs.
+    pub fn describe_logs(&self) -> String {
+        format!(
+            "--- fakellm ---\n{}\n--- gateway ---\n{}\n--- launcher ---\n{}",
             self.fake
                 .requests()
                 .map(|l| l
@@ -176,6 +185,38 @@ pub fn cli_with(config: &Path, args: &[&str]) -> Command {
 }
 
 impl Stack {
+    /// Waits until fakellm has served `n` scripted steps (the agent is mid-run) while
+    /// `alive()` says the client goes on; fails the test with `diag()` after `within`.
+    pub fn wait_for_steps(
+        &self,
+        n: usize,
+        within: std::time::Duration,
+        alive: &mut dyn FnMut() -> bool,
+        diag: &dyn Fn() -> String,
+    ) {
+        let deadline = std::time::Instant::now() + within;
+        let steps_served = || {
+            self.fake
+                .requests()
+                .unwrap_or_default()
+                .iter()
+                .filter(|r| {
+                    r["served_by"]
+                        .as_str()
+                        .is_some_and(|s| s.starts_with("step"))
+                })
+                .count()
+        };
+        while steps_served() < n {
+            assert!(
+                std::time::Instant::now() < deadline && alive(),
+                "the agent never reached step {n}\n{}",
+                diag()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
     /// Live processes whose uid is in this stack's agent range (see [`agent_processes`]).
     pub fn agent_processes(&self) -> Vec<String> {
         agent_processes(self.agent_uid..self.agent_uid + AGENT_UIDS)
@@ -260,7 +301,7 @@ pub fn agent_processes(range: std::ops::Range<u32>) -> Vec<String> {
 
 /// [`write_script`]s for runs one after the other: `(file, content, done_delay_ms)` each.
 pub fn writes(runs: &[(&str, &str, u64)]) -> Value {
-    chain(
+    claude::chain(
         &runs
             .iter()
             .map(|(f, c, d)| write_script(f, c, *d))
@@ -268,32 +309,16 @@ pub fn writes(runs: &[(&str, &str, u64)]) -> Value {
     )
 }
 
-/// One script whose steps are those of `scripts` in order (for runs one after the other),
-/// with the first one's rules.
-pub fn chain(scripts: &[Value]) -> Value {
-    let steps: Vec<Value> = scripts
-        .iter()
-        .flat_map(|s| s["steps"].as_array().cloned().unwrap_or_default())
-        .collect();
-    serde_json::json!({"rules": scripts[0]["rules"], "steps": steps})
+/// A fakellm script for Claude Code in chat mode (through the bridge): write `content` to
+/// `/workspace/<file>` with a shell command, then say done ([`claude::write_file`]).
+pub fn write_script(file: &str, content: &str, done_delay_ms: u64) -> Value {
+    claude::write_file(file, content, done_delay_ms)
 }
 
-/// A fakellm script for Claude Code in chat mode (through the bridge): write `content` to
-/// `/workspace/<file>` with a shell command, then say done. Side requests without tools get
-/// "ok" and spend no step.
-pub fn write_script(file: &str, content: &str, done_delay_ms: u64) -> Value {
-    serde_json::json!({
-        "rules": [{"match": {"has_tools": false}, "text": "ok"}],
-        "steps": [
-            {"match": {"has_tools": true},
-             "tool_calls": [{"name": "Bash", "input": {
-                 "command": format!("printf '{content}' > /workspace/{file} && echo wrote"),
-                 "description": "write the file"}}],
-             "usage": {"input_tokens": 1000, "output_tokens": 20}},
-            {"match": {"has_tools": true, "body_contains": "tool_call_id"},
-             "text": "done",
-             "delay_ms": done_delay_ms,
-             "usage": {"input_tokens": 1100, "output_tokens": 5, "cache_read_input_tokens": 200}}
-        ]
-    })
+/// The gateway's entry for `tid` in a `status --json` object (fails the test when absent).
+pub fn status_task<'a>(status: &'a Value, tid: &str) -> &'a Value {
+    status["gateway"]["tasks"]
+        .as_array()
+        .and_then(|tasks| tasks.iter().find(|t| t["tid"] == tid))
+        .unwrap_or_else(|| panic!("no task {tid} in {status}"))
 }

@@ -27,9 +27,11 @@
 //! skipped; names over 64 characters are shortened, see [`ToolNames`]); `tool_choice` auto /
 //! any / tool / none → `"auto"` / `"required"` / named function / `"none"`, and
 //! `disable_parallel_tool_use` → `parallel_tool_calls: false`. `stop_sequences` → `stop`,
-//! `metadata.user_id` → `user` (the rest of `metadata` is never sent), `max_tokens` is clamped
-//! to [`ChatOptions::max_output_tokens`], streaming requests ask for `include_usage`. Other
-//! top-level Anthropic fields have no chat equivalent and are not sent.
+//! `metadata.user_id` → `user` only when [`ChatOptions::forward_user`] is set (the rest of
+//! `metadata` is never sent), `thinking` → `reasoning_effort` or `reasoning` as
+//! [`ChatOptions::reasoning`] says ([`ReasoningField`] states the effort buckets),
+//! `max_tokens` is clamped to [`ChatOptions::max_output_tokens`], streaming requests ask for
+//! `include_usage`. Other top-level Anthropic fields have no chat equivalent and are not sent.
 //!
 //! **Response.** Content order is thinking (from `reasoning_content` / `reasoning`), text, then
 //! tool calls; `content` is always an array. Finish reason → stop reason: `stop` → `end_turn`
@@ -93,7 +95,7 @@ pub enum InlineSystem {
 
 /// Settings of a request translation, from the bridge's model catalogue entry. A Responses
 /// request ([`responses_into_chat`]) reads `model`, `max_output_tokens`, `max_tokens_field`,
-/// `include_usage`, `reasoning_passback` and `reasoning_effort_from_thinking`.
+/// `include_usage`, `reasoning_passback` and `reasoning`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatOptions {
     /// The upstream model name; `None` keeps the request's `model`.
@@ -111,12 +113,34 @@ pub struct ChatOptions {
     /// return 400 on tool-call turns without it). Turn off for servers that reject unknown
     /// message fields.
     pub reasoning_passback: bool,
-    /// Map `thinking` to `reasoning_effort` (budget < 4096 → low, < 16384 → medium, else high;
-    /// adaptive uses `output_config.effort`); for a Responses request, forward
-    /// `reasoning.effort`. Only for reasoning models: others reject the field.
-    pub reasoning_effort_from_thinking: bool,
+    /// Which field carries the request's `thinking` ([`ReasoningField`]); for a Responses
+    /// request, where its `reasoning.effort` goes. Only for reasoning models: others reject
+    /// the field.
+    pub reasoning: ReasoningField,
+    /// Forward `metadata.user_id` as `user`. Off by default: Claude Code puts its device,
+    /// account and session ids there, which identify the person to the provider.
+    pub forward_user: bool,
     /// Forward `top_k` (vLLM, SGLang and Ollama accept it; OpenAI does not).
     pub forward_top_k: bool,
+}
+
+/// Where a request's `thinking` goes in a chat request (the model's `reasoning` key).
+///
+/// The effort: `thinking.type = "enabled"` buckets `budget_tokens` as < 4096 → `low`,
+/// < 16384 → `medium`, else `high` (so Claude Code's "think" 4,000, "think hard" 10,000 and
+/// "ultrathink" 31,999 land on the three levels; no budget counts as high); `"adaptive"`
+/// takes `output_config.effort` (`low`/`medium`/`high`; anything above is `high`, none is
+/// `high`, Anthropic's default). `"disabled"` (and a type we do not know) sends nothing, so
+/// the upstream's default applies: there is no off value every server accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReasoningField {
+    /// `thinking` is not sent (for models that reject reasoning settings).
+    #[default]
+    None,
+    /// `"reasoning_effort": "<effort>"`: OpenAI's reasoning models, vLLM, SGLang, Ollama.
+    ReasoningEffort,
+    /// `"reasoning": {"effort": "<effort>"}`: OpenRouter and servers in its shape.
+    Reasoning,
 }
 
 impl Default for ChatOptions {
@@ -129,9 +153,28 @@ impl Default for ChatOptions {
             strip_billing_header: true,
             inline_system: InlineSystem::default(),
             reasoning_passback: true,
-            reasoning_effort_from_thinking: false,
+            reasoning: ReasoningField::None,
+            forward_user: false,
             forward_top_k: false,
         }
+    }
+}
+
+/// An effort as the chat request's `reasoning_effort` or `reasoning` field, as `field` says.
+fn reasoning_fields(
+    field: ReasoningField,
+    effort: Option<String>,
+) -> (Option<String>, Option<crate::chat::ReasoningConfig>) {
+    match field {
+        ReasoningField::None => (None, None),
+        ReasoningField::ReasoningEffort => (effort, None),
+        ReasoningField::Reasoning => (
+            None,
+            effort.map(|e| crate::chat::ReasoningConfig {
+                effort: Some(e),
+                extra: crate::chat::Extra::new(),
+            }),
+        ),
     }
 }
 

@@ -77,10 +77,16 @@ pub fn anthropic_into_chat(
         .filter(|t| !t.is_server_tool())
         .map(translate_tool)
         .collect();
-    let (tool_choice, parallel_tool_calls) = if tools.is_empty() {
-        (None, None)
-    } else {
-        translate_tool_choice(tool_choice)
+    let (tool_choice, parallel_tool_calls) = match translate_tool_choice(tool_choice) {
+        _ if tools.is_empty() => (None, None),
+        // A choice forcing a server tool, which is not sent: the model chooses freely (the
+        // sanitizer's rule for the same case).
+        (Some(ChatToolChoice::Named(named)), _)
+            if !tools.iter().any(|t| t.function.name == named.function.name) =>
+        {
+            (None, None)
+        }
+        other => other,
     };
 
     let limit = match (max_tokens, opts.max_output_tokens) {
@@ -100,11 +106,8 @@ pub fn anthropic_into_chat(
     {
         chat_extra.insert("top_k".to_owned(), Value::from(k));
     }
-    let reasoning_effort = if opts.reasoning_effort_from_thinking {
-        reasoning_effort(thinking.as_ref(), &extra)
-    } else {
-        None
-    };
+    let (reasoning_effort, reasoning) =
+        super::reasoning_fields(opts.reasoning, thinking_effort(thinking.as_ref(), &extra));
 
     Ok(ChatRequest {
         model: opts.model.clone().unwrap_or(model),
@@ -124,8 +127,11 @@ pub fn anthropic_into_chat(
         tool_choice,
         parallel_tool_calls,
         tools: (!tools.is_empty()).then_some(tools),
-        user: metadata.and_then(|m| m.user_id),
+        user: metadata
+            .filter(|_| opts.forward_user)
+            .and_then(|m| m.user_id),
         reasoning_effort,
+        reasoning,
         response_format: response_format(&extra),
         extra: chat_extra,
     })
@@ -520,7 +526,8 @@ fn translate_tool_choice(choice: Option<ToolChoice>) -> (Option<ChatToolChoice>,
     }
 }
 
-fn reasoning_effort(thinking: Option<&ThinkingConfig>, extra: &Extra) -> Option<String> {
+/// The effort a request's `thinking` asks for ([`super::ReasoningField`] states the rule).
+fn thinking_effort(thinking: Option<&ThinkingConfig>, extra: &Extra) -> Option<String> {
     let bucket = |budget: u64| match budget {
         0..4096 => "low",
         4096..16384 => "medium",

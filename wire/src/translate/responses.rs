@@ -12,7 +12,7 @@
 //! [`ChatOptions::reasoning_passback`]: super::ChatOptions::reasoning_passback
 //! [`ChatOptions::max_tokens_field`]: super::ChatOptions::max_tokens_field
 //! [`ChatOptions::max_output_tokens`]: super::ChatOptions::max_output_tokens
-//! [`ChatOptions::reasoning_effort_from_thinking`]: super::ChatOptions::reasoning_effort_from_thinking
+//! [`ChatOptions::reasoning`]: super::ChatOptions::reasoning
 //!
 //! The rules follow the Dressage proxy (`rollout_llm_proxy.py`), which is the contract the
 //! blackbox serves; where it is silent or lossy the choice is named here. Each rule is pinned by
@@ -40,7 +40,8 @@
 //! [`ChatOptions::max_output_tokens`]; never invented), `temperature`, `top_p`,
 //! `parallel_tool_calls` and `stream` pass through, streaming requests ask for `include_usage`,
 //! `text.format` with a JSON schema → `response_format`, `reasoning.effort` →
-//! `reasoning_effort` only when [`ChatOptions::reasoning_effort_from_thinking`] is set.
+//! `reasoning_effort` or `reasoning.effort` as [`ChatOptions::reasoning`] says (not sent by
+//! default).
 //! `store`, `metadata`, `include`, `prompt_cache_key`, `previous_response_id` and the other
 //! Responses-only fields are not sent: the proxy is stateless, as Dressage's is (Codex sends the
 //! whole conversation with `store: false`).

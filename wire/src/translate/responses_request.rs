@@ -60,11 +60,8 @@ pub fn responses_into_chat(
         MaxTokensField::Both => (limit, limit),
     };
     let streaming = req.stream == Some(true);
-    let reasoning_effort = if opts.reasoning_effort_from_thinking {
-        req.reasoning.and_then(|r| r.effort)
-    } else {
-        None
-    };
+    let (reasoning_effort, reasoning) =
+        super::reasoning_fields(opts.reasoning, req.reasoning.and_then(|r| r.effort));
 
     Ok(ChatRequest {
         model: opts.model.clone().unwrap_or(req.model),
@@ -84,6 +81,7 @@ pub fn responses_into_chat(
         parallel_tool_calls,
         user: None,
         reasoning_effort,
+        reasoning,
         response_format: response_format(&req.extra),
         extra: Extra::new(),
     })

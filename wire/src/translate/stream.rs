@@ -33,7 +33,7 @@ use crate::anthropic::{
     BlockDelta, ContentBlock, DeltaUsage, ErrorType, Extra, MessageDeltaBody, MessagesResponse,
     StreamEvent, Usage,
 };
-use crate::chat::ToolCallDelta;
+use crate::chat::{FinishReason, ToolCallDelta};
 use crate::error::stream_error_from_openai;
 
 /// Tracks whether a streamed JSON text is one complete value, without parsing it.
@@ -236,6 +236,20 @@ impl Render for ToAnthropic {
 
     fn tail(&mut self, end: &EndGate, out: &mut Vec<StreamEvent>) -> Result<Usage, String> {
         unnamed_call(&self.tools, |block| block.index.is_some())?;
+        // A tool call whose arguments stopped mid-value must not be closed as if whole (a client
+        // would run it with half its arguments), unless the output was cut at `max_tokens`,
+        // which Anthropic's own streams end the same way.
+        if !matches!(end.finish, Some(FinishReason::Length))
+            && let Some(slot) = self.tools.iter().find(|s| {
+                let json = &s.state.json;
+                s.state.index.is_some() && !s.state.closed && json.started && !json.complete()
+            })
+        {
+            return Err(format!(
+                "upstream ended tool call {} with incomplete arguments",
+                slot.key
+            ));
+        }
         // Close whatever is still open, in index order.
         let mut open: Vec<u32> = self.prose.take().map(|(_, i)| i).into_iter().collect();
         for slot in &mut self.tools {
@@ -361,5 +375,44 @@ mod tests {
         assert!(!complete(r#"{"a": "x\"}"#));
         assert!(!complete("{} {}"));
         assert!(!complete("}"));
+    }
+
+    /// Found by the `chat_stream_sse` fuzz target: an upstream that sent `tool_calls` as the
+    /// finish reason while the call's arguments were cut mid-value got a closed `tool_use` block
+    /// with half its arguments; now the stream ends in an error event, as a cut stream does.
+    /// Cut at `max_tokens`, the block is closed as Anthropic's own streams do.
+    #[test]
+    fn a_tool_call_ended_mid_arguments_is_an_error_unless_cut_at_max_tokens() {
+        let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+            let c = serde_json::json!({"id": "c1", "model": "m",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+            serde_json::from_value::<crate::chat::ChatChunk>(c).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let run = |finish: &str| {
+            let mut t = ChatStreamTranslator::new(ResponseOptions::default());
+            let mut events = t.push_chunk(chunk(
+                serde_json::json!({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                    "function": {"name": "Write", "arguments": "{\"file_path\": \"/tmp/he"}}]}),
+                None,
+            ));
+            events.extend(t.push_chunk(chunk(serde_json::json!({}), Some(finish))));
+            events.extend(t.finish());
+            events
+        };
+        let cut = run("tool_calls");
+        assert!(
+            matches!(cut.last(), Some(StreamEvent::Error { .. })),
+            "{cut:#?}"
+        );
+        assert!(
+            !cut.iter()
+                .any(|e| matches!(e, StreamEvent::ContentBlockStop { index: 0, .. })),
+            "the half tool call was closed: {cut:#?}"
+        );
+        let max = run("length");
+        assert!(
+            matches!(max.last(), Some(StreamEvent::MessageStop { .. })),
+            "{max:#?}"
+        );
     }
 }

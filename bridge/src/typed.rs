@@ -1,0 +1,119 @@
+//! The sanitizer's URL-source rule ([`sanitize::refuse_url_sources`]) on a typed request, for
+//! the translated path, which never builds a `serde_json::Value` tree of the body. The walk
+//! visits what the rule visits (every block of `system` and `messages`, nested `tool_result`
+//! content, and every field we keep untyped) and reports the same paths.
+
+use agentbox_policy::sanitize::{self, SanitizeError};
+use agentbox_wire::anthropic::{
+    ContentBlock, DocumentSource, Extra, ImageSource, MessagesRequest, TextOrList,
+};
+
+/// Refuses `req` if any block of `system` or `messages` has a source of type `"url"`.
+pub fn refuse_url_sources(req: &MessagesRequest) -> Result<(), SanitizeError> {
+    let mut path = String::from("system");
+    if let Some(system) = &req.system {
+        content(system, &mut path)?;
+    }
+    for (i, message) in req.messages.iter().enumerate() {
+        path.clear();
+        path.push_str(&format!("messages[{i}]"));
+        sanitize::refuse_url_sources_in(&message.extra, &mut path)?;
+        path.push_str(".content");
+        content(&message.content, &mut path)?;
+    }
+    Ok(())
+}
+
+fn content(c: &TextOrList<ContentBlock>, path: &mut String) -> Result<(), SanitizeError> {
+    match c {
+        TextOrList::List(blocks) => sanitize::each_indexed(blocks, path, block),
+        TextOrList::Text(_) => Ok(()),
+    }
+}
+
+fn url_source(path: &str) -> SanitizeError {
+    SanitizeError::UrlSource {
+        path: format!("{path}.source"),
+    }
+}
+
+/// A source kept untyped (`Other`): the rule reads its `type`.
+fn other_source(map: &Extra, path: &str) -> Result<(), SanitizeError> {
+    if map.get("type").and_then(|t| t.as_str()) == Some("url") {
+        return Err(url_source(path));
+    }
+    Ok(())
+}
+
+fn block(b: &ContentBlock, path: &mut String) -> Result<(), SanitizeError> {
+    let extra = match b {
+        ContentBlock::Image { source, extra } => {
+            match source {
+                ImageSource::Url { .. } => return Err(url_source(path)),
+                ImageSource::Other(map) => other_source(map, path)?,
+                ImageSource::Base64 { .. } => {}
+            }
+            extra
+        }
+        ContentBlock::Document { source, extra } => {
+            match source {
+                DocumentSource::Url { .. } => return Err(url_source(path)),
+                DocumentSource::Other(map) => other_source(map, path)?,
+                DocumentSource::Base64 { .. } | DocumentSource::Text { .. } => {}
+            }
+            extra
+        }
+        ContentBlock::ToolResult {
+            content: c, extra, ..
+        } => {
+            if let Some(c) = c {
+                let len = path.len();
+                path.push_str(".content");
+                content(c, path)?;
+                path.truncate(len);
+            }
+            extra
+        }
+        // A tool call's input is the model's own data, which the rule does not inspect.
+        ContentBlock::Text { extra, .. }
+        | ContentBlock::ToolUse { extra, .. }
+        | ContentBlock::Thinking { extra, .. }
+        | ContentBlock::RedactedThinking { extra, .. }
+        | ContentBlock::Other(extra) => extra,
+    };
+    sanitize::refuse_url_sources_in(extra, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The typed walk and the sanitizer's own agree on every case, path included.
+    #[test]
+    fn agrees_with_the_sanitizer() {
+        let url = json!({"type": "url", "url": "http://x/a.png"});
+        let cases = [
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            json!({"model": "m", "system": [{"type": "text", "text": "s"}], "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image", "source": url}]}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t", "content": [{"type": "document", "source": url}]}]}]}),
+            json!({"model": "m", "messages": [{"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t", "name": "n", "input": {"source": url}}]}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "search_result", "source": url}]}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url"}}]}]}),
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "a", "citations": [{"source": url}]}]}]}),
+            json!({"model": "m", "system": [{"type": "image", "source": url}], "messages": []}),
+        ];
+        for v in cases {
+            let typed: MessagesRequest = serde_json::from_value(v.clone()).unwrap();
+            let got = refuse_url_sources(&typed).map_err(|e| e.to_string());
+            let want = sanitize::refuse_url_sources(&v).map_err(|e| e.to_string());
+            assert_eq!(got, want, "{v}");
+        }
+    }
+}
