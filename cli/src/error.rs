@@ -192,6 +192,7 @@ impl CliError {
             CliError::DaemonDown { .. } => "daemon_down",
             CliError::Daemon { .. } => "daemon_failed",
             CliError::HostNotReady(_) => "host_not_ready",
+            CliError::HostUnfit(_) => "host_unfit",
             CliError::Io { .. } => "io",
             CliError::PermissionDenied { .. } => "permission_denied",
             CliError::Config(_) => "config",

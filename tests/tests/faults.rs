@@ -107,7 +107,7 @@ fn error_type(r: &UnixResponse) -> String {
 
 /// The healthy task's answer: a complete message with the scripted text.
 async fn healthy(gw: &GatewayProcess, n: usize) {
-    let r = send(gw, "ok", &format!("healthy-{n}"), n % 2 == 0).await;
+    let r = send(gw, "ok", &format!("healthy-{n}"), n.is_multiple_of(2)).await;
     assert_eq!(r.status, 200, "healthy {n}: {}", r.text());
     assert_eq!(
         anthropic_text(&r.text()).as_deref(),

@@ -43,7 +43,11 @@ fn marker(task: usize) -> String {
 
 /// Task `task`'s model: even tasks an Anthropic provider, odd ones an OpenAI one.
 fn model(task: usize) -> &'static str {
-    if task % 2 == 0 { "claude" } else { "gpt" }
+    if task.is_multiple_of(2) {
+        "claude"
+    } else {
+        "gpt"
+    }
 }
 
 /// The usage fakellm reports for each answer to task `task`, in Anthropic terms, as the
@@ -51,7 +55,7 @@ fn model(task: usize) -> &'static str {
 /// tokens), so the translated tasks report none.
 fn usage(task: usize) -> [u64; 4] {
     let t = task as u64;
-    let creation = if task % 2 == 0 { 3 + t % 5 } else { 0 };
+    let creation = if task.is_multiple_of(2) { 3 + t % 5 } else { 0 };
     [100 + t, 7 + t % 13, 11 * (t % 4), creation]
 }
 
@@ -100,7 +104,7 @@ async fn task_loop(gw: Arc<GatewayProcess>, task: usize, stop: Arc<AtomicBool>) 
     let want = format!("answer for {} ", marker(task)).repeat(8);
     let mut done = 0_u64;
     while !stop.load(Ordering::Relaxed) {
-        let stream = (done + task as u64) % 2 == 0;
+        let stream = (done + task as u64).is_multiple_of(2);
         let big = (done + task as u64) % 8 == 3;
         let body = soak_request(task, stream, big).to_string();
         let r = unix_request(
