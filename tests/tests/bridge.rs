@@ -443,7 +443,7 @@ async fn auth_is_required_everywhere_but_health() {
         .collect();
     assert_eq!(
         ids,
-        ["claude", "gpt", "keyless", "unreachable"],
+        ["claude", "gpt", "keyless", "thinker", "unreachable"],
         "only remote models"
     );
     assert_eq!(v["models"][2]["key_configured"], false);

@@ -185,7 +185,14 @@ fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
         "some spent: {diag}"
     );
     assert!(stderr.contains("Claude Code runs in the sandbox"), "{diag}");
-    assert!(stderr.contains("Edit: /workspace/calc.py"), "{diag}");
+    // Progress is sampled (the launcher is polled), so which of the agent's actions a line
+    // shows depends on timing; at least one of them does.
+    assert!(
+        ["Read: ", "Edit: ", "Bash: "]
+            .iter()
+            .any(|a| stderr.lines().any(|l| l.contains(&format!("· {a}")))),
+        "{diag}"
+    );
 
     // Kept: the dir is there, nothing of it runs, no agent process is left.
     assert!(temp.is_dir(), "{diag}");

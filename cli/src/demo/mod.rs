@@ -37,7 +37,7 @@ pub struct DemoArgs {
     #[arg(long)]
     model: Option<String>,
     /// Keep the temp dir (data dir, repository, daemon logs) instead of removing it.
-    #[arg(long, env = "AGENTBOX_DEMO_KEEP")]
+    #[arg(long, env = "AGENTBOX_DEMO_KEEP", value_parser = clap::builder::BoolishValueParser::new())]
     keep: bool,
     /// The run's token budget.
     #[arg(long, default_value_t = 200_000)]
