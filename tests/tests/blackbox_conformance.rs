@@ -460,6 +460,12 @@ async fn sigterm_leaves_no_process_behind(row: &Row) {
     }
     let left = wait_group_gone(agent, Duration::from_secs(2));
     assert!(left.is_empty(), "{} survived: {left:?}", row.kind);
+    // A SIGKILLed process takes a moment to finish dying on a loaded machine; the tool blocks
+    // far longer than this on its own, so its going within the grace is the server's kill.
+    let grace = Instant::now() + Duration::from_secs(2);
+    while !processes_with(&marker).is_empty() && Instant::now() < grace {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         processes_with(&marker).is_empty(),
         "the agent's tool survived SIGTERM"
