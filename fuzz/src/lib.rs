@@ -180,7 +180,7 @@ pub fn example_config() -> &'static Config {
 
 /// Translation settings picked by the input's bits, so every option combination is reached.
 pub fn chat_options(bits: u16) -> agentbox_wire::translate::ChatOptions {
-    use agentbox_wire::translate::{ChatOptions, InlineSystem, MaxTokensField};
+    use agentbox_wire::translate::{ChatOptions, InlineSystem, MaxTokensField, ReasoningField};
     let on = |bit: u16| bits & (1 << bit) != 0;
     ChatOptions {
         model: on(0).then(|| "upstream-model".to_owned()),
@@ -198,7 +198,12 @@ pub fn chat_options(bits: u16) -> agentbox_wire::translate::ChatOptions {
             InlineSystem::Fold
         },
         reasoning_passback: on(7),
-        reasoning_effort_from_thinking: !on(1),
+        reasoning: match (on(1), on(8)) {
+            (false, false) => ReasoningField::None,
+            (true, false) => ReasoningField::ReasoningEffort,
+            (_, true) => ReasoningField::Reasoning,
+        },
+        forward_user: on(9),
         forward_top_k: on(2),
     }
 }
