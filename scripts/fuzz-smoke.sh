@@ -27,7 +27,11 @@ echo "fuzz-smoke: built in $(($(date +%s) - start)) s" >&2
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-for t in $(cargo fuzz list); do
+# Listed first, so a failing `cargo fuzz list` stops the script (a failure inside `$(...)` in a
+# `for` list would not) and an empty list is an error, not a smoke that ran nothing.
+targets=$(cargo fuzz list)
+[ -n "$targets" ] || { echo "fuzz-smoke: no fuzz targets listed" >&2; exit 1; }
+for t in $targets; do
   mkdir -p "$scratch/$t"
   dirs=("$scratch/$t")
   [ -d "corpus/$t" ] && dirs+=("corpus/$t")
