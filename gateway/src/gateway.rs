@@ -136,6 +136,10 @@ pub struct Gateway {
     body_memory: BodyBudget,
     tasks: Mutex<BTreeMap<Tid, Task>>,
     dirty: Notify,
+    /// Held from snapshot to written file, so saves land in the order their snapshots were
+    /// taken: a control operation's save is never overwritten by an older snapshot the state
+    /// writer took before it.
+    persisting: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
     /// Serializes open/close so two calls for one tid cannot interleave their socket work.
@@ -213,6 +217,7 @@ impl Gateway {
             proxy,
             tasks: Mutex::new(tasks),
             dirty: Notify::new(),
+            persisting: tokio::sync::Mutex::new(()),
             shutdown,
             tracker,
             control: tokio::sync::Mutex::new(()),
@@ -409,6 +414,7 @@ impl Gateway {
 
     /// Writes the state now (control operations wait for it).
     pub async fn persist_now(&self) -> Result<(), StoreError> {
+        let _in_order = self.persisting.lock().await;
         let snap = self.snapshot();
         let store = self.store.clone();
         match tokio::task::spawn_blocking(move || store.save(&snap)).await {
