@@ -162,9 +162,11 @@ enum Mode {
     Ready(Option<Bytes>),
 }
 
-/// Whether an Anthropic event stream has shown its last event (`message_stop`, or an `error`
-/// event, after which the upstream may close): a marker split across chunks is found through
-/// the few bytes kept from the previous chunk.
+/// Whether an unmetered Anthropic event stream has shown its last event (`message_stop`, or
+/// an `error` event, after which the upstream may close). A metered stream asks its meter,
+/// which decodes the events anyway. The markers are JSON strings with their quotes: inside a
+/// string value (a model's text, tool arguments) quotes are escaped, so the model cannot
+/// forge them. A marker split across chunks is found through the bytes kept from before.
 #[derive(Default)]
 struct EndScan {
     seen: bool,
@@ -172,8 +174,8 @@ struct EndScan {
 }
 
 impl EndScan {
-    const MARKERS: [&'static [u8]; 2] = [b"message_stop", b"event: error"];
-    const KEEP: usize = 11; // the longest marker's length minus one
+    const MARKERS: [&'static [u8]; 2] = [b"\"message_stop\"", b"\"error\""];
+    const KEEP: usize = 13; // the longest marker's length minus one
 
     fn feed(&mut self, bytes: &[u8]) {
         if self.seen {
@@ -184,12 +186,28 @@ impl EndScan {
                 .iter()
                 .any(|m| memchr::memmem::find(hay, m).is_some())
         };
-        let head = &bytes[..bytes.len().min(Self::KEEP)];
-        let mut joint = std::mem::take(&mut self.tail);
-        joint.extend_from_slice(head);
-        self.seen = found(&joint) || found(bytes);
-        let keep = bytes.len().saturating_sub(Self::KEEP);
-        self.tail = bytes[keep..].to_vec();
+        // The stream's last bytes before this chunk, then the chunk's first: a marker across
+        // the boundary. The buffer is reused, so a chunk costs no allocation.
+        self.tail
+            .extend_from_slice(&bytes[..bytes.len().min(Self::KEEP)]);
+        self.seen = found(&self.tail) || found(bytes);
+        if bytes.len() >= Self::KEEP {
+            self.tail.clear();
+            self.tail
+                .extend_from_slice(&bytes[bytes.len() - Self::KEEP..]);
+        } else {
+            // A short chunk joins what was kept (a marker may span several such chunks).
+            let excess = self.tail.len().saturating_sub(Self::KEEP);
+            self.tail.drain(..excess);
+        }
+    }
+}
+
+/// Whether an Anthropic stream showed its last event: from its meter when it has one.
+fn ended(meter: Option<&UsageMeter>, end: &EndScan) -> bool {
+    match meter {
+        Some(m) => m.report().complete || m.report().error.is_some(),
+        None => end.seen,
     }
 }
 
@@ -284,6 +302,7 @@ impl LlmBody {
             return Poll::Ready(step);
         }
         let upstream = &mut self.upstream;
+        let meter = self.meter.as_ref().map(|(m, _)| m);
         match &mut self.mode {
             Mode::Ready(bytes) => Poll::Ready(match bytes.take() {
                 Some(bytes) => Step::Data { bytes, last: true },
@@ -300,7 +319,7 @@ impl LlmBody {
                 match up.as_mut().poll_next(cx) {
                     Poll::Pending => Poll::Pending,
                     Poll::Ready(None) => Poll::Ready(match sse {
-                        Some(Protocol::Anthropic) if !end.seen => {
+                        Some(Protocol::Anthropic) if !ended(meter, end) => {
                             tracing::warn!(
                                 "upstream ended an Anthropic stream before message_stop"
                             );
@@ -313,7 +332,7 @@ impl LlmBody {
                     Poll::Ready(Some(Ok(bytes))) => {
                         if !bytes.is_empty() {
                             *at_boundary = sse::ends_frame(&bytes);
-                            if matches!(sse, Some(Protocol::Anthropic)) {
+                            if matches!(sse, Some(Protocol::Anthropic)) && meter.is_none() {
                                 end.feed(&bytes);
                             }
                         }
@@ -651,12 +670,26 @@ mod tests {
                 .contains("event: error\n"),
             "{out}"
         );
-        // A complete stream, its `message_stop` split across chunks, ends as it is.
-        let (a, b) = END.split_at(END.find("message_stop").unwrap() + 4);
-        let up = upstream(vec![Ok(START), Ok(a), Ok(b)]);
-        let mut body = LlmBody::passthrough(up, Some(Protocol::Anthropic));
-        let (out, _) = collect(&mut body).await;
-        assert!(out.ends_with(END) && !out.contains("event: error"), "{out}");
+        // A complete stream whose `message_stop` (data-only, so the marker is there once) is
+        // split across two chunks or across several short ones ends as it is.
+        let end: &'static str = END.replacen("event: message_stop\n", "", 1).leak();
+        let at = end.find("message_stop").unwrap();
+        let splits = [
+            vec![&end[..at + 4], &end[at + 4..]],
+            vec![
+                &end[..at + 2],
+                &end[at + 2..at + 6],
+                &end[at + 6..at + 9],
+                &end[at + 9..],
+            ],
+        ];
+        for parts in splits {
+            let mut items = vec![Ok(START)];
+            items.extend(parts.iter().map(|p| Ok(*p)));
+            let mut body = LlmBody::passthrough(upstream(items), Some(Protocol::Anthropic));
+            let (out, _) = collect(&mut body).await;
+            assert!(out.ends_with(end) && !out.contains("event: error"), "{out}");
+        }
     }
 
     #[tokio::test]
