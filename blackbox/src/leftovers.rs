@@ -10,6 +10,7 @@
 //! sharing the root. Like the launcher's restart, it stops leftovers and never re-adopts them:
 //! their pipes died with the old server.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use rustix::process::{Pid, Signal};
@@ -19,6 +20,15 @@ const SWEEPS: usize = 5;
 
 /// Kills what the runs under `runtime_root` left behind; how many processes it killed.
 pub fn kill(runtime_root: &Path) -> usize {
+    if !runtime_root.exists() {
+        return 0;
+    }
+    // What is under a root another user could fill (pid files, run names) decides what gets
+    // killed: such a root is left alone here, and registration refuses it too.
+    if let Err(e) = crate::runtime_dir::check(runtime_root) {
+        tracing::warn!(error = %e, "not scanning the runtime root for leftovers");
+        return 0;
+    }
     let Ok(runs) = std::fs::read_dir(runtime_root) else {
         return 0;
     };
@@ -59,15 +69,22 @@ fn needle(dir: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// The agent leaders recorded in `<dir>/run/*.pid`.
+/// The agent leaders recorded in `<dir>/run/*.pid`: regular files only (never a FIFO the
+/// agent, which runs as our user, left there), a pid's worth of bytes each.
 fn leaders(dir: &Path) -> Vec<u32> {
     let Ok(files) = std::fs::read_dir(dir.join("run")) else {
         return Vec::new();
     };
     files
         .flatten()
-        .filter_map(|f| std::fs::read_to_string(f.path()).ok())
-        .filter_map(|s| s.trim().parse().ok())
+        .filter(|f| f.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|f| {
+            let mut text = String::new();
+            std::fs::File::open(f.path())
+                .and_then(|file| file.take(32).read_to_string(&mut text))
+                .ok()?;
+            text.trim().parse().ok()
+        })
         .collect()
 }
 

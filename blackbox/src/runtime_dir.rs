@@ -29,27 +29,53 @@ pub enum RuntimeDirError {
     #[error("{0} is not a directory")]
     NotADirectory(PathBuf),
     /// The file system refused.
-    #[error("cannot create {path}: {source}")]
+    #[error("{path}: {source}")]
     Io { path: PathBuf, source: io::Error },
 }
 
-/// Creates `root` (`0700` where it is missing) and checks it is private, then creates
-/// `root/name` with mode `0700` (it must not exist yet) and returns its path.
+/// Creates the runtime directory `dir` with mode `0700` (it must not exist yet) under its
+/// parent, the runtime root: created `0700` where it is missing, checked with [`check`], and
+/// closed to `0700` if it is ours but open.
 ///
 /// # Errors
 /// See [`RuntimeDirError`].
-pub fn prepare(root: &Path, name: &str) -> Result<PathBuf, RuntimeDirError> {
+pub fn prepare(dir: &Path) -> Result<(), RuntimeDirError> {
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| RuntimeDirError::Io { path, source }
     };
+    let root = dir
+        .parent()
+        .ok_or_else(|| RuntimeDirError::NotADirectory(dir.to_path_buf()))?;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(root)
         .map_err(io_err(root))?;
+    let meta = check(root)?;
+    // Ours: an older server (or an operator) may have left it readable; close it.
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err(root))?;
+    }
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(io_err(dir))
+}
+
+/// Whether `root` is a runtime root no other user can swap or fill: a directory (not a
+/// symlink) we own, under ancestors owned by root or us that others cannot write unless
+/// sticky. Its metadata, for the caller's further checks.
+///
+/// # Errors
+/// See [`RuntimeDirError`].
+pub fn check(root: &Path) -> Result<std::fs::Metadata, RuntimeDirError> {
     let us = rustix::process::geteuid().as_raw();
-    let meta = std::fs::symlink_metadata(root).map_err(io_err(root))?;
+    let meta = std::fs::symlink_metadata(root).map_err(|source| RuntimeDirError::Io {
+        path: root.to_path_buf(),
+        source,
+    })?;
     if !meta.is_dir() {
         return Err(RuntimeDirError::NotADirectory(root.to_path_buf()));
     }
@@ -60,20 +86,10 @@ pub fn prepare(root: &Path, name: &str) -> Result<PathBuf, RuntimeDirError> {
             us,
         });
     }
-    // Ours: an older server (or an operator) may have left it readable; close it.
-    if meta.mode() & 0o077 != 0 {
-        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))
-            .map_err(io_err(root))?;
-    }
     for ancestor in root.ancestors().skip(1) {
         check_ancestor(ancestor, us)?;
     }
-    let dir = root.join(name);
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .map_err(io_err(&dir))?;
-    Ok(dir)
+    Ok(meta)
 }
 
 /// An ancestor may be owned by root or us; if others may write it, it must be sticky so
@@ -125,16 +141,13 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         std::fs::set_permissions(t.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
         let root = t.path().join("a/root");
-        let dir = prepare(&root, "rt-1").unwrap();
-        assert_eq!(dir, root.join("rt-1"));
+        let dir = root.join("rt-1");
+        prepare(&dir).unwrap();
         assert_eq!(mode(&root), 0o700);
         assert_eq!(mode(&t.path().join("a")), 0o700);
         assert_eq!(mode(&dir), 0o700);
         // The name is never reused.
-        assert!(matches!(
-            prepare(&root, "rt-1"),
-            Err(RuntimeDirError::Io { .. })
-        ));
+        assert!(matches!(prepare(&dir), Err(RuntimeDirError::Io { .. })));
     }
 
     #[test]
@@ -143,7 +156,7 @@ mod tests {
         let root = t.path().join("root");
         std::fs::create_dir(&root).unwrap();
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
-        prepare(&root, "rt").unwrap();
+        prepare(&root.join("rt")).unwrap();
         assert_eq!(mode(&root), 0o700);
     }
 
@@ -156,7 +169,7 @@ mod tests {
         let root = t.path().join("root");
         std::fs::create_dir(&root).unwrap();
         std::os::unix::fs::chown(&root, Some(NOBODY), Some(NOBODY)).unwrap();
-        let err = prepare(&root, "rt").unwrap_err();
+        let err = prepare(&root.join("rt")).unwrap_err();
         assert!(
             matches!(err, RuntimeDirError::ForeignOwner { owner: NOBODY, .. }),
             "{err}"
@@ -170,14 +183,14 @@ mod tests {
         let open = t.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let err = prepare(&open.join("root"), "rt").unwrap_err();
+        let err = prepare(&open.join("root/rt")).unwrap_err();
         assert!(
             matches!(err, RuntimeDirError::OpenForWriting { mode: 0o777, .. }),
             "{err}"
         );
         // Sticky (like /tmp) is fine: others cannot rename what we own inside it.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        prepare(&open.join("root"), "rt").unwrap();
+        prepare(&open.join("root/rt")).unwrap();
     }
 
     #[test]
@@ -185,7 +198,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         std::fs::create_dir(t.path().join("real")).unwrap();
         std::os::unix::fs::symlink(t.path().join("real"), t.path().join("link")).unwrap();
-        let err = prepare(&t.path().join("link"), "rt").unwrap_err();
+        let err = prepare(&t.path().join("link/rt")).unwrap_err();
         assert!(matches!(err, RuntimeDirError::NotADirectory(_)), "{err}");
     }
 }

@@ -341,14 +341,8 @@ impl Server {
             |what: &str, e: &dyn std::fmt::Display| InitFailure::Failed(format!("{what}: {e}"));
         // Private (0700, under a root no other user can swap): the directory will hold the
         // agent's credentials and logs.
-        let (Some(root), Some(name)) = (runtime_dir.parent(), runtime_dir.file_name()) else {
-            return Err(InitFailure::Failed(format!(
-                "{} has no parent",
-                runtime_dir.display()
-            )));
-        };
-        let (root, name) = (root.to_path_buf(), name.to_string_lossy().into_owned());
-        tokio::task::spawn_blocking(move || crate::runtime_dir::prepare(&root, &name))
+        let dir = runtime_dir.to_path_buf();
+        tokio::task::spawn_blocking(move || crate::runtime_dir::prepare(&dir))
             .await
             .map_err(|e| failed("runtime directory", &e))?
             .map_err(|e| failed("runtime directory", &e))?;
