@@ -59,9 +59,6 @@ const AGENT_UIDS: u32 = 10;
 /// The built-in model's id and the variable its (made-up) key is passed in.
 const BUILTIN: &str = "demo-scripted";
 const KEY_ENV: &str = "AGENTBOX_DEMO_KEY";
-/// The built-in model's prices (a mid-size hosted model's), so the cost means something.
-const PRICES: &str = "price_input_per_mtok = 3.0\nprice_output_per_mtok = 15.0\n\
-                      price_cache_read_per_mtok = 0.3\n";
 
 fn io(what: impl Into<String>) -> impl Fn(std::io::Error) -> CliError {
     let what = what.into();
@@ -121,35 +118,46 @@ pub async fn demo(
     result
 }
 
-/// A model of the operator's config: its id and its TOML table as the file has it.
+/// A model of the operator's config: its id and its TOML table as the file has it (the file
+/// read once, validated and taken apart from the same text).
 fn configured_model(
     config_path: &Path,
     env: &dyn HostEnv,
     id: &str,
-) -> Result<(String, String), CliError> {
-    let config = Config::load(config_path, env)?;
+) -> Result<(String, toml::Table), CliError> {
+    let text = std::fs::read_to_string(config_path).map_err(|source| {
+        CliError::Config(agentbox_policy::config::ConfigError::Read {
+            path: config_path.to_path_buf(),
+            source,
+        })
+    })?;
+    let config = Config::from_toml_str(&text, &config_path.display().to_string(), env)?;
     if config.model(id).is_none() {
         return Err(CliError::UnknownModel {
             model: id.to_owned(),
             known: config.models.keys().map(ToString::to_string).collect(),
         });
     }
-    let text = std::fs::read_to_string(config_path)
-        .map_err(io(format!("reading {}", config_path.display())))?;
     let table = text
         .parse::<toml::Table>()
         .ok()
-        .and_then(|t| t.get("models")?.get(id).cloned())
+        .and_then(|t| t.get("models")?.get(id)?.as_table().cloned())
         .ok_or_else(|| CliError::Usage(format!("model {id:?}: no [models.{id}] table")))?;
-    let table = toml::to_string(&table).map_err(|e| CliError::Usage(e.to_string()))?;
     Ok((id.to_owned(), table))
+}
+
+/// A path as a TOML string (the demo's paths are made here, under a UTF-8 temp dir).
+fn toml_path(p: &Path) -> Result<toml::Value, CliError> {
+    p.to_str()
+        .map(toml::Value::from)
+        .ok_or_else(|| CliError::Usage(format!("{} is not UTF-8", p.display())))
 }
 
 /// Everything after the checks, in `base` (removed by the caller).
 async fn demo_in(
     base: &Path,
     args: &DemoArgs,
-    real: Option<(String, String)>,
+    real: Option<(String, toml::Table)>,
     claude: &Path,
     env: &dyn HostEnv,
     cancel: &CancellationToken,
@@ -179,12 +187,21 @@ async fn demo_in(
                     what: "serving the built-in model".to_owned(),
                     reason: e.to_string(),
                 })?;
-            let table = format!(
-                "backend = \"remote\"\nprovider = \"openai\"\nbase_url = \"http://{}/v1\"\n\
-                 upstream_model = \"agentbox-demo-scripted\"\nkey_env = \"{KEY_ENV}\"\n\
-                 max_output_tokens = 8192\n{PRICES}",
-                server.address()
-            );
+            let mut table = toml::Table::new();
+            for (k, v) in [
+                ("backend", "remote".into()),
+                ("provider", "openai".into()),
+                ("base_url", format!("http://{}/v1", server.address()).into()),
+                ("upstream_model", "agentbox-demo-scripted".into()),
+                ("key_env", KEY_ENV.into()),
+                ("max_output_tokens", 8192.into()),
+                // A mid-size hosted model's prices, so the cost means something.
+                ("price_input_per_mtok", 3.0.into()),
+                ("price_output_per_mtok", 15.0.into()),
+                ("price_cache_read_per_mtok", 0.3.into()),
+            ] {
+                table.insert(k.to_owned(), v);
+            }
             server_task = Some(tokio::spawn(server.serve()));
             model_env.push((KEY_ENV.to_owned(), "sk-demo-no-key-needed".to_owned()));
             (
@@ -199,14 +216,38 @@ async fn demo_in(
         .map_err(io("finding a free port for the bridge"))?;
     let data = base.join("data");
     let config_path = base.join("agentbox.toml");
-    let config_text = format!(
-        "data_dir = {data:?}\nagent_uid = {AGENT_UID}\nagent_gid = {AGENT_UID}\n\
-         agent_uid_count = {AGENT_UIDS}\n\
-         [launcher]\nclaude_bin = {claude_bin:?}\nrepo_roots = [{repos:?}]\n\
-         venv_root = {:?}\n[gateway]\nbridge_url = \"http://{bridge}\"\n\
-         [bridge]\nlisten = \"{bridge}\"\n[models.{model}]\n{table}",
-        base.join("venvs")
-    );
+    // Built as TOML values, not text: a model id may contain `.`, which an unquoted table
+    // header would split into nested tables.
+    let table_of = |pairs: Vec<(&str, toml::Value)>| -> toml::Value {
+        toml::Value::Table(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+    };
+    let mut models = toml::Table::new();
+    models.insert(model.clone(), toml::Value::Table(table));
+    let config = table_of(vec![
+        ("data_dir", toml_path(&data)?),
+        ("agent_uid", AGENT_UID.into()),
+        ("agent_gid", AGENT_UID.into()),
+        ("agent_uid_count", AGENT_UIDS.into()),
+        (
+            "launcher",
+            table_of(vec![
+                ("claude_bin", toml_path(&claude_bin)?),
+                ("repo_roots", toml::Value::Array(vec![toml_path(&repos)?])),
+                ("venv_root", toml_path(&base.join("venvs"))?),
+            ]),
+        ),
+        (
+            "gateway",
+            table_of(vec![("bridge_url", format!("http://{bridge}").into())]),
+        ),
+        (
+            "bridge",
+            table_of(vec![("listen", bridge.to_string().into())]),
+        ),
+        ("models", toml::Value::Table(models)),
+    ]);
+    let config_text =
+        toml::to_string(&config).map_err(|e| CliError::Usage(format!("the demo's config: {e}")))?;
     std::fs::write(&config_path, config_text)
         .map_err(io(format!("writing {}", config_path.display())))?;
     let config = Config::load(&config_path, env)?;
@@ -293,22 +334,23 @@ async fn demo_in(
 /// The project's test run by the launcher in a sandbox (no network, no model) on the task's
 /// workspace, as the agent left it: never the agent's code on this host.
 async fn test_on_work(d: &Daemons, tid: &str) -> String {
-    let check = d
-        .launcher
-        .run_check(&agentbox_api::launcher::CheckRequest {
-            tid: tid.to_owned(),
-            command: project::TEST.to_owned(),
-            venv: None,
-            timeout_s: 120,
-        })
-        .await;
-    let verdict = match check {
-        Ok(r) if r.exit_code == Some(0) => "passes".to_owned(),
-        Ok(r) => format!(
+    let checked = match crate::args::tid(tid) {
+        Ok(tid) => crate::verbs::check(d, &tid, 120, None, &[project::TEST.to_owned()]).await,
+        Err(e) => Err(e),
+    };
+    let verdict = match checked {
+        Ok(c) if c.exit_code == 0 => "passes".to_owned(),
+        Ok(c) => format!(
             "FAILS (exit {}): {}",
-            r.exit_code
-                .map_or_else(|| "none".to_owned(), |c| c.to_string()),
-            r.stderr.lines().last().unwrap_or_default()
+            c.check
+                .exit_code
+                .map_or_else(|| "none".to_owned(), |code| code.to_string()),
+            c.problem.as_deref().unwrap_or_else(|| c
+                .check
+                .stderr
+                .lines()
+                .last()
+                .unwrap_or_default())
         ),
         Err(e) => format!("could not run: {e}"),
     };
@@ -355,43 +397,82 @@ async fn make_repo(repo: &Path) -> Result<String, CliError> {
             "-m",
             "calc: add, with its test",
         ],
-        &["rev-parse", "HEAD"],
     ] {
-        let out = run::git_checked(repo, args)
+        run::git_checked(repo, args)
             .await
             .map_err(|reason| CliError::Io {
                 what: format!("git {} in {}", args.join(" "), repo.display()),
                 reason,
             })?;
-        if args[0] == "rev-parse" {
-            return Ok(out.trim().to_owned());
-        }
     }
-    Ok(String::new())
+    run::git_checked(repo, &["rev-parse", "HEAD"])
+        .await
+        .map(|out| out.trim().to_owned())
+        .map_err(|reason| CliError::Io {
+            what: format!("git rev-parse HEAD in {}", repo.display()),
+            reason,
+        })
 }
 
 /// Hands `dir` and everything under it to `uid` (the launcher snapshots repositories its
-/// service user owns).
+/// service user owns). Children first: until the walk is done every directory on it is still
+/// root's, so nothing can swap a path under root's `lchown`.
 fn chown_tree(dir: &Path, uid: u32) -> Result<(), CliError> {
-    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))
-        .map_err(io(format!("chown {}", dir.display())))?;
-    if dir.is_dir() && !dir.is_symlink() {
+    let meta = std::fs::symlink_metadata(dir).map_err(io(format!("reading {}", dir.display())))?;
+    if meta.is_dir() {
         for entry in std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))? {
             let entry = entry.map_err(io(format!("reading {}", dir.display())))?;
             chown_tree(&entry.path(), uid)?;
         }
     }
-    Ok(())
+    std::os::unix::fs::lchown(dir, Some(uid), Some(uid))
+        .map_err(io(format!("chown {}", dir.display())))
 }
 
-/// `from` linked (or copied) to `to` with mode 0755: the agent uid reads it inside the
-/// sandbox, and the clients cache may be under a private home.
+/// `from` at `to`, readable and executable by every uid: the agent uid runs it inside the
+/// sandbox, and the clients cache may be under a private home. Root opens `from` without
+/// following a symlink and links or copies exactly the file it opened, so whoever owns the
+/// cache cannot point it at another file. A file already open to all (as npm installs it) is
+/// hard-linked to that inode (no copy of a few hundred MB); otherwise, or across file
+/// systems, it is copied into a new 0755 file.
 fn readable_copy(from: &Path, to: &Path) -> Result<PathBuf, CliError> {
-    use std::os::unix::fs::PermissionsExt;
-    if std::fs::hard_link(from, to).is_err() {
-        std::fs::copy(from, to).map_err(io(format!("copying {}", from.display())))?;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+    let nofollow = i32::try_from(rustix::fs::OFlags::NOFOLLOW.bits()).unwrap_or(0);
+    let mut src = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nofollow)
+        .open(from)
+        .map_err(io(format!("opening {}", from.display())))?;
+    let meta = src
+        .metadata()
+        .map_err(io(format!("reading {}", from.display())))?;
+    if !meta.is_file() {
+        return Err(CliError::Usage(format!(
+            "{} is not a regular file",
+            from.display()
+        )));
     }
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o755))
+    let open_to_all = meta.mode() & 0o005 == 0o005;
+    if open_to_all
+        && rustix::fs::linkat(
+            &src,
+            "",
+            rustix::fs::CWD,
+            to,
+            rustix::fs::AtFlags::EMPTY_PATH,
+        )
+        .is_ok()
+    {
+        return Ok(to.to_path_buf());
+    }
+    let mut dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o755)
+        .open(to)
+        .map_err(io(format!("creating {}", to.display())))?;
+    std::io::copy(&mut src, &mut dst).map_err(io(format!("copying {}", from.display())))?;
+    dst.set_permissions(std::fs::Permissions::from_mode(0o755))
         .map_err(io(format!("chmod {}", to.display())))?;
     Ok(to.to_path_buf())
 }
