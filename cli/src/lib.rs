@@ -283,7 +283,7 @@ async fn logs_command(d: &Daemons, args: &LogsArgs) -> Result<ExitCode, CliError
     let tid = tid(&args.tid)?;
     let mut offset = 0;
     loop {
-        let page = verbs::logs(d, &tid, args.stderr, offset, None).await?;
+        let page = verbs::logs(d, &tid, args.stderr, offset, None, args.follow).await?;
         out(&page.output)?;
         offset = page.next_offset;
         if !args.follow || page.done {

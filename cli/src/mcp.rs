@@ -254,8 +254,8 @@ impl Server {
             }
             "logs" => {
                 let a: LogsArgs = parse(&request.name, args)?;
-                let page =
-                    verbs::logs(d, &tid(&a.tid)?, a.stderr, a.offset, Some(LOG_PAGE)).await?;
+                let page = verbs::logs(d, &tid(&a.tid)?, a.stderr, a.offset, Some(LOG_PAGE), false)
+                    .await?;
                 let text = format!(
                     "task {} ({}): bytes {}..{} of its {}{}",
                     page.tid,

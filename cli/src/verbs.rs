@@ -85,16 +85,21 @@ pub struct Logs {
 }
 
 /// `logs`: the run's standard output (or error) from byte `offset`, at most `limit` bytes
-/// (cut at a character boundary).
+/// (cut at a character boundary). `align`: an `offset` inside a character starts at that
+/// character instead of failing; a follower needs it, since the launcher reads a live log with
+/// a cut last character replaced (3 bytes), so the offset after it may fall inside the
+/// character once it is whole.
 ///
 /// # Errors
-/// A daemon failure, an unknown task, or an `offset` past the end or inside a character.
+/// A daemon failure, an unknown task, or an `offset` past the end (or, without `align`,
+/// inside a character).
 pub async fn logs(
     d: &Daemons,
     tid: &Tid,
     stderr: bool,
-    offset: usize,
+    mut offset: usize,
     limit: Option<usize>,
+    align: bool,
 ) -> Result<Logs, CliError> {
     d.probe(Daemon::Launcher).await?;
     let status = d
@@ -107,16 +112,16 @@ pub async fn logs(
     } else {
         &status.stdout
     };
+    if align {
+        offset = text.floor_char_boundary(offset);
+    }
     let rest = text.get(offset..).ok_or_else(|| {
         CliError::Usage(format!(
             "offset {offset} is not a character boundary within the {} bytes of output",
             text.len()
         ))
     })?;
-    let mut end = limit.map_or(rest.len(), |l| l.min(rest.len()));
-    while !rest.is_char_boundary(end) {
-        end -= 1;
-    }
+    let end = rest.floor_char_boundary(limit.unwrap_or(usize::MAX));
     let output = rest.get(..end).unwrap_or_default().to_owned();
     Ok(Logs {
         tid: tid.to_string(),
