@@ -7,6 +7,7 @@ use agentbox_policy::sanitize::{self, SanitizeError};
 use agentbox_wire::anthropic::{
     ContentBlock, DocumentSource, Extra, ImageSource, MessagesRequest, TextOrList,
 };
+use std::fmt::Write as _;
 
 /// Refuses `req` if any block of `system` or `messages` has a source of type `"url"`.
 pub fn refuse_url_sources(req: &MessagesRequest) -> Result<(), SanitizeError> {
@@ -16,7 +17,7 @@ pub fn refuse_url_sources(req: &MessagesRequest) -> Result<(), SanitizeError> {
     }
     for (i, message) in req.messages.iter().enumerate() {
         path.clear();
-        path.push_str(&format!("messages[{i}]"));
+        let _ = write!(path, "messages[{i}]");
         sanitize::refuse_url_sources_in(&message.extra, &mut path)?;
         path.push_str(".content");
         content(&message.content, &mut path)?;
@@ -37,11 +38,15 @@ fn url_source(path: &str) -> SanitizeError {
     }
 }
 
-/// A source kept untyped (`Other`): the rule reads its `type`.
-fn other_source(map: &Extra, path: &str) -> Result<(), SanitizeError> {
+/// A source kept untyped (`Other`): the rule reads its `type`, then walks inside it.
+fn other_source(map: &Extra, path: &mut String) -> Result<(), SanitizeError> {
     if map.get("type").and_then(|t| t.as_str()) == Some("url") {
         return Err(url_source(path));
     }
+    let len = path.len();
+    path.push_str(".source");
+    sanitize::refuse_url_sources_in(map, path)?;
+    path.truncate(len);
     Ok(())
 }
 
@@ -108,6 +113,9 @@ mod tests {
             json!({"model": "m", "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "a", "citations": [{"source": url}]}]}]}),
             json!({"model": "m", "system": [{"type": "image", "source": url}], "messages": []}),
+            json!({"model": "m", "messages": [{"role": "user", "content": [
+                {"type": "document", "source": {"type": "content", "content": [
+                    {"type": "image", "source": url}]}}]}]}),
         ];
         for v in cases {
             let typed: MessagesRequest = serde_json::from_value(v.clone()).unwrap();

@@ -24,6 +24,7 @@
 //! upstream sees exactly what was checked (no duplicate-key or parser-differential tricks).
 
 use serde_json::{Map, Value};
+use std::fmt::Write as _;
 
 /// Top-level fields that configure provider-side execution, removed from every request.
 pub const REMOVED_FIELDS: [&str; 3] = ["mcp_servers", "container", "context_management"];
@@ -264,7 +265,8 @@ pub fn each_indexed<T>(
 ) -> Result<(), SanitizeError> {
     for (i, item) in items.iter().enumerate() {
         let len = path.len();
-        path.push_str(&format!("[{i}]"));
+        // Written in place: this runs for every array element of every request.
+        let _ = write!(path, "[{i}]");
         f(item, path)?;
         path.truncate(len);
     }
