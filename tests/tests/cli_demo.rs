@@ -13,7 +13,7 @@ mod cli_common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use agentbox_tests::harness::{clients_dir, workspace_bin, workspace_root};
+use agentbox_tests::harness::{clients_dir, processes_with, workspace_bin, workspace_root};
 
 /// The one line between the README's main-command markers.
 fn readme_main_command() -> String {
@@ -102,17 +102,6 @@ fn temp_dir_of(repo: &Path) -> PathBuf {
         .to_path_buf()
 }
 
-fn daemons_of(dir: &Path) -> Vec<String> {
-    let needle = dir.display().to_string();
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
-        .filter(|c| c.contains(&needle))
-        .collect()
-}
-
 #[test]
 fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
     // Kept, so the branch can be checked in the repository; then once more as a user runs it,
@@ -196,7 +185,11 @@ fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
 
     // Kept: the dir is there, nothing of it runs, no agent process is left.
     assert!(temp.is_dir(), "{diag}");
-    assert_eq!(daemons_of(&temp), Vec::<String>::new(), "{diag}");
+    assert_eq!(
+        processes_with(&temp.display().to_string()),
+        Vec::<u32>::new(),
+        "{diag}"
+    );
     assert_eq!(
         cli_common::agent_processes(DEMO_AGENT_UIDS),
         Vec::<String>::new()
@@ -209,7 +202,11 @@ fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
     let (_, repo) = branch_and_repo(&String::from_utf8_lossy(&out.stdout));
     let temp = temp_dir_of(&repo);
     assert!(!temp.exists(), "removed: {diag}");
-    assert_eq!(daemons_of(&temp), Vec::<String>::new(), "{diag}");
+    assert_eq!(
+        processes_with(&temp.display().to_string()),
+        Vec::<u32>::new(),
+        "{diag}"
+    );
     assert_eq!(
         cli_common::agent_processes(DEMO_AGENT_UIDS),
         Vec::<String>::new()

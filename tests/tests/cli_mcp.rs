@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use agentbox_api::gateway::TaskState;
 use agentbox_policy::id::Tid;
-use agentbox_tests::harness::{FakeLlm, claude_headless, run_captured, workspace_bin};
+use agentbox_tests::harness::{
+    FakeLlm, claude_headless, run_captured, stream_json_result, workspace_bin,
+};
 use cli_common::{Stack, cli_with, git, status_task, write_script, writes};
 use serde_json::{Value, json};
 
@@ -588,12 +590,8 @@ async fn claude_code_delegates_a_task_through_agentbox_mcp() {
         )
     };
     assert!(out.status.success(), "{}", diag());
-    let result = out
-        .stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|e| e["type"] == "result")
-        .unwrap_or_else(|| panic!("no result event: {}", diag()));
+    let result =
+        stream_json_result(&out.stdout).unwrap_or_else(|| panic!("no result event: {}", diag()));
     assert_eq!(result["result"], "delegated", "{}", diag());
 
     // The delegated task's branch landed, and its gateway task is closed.
