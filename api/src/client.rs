@@ -27,7 +27,12 @@ use crate::gateway::{GatewayStatus, OpenTask, TaskView};
 use crate::launcher::{
     AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
     DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, LauncherStatus,
-    SnapshotRequest, SnapshotResult,
+    SlotExecRequest, SlotExecResult, SlotFile, SlotReadRequest, SlotRequest, SlotStatus,
+    SlotWriteRequest, SlotWriteResult, SnapshotRequest, SnapshotResult,
+};
+use crate::pool::{
+    AcquireRequest, CommandReply, FileReply, Lease, LeaseRef, PoolStatus, ReadFileRequest,
+    ReleaseReply, RunCommandRequest, WriteFileRequest, WriteReply,
 };
 
 /// The default bound on one exchange.
@@ -453,6 +458,56 @@ impl LauncherClient {
     pub async fn status(&self) -> Result<LauncherStatus, ClientError> {
         self.http.call("GET", "/status", NO_BODY).await
     }
+
+    /// `POST /slots` (waits: answered once the sandbox runs).
+    pub async fn start_slot(&self, req: &SlotRequest) -> Result<SlotStatus, ClientError> {
+        self.waiting("POST", "/slots", Some(req)).await
+    }
+
+    /// `GET /slots/{tid}`.
+    pub async fn slot(&self, tid: &Tid) -> Result<SlotStatus, ClientError> {
+        self.http
+            .call("GET", &format!("/slots/{tid}"), NO_BODY)
+            .await
+    }
+
+    /// `DELETE /slots/{tid}` (waits): stops the slot and removes its directories.
+    pub async fn delete_slot(&self, tid: &Tid) -> Result<SlotStatus, ClientError> {
+        self.waiting("DELETE", &format!("/slots/{tid}"), NO_BODY)
+            .await
+    }
+
+    /// `POST /slots/{tid}/exec` (waits: runs to completion within the request).
+    pub async fn slot_exec(
+        &self,
+        tid: &Tid,
+        req: &SlotExecRequest,
+    ) -> Result<SlotExecResult, ClientError> {
+        self.waiting("POST", &format!("/slots/{tid}/exec"), Some(req))
+            .await
+    }
+
+    /// `POST /slots/{tid}/files/read`.
+    pub async fn slot_read(
+        &self,
+        tid: &Tid,
+        req: &SlotReadRequest,
+    ) -> Result<SlotFile, ClientError> {
+        self.http
+            .call("POST", &format!("/slots/{tid}/files/read"), Some(req))
+            .await
+    }
+
+    /// `POST /slots/{tid}/files/write`.
+    pub async fn slot_write(
+        &self,
+        tid: &Tid,
+        req: &SlotWriteRequest,
+    ) -> Result<SlotWriteResult, ClientError> {
+        self.http
+            .call("POST", &format!("/slots/{tid}/files/write"), Some(req))
+            .await
+    }
 }
 
 /// The gateway's control routes (`run/gateway.sock`). Every route fails with the gateway's
@@ -499,6 +554,70 @@ impl GatewayClient {
 
     /// `GET /status`.
     pub async fn status(&self) -> Result<GatewayStatus, ClientError> {
+        self.http.call("GET", "/status", NO_BODY).await
+    }
+}
+
+/// `agentbox-pool`'s routes (`run/pool.sock`). Every route fails with the pool's refusal
+/// ([`ClientError::Api`]), a transport failure or the client's timeout.
+#[derive(Debug, Clone)]
+pub struct PoolClient {
+    http: UnixClient,
+}
+
+impl PoolClient {
+    /// A client for the pool's socket at `socket`.
+    pub fn new(socket: impl Into<PathBuf>) -> Self {
+        Self::over(UnixClient::new(socket))
+    }
+
+    /// The pool's routes over `http`.
+    pub fn over(http: UnixClient) -> Self {
+        PoolClient { http }
+    }
+
+    /// The underlying client, for raw exchanges.
+    pub fn http(&self) -> &UnixClient {
+        &self.http
+    }
+
+    /// `POST /acquire`.
+    pub async fn acquire(&self, req: &AcquireRequest) -> Result<Lease, ClientError> {
+        self.http.call("POST", "/acquire", Some(req)).await
+    }
+
+    /// `POST /release`.
+    pub async fn release(&self, req: &LeaseRef) -> Result<ReleaseReply, ClientError> {
+        self.http.call("POST", "/release", Some(req)).await
+    }
+
+    /// `POST /run_command`.
+    pub async fn run_command(&self, req: &RunCommandRequest) -> Result<CommandReply, ClientError> {
+        self.http.call("POST", "/run_command", Some(req)).await
+    }
+
+    /// `POST /read_file`.
+    pub async fn read_file(&self, req: &ReadFileRequest) -> Result<FileReply, ClientError> {
+        self.http.call("POST", "/read_file", Some(req)).await
+    }
+
+    /// `POST /write_file`.
+    pub async fn write_file(&self, req: &WriteFileRequest) -> Result<WriteReply, ClientError> {
+        self.http.call("POST", "/write_file", Some(req)).await
+    }
+
+    /// `POST /drain`: no new leases on this host.
+    pub async fn drain(&self) -> Result<PoolStatus, ClientError> {
+        self.http.call("POST", "/drain", NO_BODY).await
+    }
+
+    /// `POST /undrain`.
+    pub async fn undrain(&self) -> Result<PoolStatus, ClientError> {
+        self.http.call("POST", "/undrain", NO_BODY).await
+    }
+
+    /// `GET /status`.
+    pub async fn status(&self) -> Result<PoolStatus, ClientError> {
         self.http.call("GET", "/status", NO_BODY).await
     }
 }

@@ -15,6 +15,12 @@
 //! | POST | `/backends/{model}/start` | 200 [`BackendStartResult`] once healthy |
 //! | POST | `/backends/vllm/stop` | 200 [`BackendStopResult`] |
 //! | GET | `/status` | 200 [`LauncherStatus`] |
+//! | POST | `/slots` [`SlotRequest`] | 201 [`SlotStatus`] |
+//! | GET | `/slots/{tid}` | 200 [`SlotStatus`] |
+//! | DELETE | `/slots/{tid}` | 200 final [`SlotStatus`] (sandbox gone, directories removed) |
+//! | POST | `/slots/{tid}/exec` [`SlotExecRequest`] | 200 [`SlotExecResult`] |
+//! | POST | `/slots/{tid}/files/read` [`SlotReadRequest`] | 200 [`SlotFile`] |
+//! | POST | `/slots/{tid}/files/write` [`SlotWriteRequest`] | 200 [`SlotWriteResult`] |
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -365,6 +371,9 @@ pub struct DiskStatus {
 pub struct LauncherStatus {
     pub agents: Vec<RunSummary>,
     pub checks: Vec<RunSummary>,
+    /// Rollout slots that are running (sorted by tid).
+    #[serde(default)]
+    pub slots: Vec<RunSummary>,
     pub finished: usize,
     pub waiters: usize,
     pub backends: Vec<BackendStatus>,
@@ -377,4 +386,124 @@ pub struct LauncherStatus {
     /// How the per-run disk limit is enforced.
     #[serde(default)]
     pub disk: Option<DiskStatus>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rollout slots: a long-running `blackbox-server` in its own sandbox (agentbox-pool's unit).
+// ---------------------------------------------------------------------------------------------
+
+/// `POST /slots`: start the configured `launcher.blackbox_bin` as a rollout slot.
+///
+/// A slot is a sandbox run like an agent's, with these differences: its workspace, home and
+/// tmp are created fresh and empty by the launcher (no snapshot), it runs until `DELETE`
+/// (or `timeout_s`), the pinned agent CLIs (`launcher.clients_dir`) are mounted read-only with
+/// `OPENCODE_BIN`/`OPENCLAW_BIN`/`CLAUDE_CODE_BIN`/`CODEX_BIN` pointing at them, and the server
+/// listens on a unix socket (`BBS_UNIX_SOCKET`) in a directory bound out to the host
+/// ([`SlotStatus::socket`]). Like every sandbox it has no network but loopback, and its model
+/// traffic goes to `sockets/<tid>/llm.sock` (the gateway task `tid`, opened by the caller
+/// before), seen inside as `/run/gw/llm.sock`, presented with `token`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotRequest {
+    /// The run id; also the gateway task whose socket the slot's proxy uses.
+    pub tid: String,
+    /// The gateway task token, given to the server as `BBS_ROUTER_TOKEN` (memory only).
+    pub token: String,
+    /// Extra environment (the launcher's allowlist plus `BBS_*` settings other than the ones it
+    /// sets itself: host, port, unix socket, runtime root, router, router token).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Kill the slot after this long; `None`: until `DELETE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+}
+
+/// `POST /slots` (201), `GET /slots/{tid}`, `DELETE /slots/{tid}` (the final status, after the
+/// sandbox is gone and its directories are removed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotStatus {
+    pub tid: String,
+    pub state: RunState,
+    /// The host path of the server's unix socket (connectable by the service user).
+    pub socket: String,
+    /// The sandbox's leader process while it runs.
+    pub pid: Option<u32>,
+    pub exit_code: Option<i32>,
+    pub oom_killed: bool,
+    pub timed_out: bool,
+    /// The server's stderr so far (capped): why a slot died.
+    pub stderr: String,
+    pub error: Option<String>,
+}
+
+/// `POST /slots/{tid}/exec`: a shell command in the slot's workspace, in a sandbox of the same
+/// shape (same uid, workspace, home and tmp; no network), as `/bin/sh -lc COMMAND`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotExecRequest {
+    pub command: String,
+    /// Inside the sandbox; relative to `/workspace`; default `/workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// `None`: `launcher.limits.max_check_timeout_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_s: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+}
+
+/// The answer of `POST /slots/{tid}/exec`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SlotExecResult {
+    pub stdout: String,
+    pub stderr: String,
+    /// `None` when killed by the timeout.
+    pub returncode: Option<i32>,
+    pub timed_out: bool,
+    pub truncated: bool,
+    pub duration_s: f64,
+}
+
+/// `POST /slots/{tid}/files/read`: a regular file under `/workspace`, `/home/agent` or `/tmp`
+/// of the slot (a relative path is under `/workspace`), opened without following symlinks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotReadRequest {
+    pub path: String,
+    /// Read at most this many bytes (default and maximum: `launcher.limits.output_cap_kb`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+}
+
+/// The answer of `POST /slots/{tid}/files/read`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotFile {
+    pub path: String,
+    /// The bytes read, standard base64.
+    pub content_base64: String,
+    /// The file's size.
+    pub size: u64,
+    /// Whether `max_bytes` cut it.
+    pub truncated: bool,
+}
+
+/// `POST /slots/{tid}/files/write`: creates missing parent directories (as the slot's uid).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlotWriteRequest {
+    pub path: String,
+    pub content_base64: String,
+    #[serde(default)]
+    pub append: bool,
+}
+
+/// The answer of `POST /slots/{tid}/files/write`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotWriteResult {
+    pub path: String,
+    /// Bytes written by this call.
+    pub bytes: u64,
+    pub append: bool,
 }

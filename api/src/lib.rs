@@ -8,6 +8,7 @@
 //!
 //! - [`launcher`] serves `run/launcher.sock`.
 //! - [`gateway`] serves `run/gateway.sock`.
+//! - [`pool`] is `agentbox-pool`'s `run/pool.sock` (leases of rollout slots).
 //! - [`caps`] is how both daemons report the Linux capabilities they hold.
 //! - [`error`] holds the `{"error":{"code","message"}}` envelope both daemons answer failures with.
 //! - [`client`] speaks HTTP/1.1 over a unix socket (hyper + hyperlocal), typed per route, with raw
@@ -19,8 +20,9 @@ pub mod client;
 pub mod error;
 pub mod gateway;
 pub mod launcher;
+pub mod pool;
 
 pub use client::{
-    ClientError, GatewayClient, LauncherClient, RawResponse, UnixClient, error_chain,
+    ClientError, GatewayClient, LauncherClient, PoolClient, RawResponse, UnixClient, error_chain,
 };
 pub use error::{ApiError, ErrorEnvelope};

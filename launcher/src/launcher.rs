@@ -1054,6 +1054,7 @@ impl Launcher {
         LauncherStatus {
             agents,
             checks,
+            slots: Vec::new(),
             finished,
             waiters: self.waiters.load(Ordering::SeqCst),
             backends: self.backends.statuses(&self.busy_models()),
