@@ -91,6 +91,7 @@ impl Bridge {
         let mut models = BTreeMap::new();
         for m in config.models.values() {
             let Backend::Remote {
+                upstream_model,
                 provider,
                 base_url,
                 key_env,
@@ -104,7 +105,7 @@ impl Bridge {
                     id: m.id.to_string(),
                     provider: *provider,
                     base_url: base_url.as_str().trim_end_matches('/').to_owned(),
-                    upstream_model: m.upstream_model.clone(),
+                    upstream_model: upstream_model.clone(),
                     max_output_tokens: m.max_output_tokens,
                     allow_url_sources: m.allow_url_sources,
                     reasoning: m.reasoning,

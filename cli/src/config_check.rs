@@ -31,13 +31,14 @@ pub fn config_check(cli_path: Option<&std::path::Path>, json: bool, env: &dyn Ho
         .map(|m| {
             let (backend, detail) = match &m.backend {
                 Backend::Vllm { port, .. } => ("vllm", format!("127.0.0.1:{port}")),
-                Backend::Ollama => ("ollama", config.gateway.ollama_url.to_string()),
+                Backend::Ollama { .. } => ("ollama", config.gateway.ollama_url.to_string()),
                 Backend::Remote {
                     provider, base_url, ..
                 } => ("remote", format!("{} {base_url}", provider.as_str())),
+                Backend::Router { base_url, .. } => ("router", base_url.to_string()),
             };
             serde_json::json!({
-                "id": m.id, "backend": backend, "upstream_model": m.upstream_model,
+                "id": m.id, "backend": backend, "upstream_model": m.backend.upstream_model().unwrap_or("(the caller's)"),
                 "destination": detail, "cost_budgets": m.prices.is_some(),
             })
         })

@@ -26,8 +26,12 @@ fn example_config_checks_ok() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("models: 4"), "{text}");
+    assert!(text.contains("models: 5"), "{text}");
     assert!(text.contains("qwen-coder"), "{text}");
+    assert!(
+        text.contains("rollout          router  (the caller's) -> http://127.0.0.1:8000/v1"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -42,7 +46,7 @@ fn json_output_and_env_override() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ok"], true);
     assert_eq!(v["data_dir"], "/tmp/agentbox-test-data");
-    assert_eq!(v["models"].as_array().unwrap().len(), 4);
+    assert_eq!(v["models"].as_array().unwrap().len(), 5);
 }
 
 #[test]

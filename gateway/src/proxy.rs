@@ -90,28 +90,34 @@ pub struct Destination {
 }
 
 impl ProxyConfig {
-    /// Where a model's requests go.
-    pub fn destination(&self, model: &Model) -> Destination {
+    /// Where a model's Anthropic requests go; `None` for a rollout router, which takes chat
+    /// completions only.
+    pub fn destination(&self, model: &Model) -> Option<Destination> {
         match &model.backend {
-            Backend::Vllm { port, .. } => Destination {
+            Backend::Vllm {
+                port,
+                upstream_model,
+                ..
+            } => Some(Destination {
                 url: format!("http://127.0.0.1:{port}/v1/messages"),
-                model: model.upstream_model.clone(),
+                model: upstream_model.clone(),
                 bridge: false,
                 owned: true,
-            },
-            Backend::Ollama => Destination {
+            }),
+            Backend::Ollama { upstream_model } => Some(Destination {
                 url: format!("{}/v1/messages", self.ollama_url),
-                model: model.upstream_model.clone(),
+                model: upstream_model.clone(),
                 bridge: false,
                 owned: false,
-            },
+            }),
             // The bridge resolves the agentbox id to the provider's model itself.
-            Backend::Remote { .. } => Destination {
+            Backend::Remote { .. } => Some(Destination {
                 url: format!("{}/v1/messages", self.bridge_url),
                 model: model.id.to_string(),
                 bridge: true,
                 owned: true,
-            },
+            }),
+            Backend::Router { .. } => None,
         }
     }
 }
@@ -200,7 +206,12 @@ async fn count_tokens(State(ctx): State<TaskCtx>, req: Request) -> Result<Respon
 async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
     let (headers, mut value, _charge, size_hint) = read_json(&ctx, req).await?;
     let model = ctx.account.model()?;
-    let dest = ctx.cfg.destination(&model);
+    let dest = ctx.cfg.destination(&model).ok_or_else(|| {
+        ProxyError::NotFound(format!(
+            "POST /v1/messages: model {} is a rollout router, which serves POST /v1/chat/completions",
+            model.id
+        ))
+    })?;
     // Before any reservation or upstream call: a URL the provider fetches could carry workspace
     // data out, and its cost is invisible here.
     sanitize::sanitize_request(&mut value, &dest.model, model.allow_url_sources)

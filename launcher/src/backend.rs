@@ -353,7 +353,7 @@ impl Backends {
         let mut slots = BTreeMap::new();
         for (id, model) in &config.models {
             match &model.backend {
-                Backend::Vllm { port, command } => {
+                Backend::Vllm { port, command, .. } => {
                     slots.insert(
                         id.clone(),
                         Slot {
@@ -367,7 +367,7 @@ impl Backends {
                         },
                     );
                 }
-                Backend::Ollama | Backend::Remote { .. } => {}
+                Backend::Ollama { .. } | Backend::Remote { .. } | Backend::Router { .. } => {}
             }
         }
         Backends {

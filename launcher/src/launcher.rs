@@ -1095,7 +1095,7 @@ impl Launcher {
         let m = validate::model(&self.config, model)?;
         match &m.backend {
             Backend::Vllm { .. } => {}
-            Backend::Ollama | Backend::Remote { .. } => {
+            Backend::Ollama { .. } | Backend::Remote { .. } | Backend::Router { .. } => {
                 return Err(LauncherError::NotVllm(format!("{:?}", m.id.as_str())));
             }
         }

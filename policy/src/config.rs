@@ -158,6 +158,7 @@ struct RawConfig {
     bridge: RawBridge,
     #[serde(default)]
     models: BTreeMap<String, RawModel>,
+    pool: Option<RawPool>,
 }
 
 fn default_service_user() -> String {
@@ -184,6 +185,10 @@ struct RawLauncher {
     env_allowlist: Vec<String>,
     #[serde(default)]
     limits: Limits,
+    #[serde(default = "default_blackbox_bin")]
+    blackbox_bin: String,
+    #[serde(default = "default_clients_dir")]
+    clients_dir: String,
 }
 
 impl Default for RawLauncher {
@@ -194,8 +199,17 @@ impl Default for RawLauncher {
             claude_bin: default_claude_bin(),
             env_allowlist: Vec::new(),
             limits: Limits::default(),
+            blackbox_bin: default_blackbox_bin(),
+            clients_dir: default_clients_dir(),
         }
     }
+}
+
+fn default_blackbox_bin() -> String {
+    "/usr/local/bin/blackbox-server".to_owned()
+}
+fn default_clients_dir() -> String {
+    "/opt/agentbox/clients".to_owned()
 }
 
 fn default_venv_root() -> String {
@@ -335,12 +349,54 @@ fn default_token_env() -> String {
     "AGENTBOX_BRIDGE_TOKEN".to_owned()
 }
 
+/// `[pool]` as written. Absent: this host runs no `agentbox-pool`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    #[serde(default = "default_pool_slots")]
+    slots: u32,
+    model: String,
+    #[serde(default = "default_pool_listen_host")]
+    listen_host: String,
+    #[serde(default = "default_pool_advertise_host")]
+    advertise_host: String,
+    #[serde(default = "default_pool_port_base")]
+    port_base: u16,
+    node_id: Option<String>,
+    #[serde(default = "default_pool_health_interval_s")]
+    health_interval_s: u64,
+    #[serde(default = "default_pool_lease_ttl_s")]
+    lease_ttl_s: u64,
+    #[serde(default)]
+    budget_tokens: u64,
+}
+
+fn default_pool_slots() -> u32 {
+    8
+}
+fn default_pool_listen_host() -> String {
+    "0.0.0.0".to_owned()
+}
+fn default_pool_advertise_host() -> String {
+    "127.0.0.1".to_owned()
+}
+fn default_pool_port_base() -> u16 {
+    31000
+}
+fn default_pool_health_interval_s() -> u64 {
+    10
+}
+// The reference's `DRESSAGE_BLACKBOX_LEASE_TTL_SEC`.
+fn default_pool_lease_ttl_s() -> u64 {
+    2100
+}
+
 /// The raw model table: every key any backend may use, checked against the backend afterwards.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawModel {
     backend: BackendKind,
-    upstream_model: String,
+    upstream_model: Option<String>,
     port: Option<u16>,
     command: Option<Vec<String>>,
     context_tokens: Option<u64>,
@@ -368,6 +424,9 @@ pub enum BackendKind {
     Ollama,
     /// A remote provider reached through the llm-bridge.
     Remote,
+    /// A rollout router (an OpenAI-compatible server, e.g. an RL trainer's): task sockets of
+    /// such a model serve `POST /v1/chat/completions` only.
+    Router,
 }
 
 impl BackendKind {
@@ -377,6 +436,7 @@ impl BackendKind {
             BackendKind::Vllm => "vllm",
             BackendKind::Ollama => "ollama",
             BackendKind::Remote => "remote",
+            BackendKind::Router => "router",
         }
     }
 }
@@ -439,6 +499,8 @@ pub struct Config {
     pub bridge: BridgeConfig,
     /// The model catalogue, by agentbox model id.
     pub models: BTreeMap<ModelId, Model>,
+    /// `[pool]`, when this host keeps rollout slots.
+    pub pool: Option<PoolConfig>,
 }
 
 /// `[launcher]`, validated.
@@ -455,6 +517,41 @@ pub struct LauncherConfig {
     pub env_allowlist: Vec<String>,
     /// Sandbox limits.
     pub limits: Limits,
+    /// The `blackbox-server` a rollout slot runs, bound read-only into the slot.
+    pub blackbox_bin: PathBuf,
+    /// The pinned agent CLIs (`scripts/install-clients.sh`'s layout), bound read-only into
+    /// every slot.
+    pub clients_dir: PathBuf,
+}
+
+/// `[pool]`, validated: `agentbox-pool`'s warm slots on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolConfig {
+    /// Warm slots kept on this host.
+    pub slots: u32,
+    /// The router model every slot's gateway task uses.
+    pub model: ModelId,
+    /// Where a leased slot's TCP port listens.
+    pub listen_host: std::net::IpAddr,
+    /// The host name or address in `sandbox_url`.
+    pub advertise_host: String,
+    /// Slot `n` is exposed on `port_base + n` while leased.
+    pub port_base: u16,
+    /// This host's id in leases; `None`: the host name.
+    pub node_id: Option<String>,
+    /// How often dead slots are looked for.
+    pub health_interval: std::time::Duration,
+    /// A lease not released by then is taken back; `None`: never.
+    pub lease_ttl: Option<std::time::Duration>,
+    /// Tokens per lease (one gateway task per slot generation); `None`: unlimited.
+    pub budget_tokens: Option<u64>,
+}
+
+impl PoolConfig {
+    /// The TCP port slot `slot` is exposed on (validated to fit for every slot).
+    pub fn port_of(&self, slot: u32) -> Option<u16> {
+        u16::try_from(u32::from(self.port_base) + slot).ok()
+    }
 }
 
 /// `[gateway]`, validated.
@@ -543,8 +640,6 @@ impl<'de> Deserialize<'de> for ModelId {
 pub struct Model {
     /// The agentbox id (the table name).
     pub id: ModelId,
-    /// The model name sent upstream in place of whatever the agent asked for.
-    pub upstream_model: String,
     /// Context window, when configured.
     pub context_tokens: Option<u64>,
     /// Cap for `max_tokens` of requests to this model, when configured.
@@ -569,21 +664,35 @@ pub struct Model {
 pub enum Backend {
     /// A local vLLM server, started by the launcher on demand.
     Vllm {
+        /// The model name sent upstream in place of whatever the agent asked for.
+        upstream_model: String,
         /// vLLM listens on `127.0.0.1:<port>`.
         port: u16,
         /// argv of the server; `command[0]` is the program.
         command: Vec<String>,
     },
     /// The local Ollama server at `gateway.ollama_url`.
-    Ollama,
+    Ollama {
+        /// The model name sent upstream in place of whatever the agent asked for.
+        upstream_model: String,
+    },
     /// A remote provider behind the llm-bridge.
     Remote {
+        /// The model name sent upstream in place of whatever the agent asked for.
+        upstream_model: String,
         /// The provider's wire format.
         provider: Provider,
         /// The provider's base URL.
         base_url: url::Url,
         /// The environment variable (read by the bridge only) holding the provider key.
         key_env: String,
+    },
+    /// A rollout router: chat completions forwarded to `<base_url>/chat/completions`.
+    Router {
+        /// The model name sent upstream; `None` keeps the caller's (the router picks).
+        upstream_model: Option<String>,
+        /// The router's OpenAI-compatible base URL (`.../v1`).
+        base_url: url::Url,
     },
 }
 
@@ -592,8 +701,19 @@ impl Backend {
     pub fn kind(&self) -> BackendKind {
         match self {
             Backend::Vllm { .. } => BackendKind::Vllm,
-            Backend::Ollama => BackendKind::Ollama,
+            Backend::Ollama { .. } => BackendKind::Ollama,
             Backend::Remote { .. } => BackendKind::Remote,
+            Backend::Router { .. } => BackendKind::Router,
+        }
+    }
+
+    /// The model name sent upstream; `None` only for a router model that keeps the caller's.
+    pub fn upstream_model(&self) -> Option<&str> {
+        match self {
+            Backend::Vllm { upstream_model, .. }
+            | Backend::Ollama { upstream_model }
+            | Backend::Remote { upstream_model, .. } => Some(upstream_model),
+            Backend::Router { upstream_model, .. } => upstream_model.as_deref(),
         }
     }
 }
@@ -749,6 +869,11 @@ impl Config {
             models.insert(id, model);
         }
 
+        let pool = match raw.pool {
+            Some(p) => Some(validate_pool(p, &models, &invalid)?),
+            None => None,
+        };
+
         Ok(Config {
             data_dir,
             service_user: raw.service_user,
@@ -759,6 +884,7 @@ impl Config {
             gateway,
             bridge,
             models,
+            pool,
         })
     }
 }
@@ -871,6 +997,101 @@ fn validate_launcher(
         claude_bin,
         env_allowlist: raw.env_allowlist,
         limits: raw.limits,
+        blackbox_bin: root("launcher.blackbox_bin", &raw.blackbox_bin)?,
+        clients_dir: root("launcher.clients_dir", &raw.clients_dir)?,
+    })
+}
+
+fn validate_pool(
+    raw: RawPool,
+    models: &BTreeMap<ModelId, Model>,
+    invalid: &dyn Fn(&str, String) -> ConfigError,
+) -> Result<PoolConfig, ConfigError> {
+    if raw.slots == 0 || raw.slots > 4096 {
+        return Err(invalid(
+            "pool.slots",
+            format!("{} is outside 1-4096", raw.slots),
+        ));
+    }
+    let model = ModelId::parse(&raw.model).map_err(|e| invalid("pool.model", e.to_string()))?;
+    match models.get(&model).map(|m| m.backend.kind()) {
+        Some(BackendKind::Router) => {}
+        Some(other) => {
+            return Err(invalid(
+                "pool.model",
+                format!(
+                    "models.{model} is backend \"{}\"; slots need a \"router\" model",
+                    other.as_str()
+                ),
+            ));
+        }
+        None => {
+            return Err(invalid(
+                "pool.model",
+                format!("no model {model:?} in [models]"),
+            ));
+        }
+    }
+    let listen_host = raw.listen_host.parse().map_err(|_| {
+        invalid(
+            "pool.listen_host",
+            format!("{:?} is not an IP address", raw.listen_host),
+        )
+    })?;
+    // The advertised host goes into a URL other machines dial: it must be a host and nothing
+    // more (no port, path or credentials).
+    let host_ok = url::Url::parse(&format!("http://{}/", raw.advertise_host))
+        .ok()
+        .and_then(|u| {
+            u.host_str()
+                .map(|h| h.eq_ignore_ascii_case(&raw.advertise_host))
+        })
+        .unwrap_or(false);
+    if !host_ok {
+        return Err(invalid(
+            "pool.advertise_host",
+            format!("{:?} is not a host name or address", raw.advertise_host),
+        ));
+    }
+    if raw.port_base == 0 || u32::from(raw.port_base) + raw.slots - 1 > u32::from(u16::MAX) {
+        return Err(invalid(
+            "pool.port_base",
+            format!(
+                "ports {}-{} do not fit in 1-65535",
+                raw.port_base,
+                u32::from(raw.port_base) + raw.slots - 1
+            ),
+        ));
+    }
+    if let Some(id) = &raw.node_id {
+        let ok = !id.is_empty()
+            && id.len() <= 64
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !ok {
+            return Err(invalid(
+                "pool.node_id",
+                format!("{id:?} is not 1-64 of [A-Za-z0-9._-]"),
+            ));
+        }
+    }
+    if raw.health_interval_s == 0 || raw.health_interval_s > 3600 {
+        return Err(invalid(
+            "pool.health_interval_s",
+            format!("{} is outside 1-3600", raw.health_interval_s),
+        ));
+    }
+    Ok(PoolConfig {
+        slots: raw.slots,
+        model,
+        listen_host,
+        advertise_host: raw.advertise_host,
+        port_base: raw.port_base,
+        node_id: raw.node_id,
+        health_interval: std::time::Duration::from_secs(raw.health_interval_s),
+        lease_ttl: (raw.lease_ttl_s > 0).then(|| std::time::Duration::from_secs(raw.lease_ttl_s)),
+        budget_tokens: (raw.budget_tokens > 0).then_some(raw.budget_tokens),
     })
 }
 
@@ -899,18 +1120,28 @@ fn validate_model(
         )
     };
 
-    if rm.upstream_model.trim().is_empty() || rm.upstream_model.chars().any(char::is_control) {
-        return Err(invalid(
-            &k("upstream_model"),
-            "must be a non-empty name without control characters".to_owned(),
-        ));
-    }
+    let upstream_model = match rm.upstream_model {
+        Some(m) if m.trim().is_empty() || m.chars().any(char::is_control) => {
+            return Err(invalid(
+                &k("upstream_model"),
+                "must be a non-empty name without control characters".to_owned(),
+            ));
+        }
+        Some(m) => Some(m),
+        None => None,
+    };
+    let required_model = || {
+        upstream_model
+            .clone()
+            .ok_or_else(|| require("upstream_model"))
+    };
 
     let backend = match rm.backend {
         BackendKind::Vllm => {
             forbid("provider", rm.provider.is_some())?;
             forbid("base_url", rm.base_url.is_some())?;
             forbid("key_env", rm.key_env.is_some())?;
+            let upstream_model = required_model()?;
             let port = rm.port.ok_or_else(|| require("port"))?;
             if port == 0 {
                 return Err(invalid(&k("port"), "must be 1-65535".to_owned()));
@@ -924,7 +1155,11 @@ fn validate_model(
                     "must be a non-empty argv without NUL bytes".to_owned(),
                 ));
             }
-            Backend::Vllm { port, command }
+            Backend::Vllm {
+                upstream_model,
+                port,
+                command,
+            }
         }
         BackendKind::Ollama => {
             forbid("port", rm.port.is_some())?;
@@ -932,20 +1167,36 @@ fn validate_model(
             forbid("provider", rm.provider.is_some())?;
             forbid("base_url", rm.base_url.is_some())?;
             forbid("key_env", rm.key_env.is_some())?;
-            Backend::Ollama
+            Backend::Ollama {
+                upstream_model: required_model()?,
+            }
         }
         BackendKind::Remote => {
             forbid("port", rm.port.is_some())?;
             forbid("command", rm.command.is_some())?;
+            let upstream_model = required_model()?;
             let provider = rm.provider.ok_or_else(|| require("provider"))?;
             let base_url = rm.base_url.ok_or_else(|| require("base_url"))?;
             let base_url = http_url(&base_url).map_err(|r| invalid(&k("base_url"), r))?;
             let key_env = rm.key_env.ok_or_else(|| require("key_env"))?;
             let key_env = env_name(&key_env).map_err(|r| invalid(&k("key_env"), r))?;
             Backend::Remote {
+                upstream_model,
                 provider,
                 base_url,
                 key_env,
+            }
+        }
+        BackendKind::Router => {
+            forbid("port", rm.port.is_some())?;
+            forbid("command", rm.command.is_some())?;
+            forbid("provider", rm.provider.is_some())?;
+            forbid("key_env", rm.key_env.is_some())?;
+            let base_url = rm.base_url.ok_or_else(|| require("base_url"))?;
+            let base_url = http_url(&base_url).map_err(|r| invalid(&k("base_url"), r))?;
+            Backend::Router {
+                upstream_model,
+                base_url,
             }
         }
     };
@@ -1029,7 +1280,6 @@ fn validate_model(
 
     Ok(Model {
         id,
-        upstream_model: rm.upstream_model,
         context_tokens: rm.context_tokens,
         max_output_tokens: rm.max_output_tokens,
         prices,
@@ -1195,6 +1445,7 @@ mod tests {
         assert_eq!(
             q.backend,
             Backend::Vllm {
+                upstream_model: "Qwen/Qwen3-Coder-30B-A3B-Instruct".into(),
                 port: 8001,
                 command: vec![
                     "vllm".into(),
@@ -1206,7 +1457,10 @@ mod tests {
             }
         );
         assert_eq!(q.max_output_tokens, Some(8192));
-        assert_eq!(c.model("qwen-ollama").unwrap().backend, Backend::Ollama);
+        assert!(matches!(
+            c.model("qwen-ollama").unwrap().backend,
+            Backend::Ollama { .. }
+        ));
         let g = c.model("gpt-5").unwrap();
         assert!(
             matches!(&g.backend, Backend::Remote { provider: Provider::Openai, key_env, .. } if key_env == "OPENAI_API_KEY")
@@ -1277,6 +1531,99 @@ mod tests {
                 (
                     "[models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\nforward_user_id = false",
                     "models.m.forward_user_id",
+                ),
+            ],
+        );
+    }
+
+    #[test]
+    fn example_config_has_slots_a_router_and_a_pool() {
+        let c = parse(EXAMPLE).unwrap();
+        assert_eq!(
+            c.launcher.blackbox_bin,
+            PathBuf::from("/usr/local/bin/blackbox-server")
+        );
+        assert_eq!(
+            c.launcher.clients_dir,
+            PathBuf::from("/opt/agentbox/clients")
+        );
+        let r = c.model("rollout").unwrap();
+        assert!(
+            matches!(&r.backend, Backend::Router { upstream_model: None, base_url } if base_url.as_str() == "http://127.0.0.1:8000/v1")
+        );
+        assert_eq!(r.backend.upstream_model(), None);
+        let p = c.pool.as_ref().unwrap();
+        assert_eq!((p.slots, p.model.as_str()), (8, "rollout"));
+        assert_eq!(p.listen_host.to_string(), "0.0.0.0");
+        assert_eq!(p.advertise_host, "127.0.0.1");
+        assert_eq!((p.port_base, p.port_of(7)), (31000, Some(31007)));
+        assert_eq!(p.node_id, None);
+        assert_eq!(p.health_interval, std::time::Duration::from_secs(10));
+        assert_eq!(p.lease_ttl, Some(std::time::Duration::from_secs(2100)));
+        assert_eq!(p.budget_tokens, None);
+        assert_eq!(
+            c.model("gpt-5").unwrap().backend.upstream_model(),
+            Some("gpt-5")
+        );
+    }
+
+    #[test]
+    fn router_models_and_the_pool_are_checked() {
+        let router = "[models.r]\nbackend = \"router\"\nbase_url = \"http://127.0.0.1:8000/v1\"\n";
+        let c = parse(&format!("{router}upstream_model = \"Qwen\"")).unwrap();
+        assert_eq!(c.model("r").unwrap().backend.upstream_model(), Some("Qwen"));
+        assert!(c.pool.is_none());
+        let ollama = "[models.o]\nbackend = \"ollama\"\nupstream_model = \"x\"\n";
+        let pool = |body: &str| format!("{router}{ollama}[pool]\nmodel = \"r\"\n{body}");
+        let p = parse(&pool(
+            "lease_ttl_s = 0\nbudget_tokens = 5\nnode_id = \"n-1\"",
+        ))
+        .unwrap()
+        .pool
+        .unwrap();
+        assert_eq!((p.lease_ttl, p.budget_tokens), (None, Some(5)));
+        assert_eq!(p.node_id.as_deref(), Some("n-1"));
+        assert_err_keys(
+            "",
+            &[
+                ("[models.r]\nbackend = \"router\"", "models.r.base_url"),
+                (&format!("{router}key_env = \"K\""), "models.r.key_env"),
+                (&format!("{router}port = 1"), "models.r.port"),
+                (
+                    &format!("{router}provider = \"openai\""),
+                    "models.r.provider",
+                ),
+                (
+                    &format!("{router}reasoning = \"reasoning\""),
+                    "models.r.reasoning",
+                ),
+                (
+                    "[models.o]\nbackend = \"ollama\"",
+                    "models.o.upstream_model",
+                ),
+                (&format!("{router}[pool]\nslots = 2"), "pool"),
+                (&pool("slots = 0"), "pool.slots"),
+                (
+                    &format!("{router}{ollama}[pool]\nmodel = \"o\""),
+                    "pool.model",
+                ),
+                (&format!("{router}[pool]\nmodel = \"nope\""), "pool.model"),
+                (&pool("listen_host = \"any\""), "pool.listen_host"),
+                (&pool("advertise_host = \"h:80\""), "pool.advertise_host"),
+                (&pool("advertise_host = \"h/x\""), "pool.advertise_host"),
+                (&pool("advertise_host = \"\""), "pool.advertise_host"),
+                (&pool("port_base = 65530"), "pool.port_base"),
+                (&pool("port_base = 0"), "pool.port_base"),
+                (&pool("node_id = \"a b\""), "pool.node_id"),
+                (&pool("health_interval_s = 0"), "pool.health_interval_s"),
+                (&pool("slotz = 1"), "pool.slotz"),
+                (
+                    "[launcher]\nblackbox_bin = \"bin/bbs\"",
+                    "launcher.blackbox_bin",
+                ),
+                (
+                    "[launcher]\nclients_dir = \"/opt/../x\"",
+                    "launcher.clients_dir",
                 ),
             ],
         );
