@@ -5,5 +5,6 @@ pub use agentbox_api::launcher::{
     AgentRequest, AgentStatus, BackendStartResult, BackendState, BackendStatus, BackendStopResult,
     CheckRequest, CheckResult, DeleteBranchRequest, DeleteBranchResult, DeliverRequest,
     DeliverResult, DiskMode, DiskStatus, HostCheck, HostStatus, LauncherStatus, RunState,
-    RunSummary, SnapshotRequest, SnapshotResult,
+    RunSummary, SlotExecRequest, SlotExecResult, SlotFile, SlotReadRequest, SlotRequest,
+    SlotStatus, SlotWriteRequest, SlotWriteResult, SnapshotRequest, SnapshotResult,
 };

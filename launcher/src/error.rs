@@ -103,6 +103,13 @@ pub enum LauncherError {
     /// The tid already has a running agent or check, or a snapshot already exists.
     #[error("conflict: {0}")]
     Conflict(String),
+    /// No rollout slot of that tid.
+    #[error("no slot {0}")]
+    UnknownSlot(String),
+    /// A rollout slot's server did not come up (its stderr's end is in the message), or its
+    /// sandbox failed.
+    #[error("slot failed: {0}")]
+    SlotFailed(String),
     /// The host cannot run sandboxes (bwrap, user namespaces, cgroups).
     #[error("host not ready: {0}")]
     HostNotReady(String),
@@ -187,6 +194,8 @@ impl LauncherError {
             LauncherError::Missing(_) => (StatusCode::NOT_FOUND, "not_found"),
             LauncherError::UnknownTask(_) => (StatusCode::NOT_FOUND, "unknown_task"),
             LauncherError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            LauncherError::UnknownSlot(_) => (StatusCode::NOT_FOUND, "unknown_slot"),
+            LauncherError::SlotFailed(_) => (StatusCode::BAD_GATEWAY, "slot_failed"),
             LauncherError::HostNotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "host_not_ready"),
             LauncherError::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting_down"),
             LauncherError::NoAgentUid(_) => (StatusCode::SERVICE_UNAVAILABLE, "no_agent_uid"),

@@ -52,6 +52,9 @@ use crate::task::{Entry, Event, Final, Outcome, Phase, Registry, RunKind, StopRe
 use crate::uids::AgentIds;
 use crate::validate;
 
+mod slot;
+pub use slot::SlotInfo;
+
 /// How long output capture may lag behind the death of every sandboxed process.
 const CAPTURE_GRACE: Duration = Duration::from_secs(30);
 
@@ -83,6 +86,8 @@ pub struct Launcher {
     shutdown: CancellationToken,
     waiters: AtomicUsize,
     store: StateStore,
+    /// `state/slots`: the slots that may have directories (cleaned up after a restart).
+    slot_store: StateStore,
     git: Git,
     walk_limits: WalkLimits,
     backends: Arc<Backends>,
@@ -207,6 +212,7 @@ impl Launcher {
     /// Builds the launcher; call [`Launcher::recover`] before serving.
     pub fn new(settings: Settings) -> Result<Arc<Launcher>, LauncherError> {
         let store = StateStore::open(&settings.data.agent_state_dir())?;
+        let slot_store = StateStore::open(&settings.data.path().join("state").join("slots"))?;
         let backend_store = BackendStore::open(&settings.data.backend_state_dir())?;
         let agents = AgentIds::new(&settings.config);
         check_agent_range(&agents, settings.service)?;
@@ -254,6 +260,7 @@ impl Launcher {
             shutdown,
             waiters: AtomicUsize::new(0),
             store,
+            slot_store,
             walk_limits: WalkLimits::default(),
             backends: Arc::new(backends),
             staging,
@@ -572,6 +579,9 @@ impl Launcher {
                 workspace: workspace.as_fd(),
                 gateway: spec.gateway.as_ref().map(AsFd::as_fd),
                 venv: spec.venv.as_ref().map(AsFd::as_fd),
+                home: None,
+                tmp: None,
+                server_dir: None,
             };
             let staged = self.staging.stage(tid, sources)?;
             let (sandbox, cgroup, captures) = self
@@ -626,6 +636,7 @@ impl Launcher {
         let log_kind = match spec.kind {
             RunKind::Agent => LogKind::Agent,
             RunKind::Check => LogKind::Check,
+            RunKind::Slot => return Err(LauncherError::Internal("slots start through start_slot")),
         };
         let (out_file, err_file) = self.data.create_logs(tid, log_kind)?;
         let cgroup = cgroups.create(tid.as_str(), self.limits()).await?;
@@ -639,12 +650,16 @@ impl Launcher {
             home_bytes: limits.home_mb.saturating_mul(1 << 20),
             file_bytes: self.disk.bytes,
             claude_bin: self.config.launcher.claude_bin.clone(),
+            clients_dir: None,
         };
         let dup = |fd: &OwnedFd| fd.try_clone().map_err(LauncherError::Dup);
         let mounts = Mounts {
             workspace: dup(&staged.workspace)?,
             venv: staged.venv.as_ref().map(dup).transpose()?,
             gateway: staged.gateway.as_ref().map(dup).transpose()?,
+            home: None,
+            tmp: None,
+            server_dir: None,
         };
         let run_as = RunAs {
             uid: agent.uid,
@@ -1033,6 +1048,7 @@ impl Launcher {
         let reg = self.lock();
         let mut agents = Vec::new();
         let mut checks = Vec::new();
+        let mut slots = Vec::new();
         let mut finished = 0;
         for (tid, e) in &reg.runs {
             if !e.is_active() {
@@ -1046,15 +1062,17 @@ impl Launcher {
             match e.kind {
                 RunKind::Agent => agents.push(item),
                 RunKind::Check => checks.push(item),
+                RunKind::Slot => slots.push(item),
             }
         }
         agents.sort_by(|a, b| a.tid.cmp(&b.tid));
         checks.sort_by(|a, b| a.tid.cmp(&b.tid));
+        slots.sort_by(|a, b| a.tid.cmp(&b.tid));
         drop(reg);
         LauncherStatus {
             agents,
             checks,
-            slots: Vec::new(),
+            slots,
             finished,
             waiters: self.waiters.load(Ordering::SeqCst),
             backends: self.backends.statuses(&self.busy_models()),
@@ -1222,6 +1240,7 @@ impl Launcher {
                 }
             }
         }
+        self.recover_slots();
         for record in self.store.load_all() {
             let tid = record.tid.clone();
             let (fin, outcome) = match record.finished {

@@ -13,7 +13,12 @@
 //! `backends/` and `backends/<model>/` root:service-group 0750 with root-owned log files, for the
 //! same reason; `backends/<model>/home/` service-owned 0700 is the home of a backend process
 //! when the service user has no passwd entry. `mnt/` root 0711 holds the launcher's staging
-//! mounts ([`agentbox_sandbox::stage`]).
+//! mounts ([`agentbox_sandbox::stage`]). `slots/` root:service-group 0750 holds the rollout
+//! slots: `slots/<tid>/` root:service-group 0750 with the slot's `workspace/`, `home/` and `tmp/`
+//! (its agent uid's, 0700), `server/` (agent uid, service group, 02710: the server creates its
+//! socket there, the service user may only reach it; other users and other slots' uids cannot
+//! even traverse `slots/`) and root-owned logs. Everything below `slots/<tid>` is removed when
+//! the slot is deleted.
 
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -118,6 +123,53 @@ impl Stream {
     }
 }
 
+/// A rollout slot's directories, as handles (`O_PATH`).
+#[derive(Debug)]
+pub struct SlotDirs {
+    /// `slots/<tid>`: root's; the logs are created through it.
+    pub dir: OwnedFd,
+    pub workspace: OwnedFd,
+    pub home: OwnedFd,
+    pub tmp: OwnedFd,
+    /// Where the server creates its socket.
+    pub server: OwnedFd,
+}
+
+/// Creates the root-owned file `name` in `dir` (replacing an old one) for writing.
+pub fn create_file_in(dir: &OwnedFd, name: &str) -> Result<std::fs::File, DataError> {
+    match fs::unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) | Err(Errno::NOENT) => {}
+        Err(e) => return Err(io(format!("unlink {name}"))(e)),
+    }
+    let fd = fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    )
+    .map_err(io(format!("create {name}")))?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// The last `cap` bytes of the root-owned file `name` in `dir`, as text; missing: empty.
+pub fn read_tail_in(dir: &OwnedFd, name: &str, cap: u64) -> String {
+    use std::io::{Seek, SeekFrom};
+    let Ok(fd) = fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    ) else {
+        return String::new();
+    };
+    let mut file = std::fs::File::from(fd);
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = file.seek(SeekFrom::Start(len.saturating_sub(cap)));
+    let mut buf = Vec::new();
+    let _ = file.take(cap).read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
 /// The prepared data directory.
 #[derive(Debug)]
 pub struct DataDir {
@@ -186,6 +238,7 @@ impl DataDir {
         dir.ensure_dir("sockets", service.uid, service.gid, 0o755)?;
         dir.ensure_dir("backends", 0, service.gid, 0o750)?;
         dir.ensure_dir("mnt", 0, 0, 0o711)?;
+        dir.ensure_dir("slots", 0, service.gid, 0o750)?;
         Ok(dir)
     }
 
@@ -344,6 +397,87 @@ impl DataDir {
         self.root
             .resolve_kind(&rel(&["sockets", tid.as_str(), "llm.sock"])?, Kind::Socket)?;
         Ok(resolved)
+    }
+
+    /// `slots/`, root-owned, as a handle.
+    pub fn slots_dir(&self) -> Result<OwnedFd, DataError> {
+        let dir = self.root.resolve_dir(&rel(&["slots"])?)?;
+        if dir.identity().uid != 0 {
+            return Err(refused(
+                &dir,
+                format!("is owned by uid {}, expected root", dir.identity().uid),
+            ));
+        }
+        Ok(dir.into_fd())
+    }
+
+    /// `slots/<tid>/` and its fresh, empty directories for the slot's `agent` uid. Whatever an
+    /// earlier slot of `tid` left there is removed first (the caller holds the tid).
+    pub fn create_slot(&self, tid: &Tid, agent: Owner) -> Result<SlotDirs, DataError> {
+        let slots = self.slots_dir()?;
+        agentbox_sandbox::walk::remove_tree(slots.as_fd(), tid.as_str()).map_err(|e| {
+            DataError::Refused {
+                path: format!("slots/{tid}"),
+                why: format!("cannot remove a leftover: {e}"),
+            }
+        })?;
+        fs::mkdirat(&slots, tid.as_str(), Mode::from_raw_mode(0o750))
+            .map_err(io("mkdir slot dir"))?;
+        let dir = self
+            .root
+            .resolve_dir(&rel(&["slots", tid.as_str()])?)?
+            .into_fd();
+        chown_fd(&dir, 0, self.service.gid).map_err(io("chown slot dir"))?;
+        chmod_fd(&dir, 0o750).map_err(io("chmod slot dir"))?;
+        let sub = |name: &str, uid: u32, gid: u32, mode: u32| -> Result<OwnedFd, DataError> {
+            fs::mkdirat(&dir, name, Mode::from_raw_mode(0o700))
+                .map_err(io(format!("mkdir slot {name}")))?;
+            let fd = self
+                .root
+                .resolve_dir(&rel(&["slots", tid.as_str(), name])?)?
+                .into_fd();
+            chown_fd(&fd, uid, gid).map_err(io(format!("chown slot {name}")))?;
+            chmod_fd(&fd, mode).map_err(io(format!("chmod slot {name}")))?;
+            Ok(fd)
+        };
+        let workspace = sub("workspace", agent.uid, agent.gid, 0o700)?;
+        let home = sub("home", agent.uid, agent.gid, 0o700)?;
+        let tmp = sub("tmp", agent.uid, agent.gid, 0o700)?;
+        let server = sub("server", agent.uid, self.service.gid, 0o2710)?;
+        Ok(SlotDirs {
+            dir,
+            workspace,
+            home,
+            tmp,
+            server,
+        })
+    }
+
+    /// `slots/<tid>/<name>` as a regular file reached without a symlink.
+    pub fn slot_path(&self, tid: &Tid, name: &str) -> PathBuf {
+        self.path().join("slots").join(tid.as_str()).join(name)
+    }
+
+    /// Removes `slots/<tid>` and everything below it (call once nothing of the slot runs).
+    pub fn remove_slot(&self, tid: &Tid) -> Result<(), DataError> {
+        let slots = self.slots_dir()?;
+        agentbox_sandbox::walk::remove_tree(slots.as_fd(), tid.as_str()).map_err(|e| {
+            DataError::Refused {
+                path: format!("slots/{tid}"),
+                why: format!("cannot remove: {e}"),
+            }
+        })
+    }
+
+    /// The names under `slots/` (a restarted launcher removes them all).
+    pub fn slot_names(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.path().join("slots")) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .collect()
     }
 
     /// Whether `tasks/<tid>/shadow.git` exists (as a directory, reached without symlinks).

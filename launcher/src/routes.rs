@@ -13,6 +13,12 @@
 //! | POST | `/backends/{model}/start` | 200 [`BackendStartResult`](crate::api::BackendStartResult) once healthy |
 //! | POST | `/backends/vllm/stop` | 200 [`BackendStopResult`](crate::api::BackendStopResult) |
 //! | GET | `/status` | 200 [`LauncherStatus`](crate::api::LauncherStatus): host readiness, runs and backends |
+//! | POST | `/slots` | 201 [`SlotStatus`](crate::api::SlotStatus) once the server's socket exists |
+//! | GET | `/slots/{tid}` | 200 `SlotStatus` |
+//! | DELETE | `/slots/{tid}` | 200 final `SlotStatus` (sandbox gone, files removed) |
+//! | POST | `/slots/{tid}/exec` | 200 [`SlotExecResult`](crate::api::SlotExecResult) |
+//! | POST | `/slots/{tid}/files/read` | 200 [`SlotFile`](crate::api::SlotFile) |
+//! | POST | `/slots/{tid}/files/write` | 200 [`SlotWriteResult`](crate::api::SlotWriteResult) |
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,8 +36,9 @@ use serde::de::DeserializeOwned;
 
 use crate::api::{
     AgentRequest, AgentStatus, BackendStartResult, BackendStopResult, CheckRequest, CheckResult,
-    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, SnapshotRequest,
-    SnapshotResult,
+    DeleteBranchRequest, DeleteBranchResult, DeliverRequest, DeliverResult, SlotExecRequest,
+    SlotExecResult, SlotFile, SlotReadRequest, SlotRequest, SlotStatus, SlotWriteRequest,
+    SlotWriteResult, SnapshotRequest, SnapshotResult,
 };
 use crate::error::LauncherError;
 use crate::launcher::Launcher;
@@ -55,6 +62,11 @@ pub fn router(launcher: Arc<Launcher>) -> Router {
         .route("/backends/{model}/start", post(backend_start))
         .route("/backends/vllm/stop", post(backend_stop))
         .route("/status", get(status))
+        .route("/slots", post(post_slot))
+        .route("/slots/{tid}", get(get_slot).delete(delete_slot))
+        .route("/slots/{tid}/exec", post(slot_exec))
+        .route("/slots/{tid}/files/read", post(slot_read))
+        .route("/slots/{tid}/files/write", post(slot_write))
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(
@@ -151,6 +163,40 @@ async fn get_agent(
 
 async fn delete_agent(State(l): Shared, Path(tid): Path<String>) -> Answer<AgentStatus> {
     l.delete_agent(&tid).await.map(Json)
+}
+
+async fn post_slot(
+    State(l): Shared,
+    JsonBody(req): JsonBody<SlotRequest>,
+) -> Result<(StatusCode, Json<SlotStatus>), LauncherError> {
+    Ok((StatusCode::CREATED, Json(l.start_slot(req).await?)))
+}
+
+async fn get_slot(State(l): Shared, Path(tid): Path<String>) -> Answer<SlotStatus> {
+    l.slot_status(&tid).await.map(Json)
+}
+
+async fn delete_slot(State(l): Shared, Path(tid): Path<String>) -> Answer<SlotStatus> {
+    l.delete_slot(&tid).await.map(Json)
+}
+
+/// Slot routes whose JSON body is the request of the launcher method of the same name.
+macro_rules! slot_routes {
+    ($($method:ident($request:ty) -> $answer:ty;)+) => {$(
+        async fn $method(
+            State(l): Shared,
+            Path(tid): Path<String>,
+            JsonBody(req): JsonBody<$request>,
+        ) -> Answer<$answer> {
+            l.$method(&tid, req).await.map(Json)
+        }
+    )+};
+}
+
+slot_routes! {
+    slot_exec(SlotExecRequest) -> SlotExecResult;
+    slot_read(SlotReadRequest) -> SlotFile;
+    slot_write(SlotWriteRequest) -> SlotWriteResult;
 }
 
 /// Routes whose JSON body is the request of the launcher method of the same name, answered

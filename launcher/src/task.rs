@@ -165,12 +165,14 @@ impl fmt::Display for Phase {
 }
 
 /// Agent runs are supervised in the background and kept until deleted; checks run within
-/// their request.
+/// their request; rollout slots run until deleted (or their timeout) and keep their directories
+/// until deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunKind {
     Agent,
     Check,
+    Slot,
 }
 
 /// What is known about a run's outcome so far.
@@ -206,6 +208,8 @@ pub struct Entry {
     pub workspace_gid: u32,
     /// The run's own agent uid (`None` for restored runs, whose uid is given back).
     pub agent_uid: Option<u32>,
+    /// A rollout slot's resources, once its sandbox runs.
+    pub slot: Option<std::sync::Arc<crate::launcher::SlotInfo>>,
 }
 
 impl Entry {
@@ -225,6 +229,7 @@ impl Entry {
             watch: watch::Sender::new(Phase::Starting),
             workspace_gid,
             agent_uid: Some(agent_uid),
+            slot: None,
         }
     }
 
@@ -240,6 +245,7 @@ impl Entry {
             watch: watch::Sender::new(phase),
             workspace_gid,
             agent_uid: None,
+            slot: None,
         }
     }
 

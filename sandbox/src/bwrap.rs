@@ -52,6 +52,12 @@ pub const GATEWAY_DIR: &str = "/run/gw";
 pub const HOME: &str = "/home/agent";
 /// The user name of the agent identity inside the sandbox.
 pub const AGENT_USER: &str = "agent";
+/// Where a rollout slot's server binary appears.
+pub const SERVER_IN_SANDBOX: &str = "/opt/agentbox/bin/blackbox-server";
+/// Where the pinned agent CLIs (`launcher.clients_dir`) appear in a rollout slot.
+pub const CLIENTS_IN_SANDBOX: &str = "/opt/clients";
+/// The directory, bound out to the host, where a slot's server creates its unix socket.
+pub const SERVER_SOCKET_DIR: &str = "/run/bbs";
 
 /// Soft and hard `RLIMIT_NOFILE` of sandboxed processes.
 const NOFILE: u64 = 4096;
@@ -63,6 +69,11 @@ pub enum Program {
     Claude { args: Vec<String> },
     /// `bash -c <command>` (checks).
     Bash { command: String },
+    /// A rollout slot's server: the binary `bin` (`launcher.blackbox_bin`), bound read-only at
+    /// [`SERVER_IN_SANDBOX`] and run without arguments (it is configured by `BBS_*`).
+    Server { bin: PathBuf },
+    /// `/bin/sh -lc <command>` in `cwd` (an inside path: a command in a rollout slot).
+    Shell { command: String, cwd: String },
 }
 
 /// Everything that decides a sandbox's argument list.
@@ -79,6 +90,8 @@ pub struct Plan {
     /// limit, so a single write cannot outrun the disk watcher by more).
     pub file_bytes: u64,
     pub claude_bin: PathBuf,
+    /// Bound read-only at [`CLIENTS_IN_SANDBOX`] (rollout slots).
+    pub clients_dir: Option<PathBuf>,
 }
 
 /// Descriptor numbers, as the child will see them.
@@ -87,6 +100,11 @@ pub struct FdNumbers {
     pub workspace: RawFd,
     pub venv: Option<RawFd>,
     pub gateway: Option<RawFd>,
+    /// A home and `/tmp` of their own on disk (rollout slots) instead of fresh tmpfs.
+    pub home: Option<RawFd>,
+    pub tmp: Option<RawFd>,
+    /// The directory bound at [`SERVER_SOCKET_DIR`].
+    pub server_dir: Option<RawFd>,
     pub passwd: RawFd,
     pub group: RawFd,
     pub hosts: RawFd,
@@ -203,18 +221,33 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         "--ro-bind-data".into(),
         fd(fds.hosts),
         "/etc/hosts".into(),
-        "--perms".into(),
-        "1777".into(),
-        "--size".into(),
-        plan.tmp_bytes.to_string(),
-        "--tmpfs".into(),
-        "/tmp".into(),
-        "--perms".into(),
-        "0700".into(),
-        "--size".into(),
-        plan.home_bytes.to_string(),
-        "--tmpfs".into(),
-        HOME.into(),
+    ]);
+    match fds.tmp {
+        Some(t) => push_owned(vec!["--bind-fd".into(), fd(t), "/tmp".into()]),
+        None => push_owned(vec![
+            "--perms".into(),
+            "1777".into(),
+            "--size".into(),
+            plan.tmp_bytes.to_string(),
+            "--tmpfs".into(),
+            "/tmp".into(),
+        ]),
+    }
+    match fds.home {
+        Some(h) => push_owned(vec!["--bind-fd".into(), fd(h), HOME.into()]),
+        None => push_owned(vec![
+            "--perms".into(),
+            "0700".into(),
+            "--size".into(),
+            plan.home_bytes.to_string(),
+            "--tmpfs".into(),
+            HOME.into(),
+        ]),
+    }
+    if let Some(d) = fds.server_dir {
+        push_owned(vec!["--bind-fd".into(), fd(d), SERVER_SOCKET_DIR.into()]);
+    }
+    push_owned(vec![
         // A tmpfs, so bind targets below it can be created (a target under read-only /usr
         // that does not exist on the host cannot).
         "--tmpfs".into(),
@@ -239,10 +272,23 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
     if let Some(g) = fds.gateway.filter(|_| plan.with_gateway) {
         push_owned(vec!["--bind-fd".into(), fd(g), GATEWAY_DIR.into()]);
     }
-    if let Program::Claude { .. } = plan.program {
+    match &plan.program {
+        Program::Claude { .. } => {
+            a.push("--ro-bind".into());
+            a.push(plan.claude_bin.clone().into_os_string());
+            a.push(CLAUDE_IN_SANDBOX.into());
+        }
+        Program::Server { bin } => {
+            a.push("--ro-bind".into());
+            a.push(bin.clone().into_os_string());
+            a.push(SERVER_IN_SANDBOX.into());
+        }
+        Program::Bash { .. } | Program::Shell { .. } => {}
+    }
+    if let Some(clients) = &plan.clients_dir {
         a.push("--ro-bind".into());
-        a.push(plan.claude_bin.clone().into_os_string());
-        a.push(CLAUDE_IN_SANDBOX.into());
+        a.push(clients.clone().into_os_string());
+        a.push(CLIENTS_IN_SANDBOX.into());
     }
     let mut push_owned = |items: Vec<String>| a.extend(items.into_iter().map(OsString::from));
     push_owned(vec![
@@ -253,7 +299,12 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         "--remount-ro".into(),
         "/".into(),
         "--chdir".into(),
-        "/workspace".into(),
+        match &plan.program {
+            Program::Shell { cwd, .. } => cwd.clone(),
+            Program::Claude { .. } | Program::Bash { .. } | Program::Server { .. } => {
+                "/workspace".to_owned()
+            }
+        },
         "--clearenv".into(),
     ]);
     for (k, v) in &plan.env {
@@ -284,6 +335,11 @@ pub fn command_args(plan: &Plan) -> Vec<OsString> {
         }
         Program::Bash { command } => {
             a.extend(["/bin/bash", "-c"].map(OsString::from));
+            a.push(command.into());
+        }
+        Program::Server { .. } => a.push(SERVER_IN_SANDBOX.into()),
+        Program::Shell { command, .. } => {
+            a.extend(["/bin/sh", "-lc"].map(OsString::from));
             a.push(command.into());
         }
     }
@@ -447,6 +503,10 @@ pub struct Mounts {
     pub workspace: OwnedFd,
     pub venv: Option<OwnedFd>,
     pub gateway: Option<OwnedFd>,
+    /// Rollout slots: their home, `/tmp` and server socket directory (see [`FdNumbers`]).
+    pub home: Option<OwnedFd>,
+    pub tmp: Option<OwnedFd>,
+    pub server_dir: Option<OwnedFd>,
 }
 
 /// The identity the sandbox runs as.
@@ -507,6 +567,9 @@ pub fn spawn(
         workspace: mounts.workspace.as_raw_fd(),
         venv: mounts.venv.as_ref().map(AsRawFd::as_raw_fd),
         gateway: mounts.gateway.as_ref().map(AsRawFd::as_raw_fd),
+        home: mounts.home.as_ref().map(AsRawFd::as_raw_fd),
+        tmp: mounts.tmp.as_ref().map(AsRawFd::as_raw_fd),
+        server_dir: mounts.server_dir.as_ref().map(AsRawFd::as_raw_fd),
         passwd: passwd.as_raw_fd(),
         group: group.as_raw_fd(),
         hosts: hosts.as_raw_fd(),
@@ -534,6 +597,9 @@ pub fn spawn(
     ];
     keep.extend(numbers.venv);
     keep.extend(numbers.gateway);
+    keep.extend(numbers.home);
+    keep.extend(numbers.tmp);
+    keep.extend(numbers.server_dir);
     keep.extend(numbers.localtime);
     let setup = ChildSetup::new(run_as.uid, run_as.gid)
         .join_cgroup(cgroup_join)?
@@ -585,6 +651,7 @@ mod tests {
             home_bytes: 2 << 20,
             file_bytes: 3 << 20,
             claude_bin: PathBuf::from("/opt/claude/bin/claude"),
+            clients_dir: None,
         }
     }
 
@@ -592,6 +659,9 @@ mod tests {
         workspace: 10,
         venv: Some(11),
         gateway: Some(12),
+        home: None,
+        tmp: None,
+        server_dir: None,
         passwd: 13,
         group: 14,
         hosts: 15,

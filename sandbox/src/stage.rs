@@ -36,6 +36,10 @@ use crate::bwrap::Mounts;
 const WORKSPACE: &str = "workspace";
 const GATEWAY: &str = "gateway";
 const VENV: &str = "venv";
+const HOME: &str = "home";
+const TMP: &str = "tmp";
+const SERVER: &str = "server";
+const ALL: [&str; 6] = [WORKSPACE, GATEWAY, VENV, HOME, TMP, SERVER];
 
 /// `$AGENTBOX_DATA/mnt`, root-owned 0711: traversable by the agent uid (bwrap, running as it,
 /// resolves the paths below), writable and listable by root only.
@@ -51,6 +55,10 @@ pub struct Sources<'a> {
     pub workspace: BorrowedFd<'a>,
     pub gateway: Option<BorrowedFd<'a>>,
     pub venv: Option<BorrowedFd<'a>>,
+    /// Rollout slots: home, `/tmp` and the server's socket directory on disk.
+    pub home: Option<BorrowedFd<'a>>,
+    pub tmp: Option<BorrowedFd<'a>>,
+    pub server_dir: Option<BorrowedFd<'a>>,
 }
 
 /// The staged mounts of one run; unmounted on [`Staged::release`] or drop.
@@ -108,14 +116,20 @@ impl Staging {
     /// Mounts each source at `mnt/<tid>/<name>` and returns descriptors of the mounts. Any
     /// leftover of an earlier run of `tid` is removed first.
     pub fn stage(&self, tid: &Tid, sources: Sources<'_>) -> Result<Staged, StageError> {
-        self.clean(tid.as_str());
-        fs::mkdirat(&self.fd, tid.as_str(), Mode::from_raw_mode(0o711))
+        self.stage_named(tid.as_str(), sources)
+    }
+
+    /// [`Staging::stage`] under `mnt/<name>`, for a run that is not named by a tid alone (a
+    /// rollout slot's command runs next to its server as `<tid>.exec`, a name no tid can have).
+    pub fn stage_named(&self, tid: &str, sources: Sources<'_>) -> Result<Staged, StageError> {
+        self.clean(tid);
+        fs::mkdirat(&self.fd, tid, Mode::from_raw_mode(0o711))
             .map_err(io(format!("mkdir mnt/{tid}")))?;
         let dir = StagedDir {
-            path: self.path.join(tid.as_str()),
+            path: self.path.join(tid),
             released: false,
         };
-        let tid_dir = fs::openat(&self.fd, tid.as_str(), dir_flags(), Mode::empty())
+        let tid_dir = fs::openat(&self.fd, tid, dir_flags(), Mode::empty())
             .map_err(io(format!("open mnt/{tid}")))?;
         // The umask must not take the agent uid's search permission away.
         chmod_fd(&tid_dir, 0o711).map_err(io(format!("chmod mnt/{tid}")))?;
@@ -124,6 +138,9 @@ impl Staging {
             workspace: mount(WORKSPACE, sources.workspace)?,
             gateway: sources.gateway.map(|g| mount(GATEWAY, g)).transpose()?,
             venv: sources.venv.map(|v| mount(VENV, v)).transpose()?,
+            home: sources.home.map(|v| mount(HOME, v)).transpose()?,
+            tmp: sources.tmp.map(|v| mount(TMP, v)).transpose()?,
+            server_dir: sources.server_dir.map(|v| mount(SERVER, v)).transpose()?,
         };
         Ok(Staged { mounts, dir })
     }
@@ -132,7 +149,7 @@ impl Staging {
     /// costs a directory).
     fn clean(&self, name: &str) {
         let dir = self.path.join(name);
-        for child in [WORKSPACE, GATEWAY, VENV] {
+        for child in ALL {
             unmount_and_remove(&dir, child);
         }
         match fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
@@ -227,7 +244,7 @@ impl StagedDir {
             return Ok(());
         }
         self.released = true;
-        let mut errors: Vec<String> = [WORKSPACE, GATEWAY, VENV]
+        let mut errors: Vec<String> = ALL
             .iter()
             .filter_map(|name| unmount_and_remove(&self.path, name))
             .collect();

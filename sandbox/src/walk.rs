@@ -167,6 +167,30 @@ pub fn hand_back(
     walk(top, to, limits, Pass::Apply, OnBad::Skip)
 }
 
+/// Removes the entry `name` of `dir` (a directory handle that is not `O_PATH`-only is not
+/// needed: any handle works) and, for a directory, the whole tree below it, by name and without
+/// following a symlink, with two descriptors whatever its depth (subdirectories are hoisted into
+/// `dir` under fresh `.agentbox-removing-N` names and removed in turn). A missing entry is
+/// fine. Call only when nothing else can write the tree (a rollout slot's directories once its
+/// sandbox is dead).
+pub fn remove_tree(dir: BorrowedFd<'_>, name: &str) -> Result<(), WalkError> {
+    let cname = CString::new(name).map_err(|_| io(name, "remove", Errno::INVAL))?;
+    let st = match stat_at(dir, &cname) {
+        Ok(st) => st,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(io(name, "stat", e)),
+    };
+    let mut w = Walker {
+        to: Owner { uid: 0, gid: 0 },
+        pass: Pass::Apply,
+        on_bad: OnBad::Skip,
+        root_dev: st.dev,
+        report: WalkReport::default(),
+        hoisted: 0,
+    };
+    w.remove(dir, &cname, &st, name)
+}
+
 /// What the walk knows of an entry: one `statx`, never following a symlink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stat {

@@ -740,6 +740,9 @@ impl Floor {
             workspace: open_dir(ws)?,
             gateway: Some(self.gateway.try_clone()?),
             venv: None,
+            home: None,
+            tmp: None,
+            server_dir: None,
         };
         let run_as = RunAs {
             uid: AGENT_UID,
@@ -882,6 +885,7 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
             home_bytes: limits.home_mb << 20,
             file_bytes: limits.disk_mb << 20,
             claude_bin: stamp.clone(),
+            clients_dir: None,
         },
         gateway: open_dir(&gw_dir)?,
         cgroups: cgroups.clone(),
