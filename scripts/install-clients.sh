@@ -61,6 +61,9 @@ for b in "${bins[@]}"; do
   [ -x "node_modules/.bin/$b" ] || { echo "install-clients: $b missing after install" >&2; exit 1; }
 done
 touch .complete
+# mktemp -d made it 0700: the launcher binds this directory into rollout slots, where the
+# agent uids must be able to run the clients.
+chmod 755 "$stage"
 rm -rf "$dir"
 mv "$stage" "$dir"
 trap - EXIT

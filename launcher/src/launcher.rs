@@ -582,6 +582,7 @@ impl Launcher {
                 home: None,
                 tmp: None,
                 server_dir: None,
+                clients: None,
             };
             let staged = self.staging.stage(tid, sources)?;
             let (sandbox, cgroup, captures) = self
@@ -650,7 +651,6 @@ impl Launcher {
             home_bytes: limits.home_mb.saturating_mul(1 << 20),
             file_bytes: self.disk.bytes,
             claude_bin: self.config.launcher.claude_bin.clone(),
-            clients_dir: None,
         };
         let dup = |fd: &OwnedFd| fd.try_clone().map_err(LauncherError::Dup);
         let mounts = Mounts {
@@ -660,6 +660,7 @@ impl Launcher {
             home: None,
             tmp: None,
             server_dir: None,
+            clients: None,
         };
         let run_as = RunAs {
             uid: agent.uid,

@@ -90,8 +90,6 @@ pub struct Plan {
     /// limit, so a single write cannot outrun the disk watcher by more).
     pub file_bytes: u64,
     pub claude_bin: PathBuf,
-    /// Bound read-only at [`CLIENTS_IN_SANDBOX`] (rollout slots).
-    pub clients_dir: Option<PathBuf>,
 }
 
 /// Descriptor numbers, as the child will see them.
@@ -105,6 +103,8 @@ pub struct FdNumbers {
     pub tmp: Option<RawFd>,
     /// The directory bound at [`SERVER_SOCKET_DIR`].
     pub server_dir: Option<RawFd>,
+    /// The agent CLIs, bound read-only at [`CLIENTS_IN_SANDBOX`].
+    pub clients: Option<RawFd>,
     pub passwd: RawFd,
     pub group: RawFd,
     pub hosts: RawFd,
@@ -285,9 +285,9 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         }
         Program::Bash { .. } | Program::Shell { .. } => {}
     }
-    if let Some(clients) = &plan.clients_dir {
-        a.push("--ro-bind".into());
-        a.push(clients.clone().into_os_string());
+    if let Some(c) = fds.clients {
+        a.push("--ro-bind-fd".into());
+        a.push(c.to_string().into());
         a.push(CLIENTS_IN_SANDBOX.into());
     }
     let mut push_owned = |items: Vec<String>| a.extend(items.into_iter().map(OsString::from));
@@ -507,6 +507,7 @@ pub struct Mounts {
     pub home: Option<OwnedFd>,
     pub tmp: Option<OwnedFd>,
     pub server_dir: Option<OwnedFd>,
+    pub clients: Option<OwnedFd>,
 }
 
 /// The identity the sandbox runs as.
@@ -570,6 +571,7 @@ pub fn spawn(
         home: mounts.home.as_ref().map(AsRawFd::as_raw_fd),
         tmp: mounts.tmp.as_ref().map(AsRawFd::as_raw_fd),
         server_dir: mounts.server_dir.as_ref().map(AsRawFd::as_raw_fd),
+        clients: mounts.clients.as_ref().map(AsRawFd::as_raw_fd),
         passwd: passwd.as_raw_fd(),
         group: group.as_raw_fd(),
         hosts: hosts.as_raw_fd(),
@@ -600,6 +602,7 @@ pub fn spawn(
     keep.extend(numbers.home);
     keep.extend(numbers.tmp);
     keep.extend(numbers.server_dir);
+    keep.extend(numbers.clients);
     keep.extend(numbers.localtime);
     let setup = ChildSetup::new(run_as.uid, run_as.gid)
         .join_cgroup(cgroup_join)?
@@ -651,7 +654,6 @@ mod tests {
             home_bytes: 2 << 20,
             file_bytes: 3 << 20,
             claude_bin: PathBuf::from("/opt/claude/bin/claude"),
-            clients_dir: None,
         }
     }
 
@@ -662,6 +664,7 @@ mod tests {
         home: None,
         tmp: None,
         server_dir: None,
+        clients: None,
         passwd: 13,
         group: 14,
         hosts: 15,

@@ -39,7 +39,8 @@ const VENV: &str = "venv";
 const HOME: &str = "home";
 const TMP: &str = "tmp";
 const SERVER: &str = "server";
-const ALL: [&str; 6] = [WORKSPACE, GATEWAY, VENV, HOME, TMP, SERVER];
+const CLIENTS: &str = "clients";
+const ALL: [&str; 7] = [WORKSPACE, GATEWAY, VENV, HOME, TMP, SERVER, CLIENTS];
 
 /// `$AGENTBOX_DATA/mnt`, root-owned 0711: traversable by the agent uid (bwrap, running as it,
 /// resolves the paths below), writable and listable by root only.
@@ -59,6 +60,9 @@ pub struct Sources<'a> {
     pub home: Option<BorrowedFd<'a>>,
     pub tmp: Option<BorrowedFd<'a>>,
     pub server_dir: Option<BorrowedFd<'a>>,
+    /// The agent CLIs (`launcher.clients_dir`), staged like the rest because the path may
+    /// lie where the agent uid cannot look (the tests' cache is under `/root`).
+    pub clients: Option<BorrowedFd<'a>>,
 }
 
 /// The staged mounts of one run; unmounted on [`Staged::release`] or drop.
@@ -141,6 +145,7 @@ impl Staging {
             home: sources.home.map(|v| mount(HOME, v)).transpose()?,
             tmp: sources.tmp.map(|v| mount(TMP, v)).transpose()?,
             server_dir: sources.server_dir.map(|v| mount(SERVER, v)).transpose()?,
+            clients: sources.clients.map(|v| mount(CLIENTS, v)).transpose()?,
         };
         Ok(Staged { mounts, dir })
     }

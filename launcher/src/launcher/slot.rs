@@ -482,6 +482,7 @@ impl Launcher {
         dirs: &SlotDirs,
         parts: &mut Parts,
     ) -> Result<(), LauncherError> {
+        let clients = self.clients_dir()?;
         let out = create_file_in(&dirs.dir, "server.stdout")?;
         let err = create_file_in(&dirs.dir, "server.stderr")?;
         let staged = self.staging.stage(
@@ -493,6 +494,7 @@ impl Launcher {
                 home: Some(dirs.home.as_fd()),
                 tmp: Some(dirs.tmp.as_fd()),
                 server_dir: Some(dirs.server.as_fd()),
+                clients: Some(clients.as_fd()),
             },
         )?;
         let mounts = self.slot_mounts(&staged, true)?;
@@ -590,6 +592,7 @@ impl Launcher {
             gateway: m.gateway.as_ref().map(dup).transpose()?,
             home: m.home.as_ref().map(dup).transpose()?,
             tmp: m.tmp.as_ref().map(dup).transpose()?,
+            clients: m.clients.as_ref().map(dup).transpose()?,
             server_dir: m
                 .server_dir
                 .as_ref()
@@ -597,6 +600,30 @@ impl Launcher {
                 .map(dup)
                 .transpose()?,
         })
+    }
+
+    /// `launcher.clients_dir` (from the root-owned config) as a handle to stage.
+    fn clients_dir(&self) -> Result<OwnedFd, LauncherError> {
+        let path = &self.config.launcher.clients_dir;
+        let config = |why: String| {
+            LauncherError::Config(format!("launcher.clients_dir {}: {why}", path.display()))
+        };
+        let fd = rfs::open(
+            path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| config(e.to_string()))?;
+        // Bound as it is: the agent uids must be able to enter it (an install made with
+        // `mktemp -d` is 0700 and would show up empty and unreadable).
+        let st = rfs::fstat(&fd).map_err(|e| config(e.to_string()))?;
+        if st.st_mode & 0o005 != 0o005 {
+            return Err(config(format!(
+                "mode {:o}: the agent uids cannot enter it (chmod o+rx)",
+                st.st_mode & 0o7777
+            )));
+        }
+        Ok(fd)
     }
 
     fn slot_plan(&self, program: Program, env: BTreeMap<String, String>, gateway: bool) -> Plan {
@@ -610,7 +637,6 @@ impl Launcher {
             home_bytes: limits.home_mb.saturating_mul(1 << 20),
             file_bytes: self.disk.bytes,
             claude_bin: self.config.launcher.claude_bin.clone(),
-            clients_dir: Some(self.config.launcher.clients_dir.clone()),
         }
     }
 
@@ -894,6 +920,7 @@ impl Launcher {
     ) -> Result<SlotExecResult, LauncherError> {
         let name = format!("{tid}.exec");
         let started = Instant::now();
+        let clients = self.clients_dir()?;
         let out = create_file_in(&info.dirs.dir, "exec.stdout")?;
         let err = create_file_in(&info.dirs.dir, "exec.stderr")?;
         let mut parts = Parts::default();
@@ -907,6 +934,7 @@ impl Launcher {
                     home: Some(info.dirs.home.as_fd()),
                     tmp: Some(info.dirs.tmp.as_fd()),
                     server_dir: None,
+                    clients: Some(clients.as_fd()),
                 },
             )?;
             let mounts = self.slot_mounts(&staged, false)?;

@@ -743,6 +743,7 @@ impl Floor {
             home: None,
             tmp: None,
             server_dir: None,
+            clients: None,
         };
         let run_as = RunAs {
             uid: AGENT_UID,
@@ -885,7 +886,6 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
             home_bytes: limits.home_mb << 20,
             file_bytes: limits.disk_mb << 20,
             claude_bin: stamp.clone(),
-            clients_dir: None,
         },
         gateway: open_dir(&gw_dir)?,
         cgroups: cgroups.clone(),

@@ -52,6 +52,12 @@ pub struct Options {
     pub backend_start_timeout_s: u64,
     /// TOML appended to the config (more `[models.*]`).
     pub extra_config: String,
+    /// `launcher.blackbox_bin` (rollout slots), with `launcher.clients_dir` the real agent
+    /// CLIs of [`super::clients_dir`].
+    pub slot_server: Option<PathBuf>,
+    /// The first agent uid and gid (`agent_uid`, `agent_gid`): tests that look for processes
+    /// by uid give their launcher a range of its own.
+    pub agent_uid: u32,
 }
 
 impl Default for Options {
@@ -67,6 +73,8 @@ impl Default for Options {
             env_allowlist: vec!["MAX_THINKING_TOKENS".to_owned()],
             backend_start_timeout_s: 120,
             extra_config: String::new(),
+            slot_server: None,
+            agent_uid: AGENT_UID,
         }
     }
 }
@@ -194,17 +202,26 @@ impl Launcher {
             .iter()
             .map(|k| format!("{k:?}"))
             .collect();
+        let slots = match &opts.slot_server {
+            Some(bin) => format!(
+                "blackbox_bin = {bin:?}\nclients_dir = {:?}\n",
+                super::clients_dir().unwrap()
+            ),
+            None => String::new(),
+        };
         let config = base.join("agentbox.toml");
         std::fs::write(
             &config,
             format!(
                 "data_dir = {data:?}\nservice_user = \"nobody-here\"\nagent_uid_count = {AGENT_UID_COUNT}\n\
+                 agent_uid = {uid}\nagent_gid = {uid}\n\
                  [launcher]\nrepo_roots = [{repos:?}]\nvenv_root = {venvs:?}\nclaude_bin = {claude:?}\n\
-                 env_allowlist = [{allow}]\n\
+                 env_allowlist = [{allow}]\n{slots}\
                  [launcher.limits]\nmemory_mb = {mem}\npids = {pids}\ncpus = 1\ntmp_mb = {tmp}\nhome_mb = 8\ndisk_mb = {disk}\n\
                  max_agent_timeout_s = {maxt}\nmax_check_timeout_s = 600\noutput_cap_kb = {cap}\n\
                  [models.m1]\nbackend = \"ollama\"\nupstream_model = \"x\"\n{extra}",
                 allow = allow.join(", "),
+                uid = opts.agent_uid,
                 mem = opts.memory_mb,
                 pids = opts.pids,
                 tmp = opts.tmp_mb,
