@@ -76,6 +76,9 @@ const FILE_ROOTS: [&str; 3] = ["/workspace", bwrap::HOME, "/tmp"];
 /// Longest `BBS_*` value taken from a request.
 const MAX_BBS_VALUE: usize = 4096;
 
+/// An environment.
+type Env = BTreeMap<String, String>;
+
 /// What a running (or ended, not yet deleted) slot holds.
 #[derive(Debug)]
 pub struct SlotInfo {
@@ -131,7 +134,7 @@ fn base_env(extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 fn slot_env(
     launcher: &Launcher,
     input: &BTreeMap<String, String>,
-) -> Result<(BTreeMap<String, String>, BTreeMap<String, String>), LauncherError> {
+) -> Result<(Env, Env), LauncherError> {
     let mut bbs = BTreeMap::new();
     let mut rest = BTreeMap::new();
     for (k, v) in input {
@@ -416,12 +419,12 @@ impl Launcher {
             }
             Err(error) => {
                 let mut errors = self.undo_parts(tid, parts).await;
-                let error = match error {
-                    LauncherError::SlotFailed(msg) => {
-                        let tail = read_tail_in(&dirs.dir, "server.stderr", 4096);
-                        LauncherError::SlotFailed(format!("{msg}; its stderr ends: {tail}"))
-                    }
-                    other => other,
+                // Why the server did not come up is in its stderr.
+                let error = if let LauncherError::SlotFailed(msg) = error {
+                    let tail = read_tail_in(&dirs.dir, "server.stderr", 4096);
+                    LauncherError::SlotFailed(format!("{msg}; its stderr ends: {tail}"))
+                } else {
+                    error
                 };
                 drop(dirs);
                 let removed = self.data.remove_slot(tid);
@@ -791,10 +794,10 @@ impl Launcher {
                 Some(e) if e.kind == RunKind::Slot => e,
                 Some(_) | None => return Err(LauncherError::UnknownSlot(tid.to_string())),
             };
-            if entry.is_active() {
-                if let Err(e) = entry.apply(Event::Stop(StopReason::Deleted)) {
-                    tracing::error!(%tid, error = %e, "invalid run transition");
-                }
+            if entry.is_active()
+                && let Err(e) = entry.apply(Event::Stop(StopReason::Deleted))
+            {
+                tracing::error!(%tid, error = %e, "invalid run transition");
             }
             entry.stop.cancel();
             entry.watch.subscribe()
