@@ -754,6 +754,60 @@ mod tests {
     }
 
     #[test]
+    fn slot_args_bind_home_tmp_socket_dir_clients_and_server() {
+        let p = plan(
+            Program::Server {
+                bin: PathBuf::from("/usr/local/bin/blackbox-server"),
+            },
+            false,
+            true,
+        );
+        let fds = FdNumbers {
+            home: Some(20),
+            tmp: Some(21),
+            server_dir: Some(22),
+            clients: Some(23),
+            venv: None,
+            ..FDS
+        };
+        let a = strings(&bwrap_args(&p, &fds));
+        for seq in [
+            &["--bind-fd", "20", "/home/agent"][..],
+            &["--bind-fd", "21", "/tmp"],
+            &["--bind-fd", "22", "/run/bbs"],
+            &["--ro-bind-fd", "23", "/opt/clients"],
+            &["--bind-fd", "12", "/run/gw"],
+            &[
+                "--ro-bind",
+                "/usr/local/bin/blackbox-server",
+                "/opt/agentbox/bin/blackbox-server",
+            ],
+            &["--chdir", "/workspace"],
+        ] {
+            assert!(has_seq(&a, seq), "{seq:?} missing in {a:?}");
+        }
+        // On-disk home and tmp replace the tmpfs ones.
+        assert!(!has_seq(&a, &["--tmpfs", "/tmp"]), "{a:?}");
+        assert!(!has_seq(&a, &["--tmpfs", "/home/agent"]), "{a:?}");
+        assert!(!a.iter().any(|s| s == "--share-net"));
+        assert_eq!(
+            strings(&command_args(&p)),
+            ["--", "/opt/agentbox/bin/blackbox-server"]
+        );
+        let sh = plan(
+            Program::Shell {
+                command: "pwd".into(),
+                cwd: "/workspace/sub".into(),
+            },
+            false,
+            false,
+        );
+        let a = strings(&bwrap_args(&sh, &fds));
+        assert!(has_seq(&a, &["--chdir", "/workspace/sub"]), "{a:?}");
+        assert_eq!(strings(&command_args(&sh)), ["--", "/bin/sh", "-lc", "pwd"]);
+    }
+
+    #[test]
     fn environment_layers() {
         let allowed = BTreeMap::from([("MAX_THINKING_TOKENS".to_owned(), "5".to_owned())]);
         let token = Secret::new("tok".to_owned()).unwrap();
