@@ -273,9 +273,11 @@ pub struct Registry {
 impl Registry {
     /// Reserves `tid` for a new run unless something is active there. A finished entry is
     /// replaced.
+    /// An ended rollout slot is not replaced either: it holds its directories and uid until
+    /// `DELETE`.
     pub fn reserve(&mut self, tid: &Tid, entry: Entry) -> Result<(), Phase> {
         if let Some(existing) = self.runs.get(tid)
-            && existing.is_active()
+            && (existing.is_active() || existing.slot.is_some())
         {
             return Err(existing.phase);
         }

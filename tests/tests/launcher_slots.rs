@@ -452,6 +452,35 @@ fn delete_leaves_nothing_and_frees_the_uid() {
 }
 
 #[test]
+fn timeout_ends_the_slot_which_keeps_its_record_until_delete() {
+    let l = launcher(66120);
+    let _gw = l.gateway_socket("s-time");
+    let r = l.post(
+        "/slots",
+        &json!({"tid": "s-time", "token": TOKEN, "timeout_s": 2}),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.raw, l.stderr());
+    let ended = eventually("the slot times out", || {
+        let g = l.get("/slots/s-time");
+        (g.body["state"] == "timed_out").then_some(g.body)
+    });
+    assert_eq!(ended["timed_out"], true, "{ended}");
+    assert!(ended["pid"].is_null(), "{ended}");
+    // Its files stay until DELETE, and the tid cannot be taken over meanwhile.
+    assert!(l.data.join("slots/s-time/workspace").is_dir());
+    let again = l.post("/slots", &json!({"tid": "s-time", "token": TOKEN}));
+    assert_eq!(again.status, 409, "{}", again.raw);
+    assert_eq!(
+        l.post("/slots/s-time/exec", &json!({"command": "true"}))
+            .status,
+        409
+    );
+    let fin = delete(&l, "s-time");
+    assert_eq!(fin["state"], "timed_out", "{fin}");
+    assert_eq!(files_under(&l.data.join("slots")), Vec::<String>::new());
+}
+
+#[test]
 fn bad_slot_requests_get_typed_errors() {
     let l = launcher(66100);
     let r = l.post("/slots", &json!({"tid": "s-nogw", "token": TOKEN}));
