@@ -919,6 +919,34 @@ pub(crate) mod tests {
         gid: 64126,
     };
 
+    #[test]
+    fn remove_tree_removes_a_deep_tree_and_follows_no_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), b"k").unwrap();
+        let top = tmp.path().join("slot");
+        let mut deep = top.clone();
+        for i in 0..300 {
+            deep = deep.join(format!("d{i}"));
+        }
+        std::fs::create_dir_all(&deep).unwrap();
+        std::fs::write(deep.join("f"), b"x").unwrap();
+        symlink(&outside, top.join("link")).unwrap();
+        symlink(&outside, deep.join("link")).unwrap();
+        let parent = open_dir(tmp.path());
+        remove_tree(parent.as_fd(), "slot").unwrap();
+        assert!(!top.exists());
+        assert!(outside.join("keep").exists());
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("outside")]);
+        // Missing is fine.
+        remove_tree(parent.as_fd(), "slot").unwrap();
+    }
+
     /// An `O_PATH` handle of the directory `p`, as the walks take it.
     pub(crate) fn open_dir(p: &Path) -> OwnedFd {
         fs::open(
