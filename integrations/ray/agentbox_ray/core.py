@@ -440,6 +440,10 @@ class ClusterManagerCore:
                     return lease.to_dict()
                 if lease is not None and lease.state is LeaseState.LOST:
                     del self.leases[trajectory_id]
+                    lost_on = self.nodes.get(lease.node_id)
+                    if lost_on is not None and lost_on.alive:
+                        # Its slot died but the pool lives: hand the dead lease back.
+                        self._spawn(self._release_quietly(lost_on, lease, "lease_lost"))
                     lease = None
                 inflight = self._inflight.get(trajectory_id)
                 if inflight is not None:

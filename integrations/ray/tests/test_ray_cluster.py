@@ -33,7 +33,7 @@ def cluster():
         assert raylet_pids() == [], "ray processes left running"
 
 
-def test_two_nodes_actors_pinned_and_lost_pools(cluster):
+def test_cluster_actors_pinned_per_node_and_unanswering_pools_lost(cluster):
     from agentbox_ray import manager as m
 
     c, socks = cluster
