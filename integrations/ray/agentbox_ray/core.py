@@ -491,11 +491,17 @@ class ClusterManagerCore:
             async with self._lock:
                 rec.reserved -= 1
                 del self._inflight[trajectory_id]
-                if isinstance(err, (NoFreeSlot, Draining)):
-                    # Our cached counts were stale: nothing free there until the next refresh.
+                if isinstance(err, (NoFreeSlot, Draining, LeaseLost, LeaseNotFound)):
+                    # Our cached counts were stale (or the pool still holds a dead lease of
+                    # this trajectory): nothing free there until the next refresh, so the
+                    # retry goes elsewhere or waits instead of spinning on this node.
                     rec.ready = 0
                     rec.pool_draining = rec.pool_draining or isinstance(err, Draining)
                     rec.last_refresh_ts = 0.0
+                    if isinstance(err, LeaseLost):
+                        self._spawn(self._release_quietly(
+                            rec, LeaseRecord("", trajectory_id, rec.node_id, rec.node_ip, 0, 0,
+                                             None, 0.0, None, 0), "lease_lost"))
                 elif isinstance(err, asyncio.CancelledError):
                     pass
                 elif not isinstance(err, _REFUSALS):
@@ -547,7 +553,8 @@ class ClusterManagerCore:
 
     async def _release_quietly(self, rec: NodeRecord, lease: LeaseRecord, reason: str) -> None:
         try:
-            await self._call(rec.client.release(lease.lease_id, lease.trajectory_id, reason),
+            await self._call(rec.client.release(lease.lease_id or None, lease.trajectory_id,
+                                                reason),
                              self.config.rpc_timeout_s)
         except Exception:  # noqa: BLE001 - best effort; the pool's TTL is the backstop
             pass

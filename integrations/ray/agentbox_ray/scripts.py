@@ -99,7 +99,16 @@ def start(argv: Optional[List[str]] = None) -> int:
         print("agentbox-ray-start: no alive Ray node has an agentbox_slots resource "
               "(ray start --resources '{\"agentbox_slots\": N}')", file=sys.stderr)
         return 1
-    st = ray.get(mgr.wait_ready.remote(args.timeout))
+    try:
+        st = ray.get(mgr.wait_ready.remote(args.timeout))
+    except (TimeoutError, ray.exceptions.RayTaskError) as err:
+        if not isinstance(err, TimeoutError) and not isinstance(
+                getattr(err, "cause", None), TimeoutError):
+            raise
+        _print_status(ray.get(mgr.status.remote()), args.json)
+        print(f"agentbox-ray-start: not every slot is ready after {args.timeout:g}s "
+              "(the manager keeps running; see last_error above)", file=sys.stderr)
+        return 1
     _print_status(st, args.json)
     return 0
 

@@ -29,6 +29,7 @@ class FakeNode:
         self.draining = False
         self.release_gate: Optional[asyncio.Event] = None  # held open until set
         self.files: Dict[str, bytes] = {}
+        self.acquire_error: Optional[Exception] = None  # raised by every acquire
 
     async def _enter(self, name: str, arg: Any = None) -> None:
         self.calls.append((name, arg))
@@ -68,6 +69,8 @@ class FakeNode:
 
     async def acquire(self, trajectory_id, env_type, env_args):
         await self._enter("acquire", trajectory_id)
+        if self.acquire_error is not None:
+            raise self.acquire_error
         if self.draining:
             raise Draining("draining: no new leases", "draining", 409)
         for i, s in self.slots.items():

@@ -202,6 +202,22 @@ def test_stale_free_count_is_retried_elsewhere():
     run(body())
 
 
+def test_a_pool_refusing_an_acquire_is_not_retried_in_a_loop():
+    async def body():
+        from agentbox_ray.pool_client import LeaseLost
+
+        a, b = FakeNode("node-a", 8), FakeNode("node-b", 1)
+        core = await manager(a, b, config=fast_config(status_refresh_s=60))
+        a.acquire_error = LeaseLost("lease_lost: slot died", "lease_lost", 410)
+        lease = await core.acquire("traj")
+        assert lease["node_id"] == "node-b"
+        await settle(core)
+        assert a.count("acquire") == 1 and core.nodes["node-a"].alive
+        # The dead lease the pool still held for the trajectory is handed back.
+        assert ("release", (None, "traj", "lease_lost")) in a.calls
+    run(body())
+
+
 def test_ttl_expiry_force_releases_with_slot_and_lease_id():
     async def body():
         clock = Clock()

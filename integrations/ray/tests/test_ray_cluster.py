@@ -5,7 +5,10 @@ that does not answer makes its node lost (the manager keeps working)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -71,3 +74,29 @@ def test_cluster_actors_pinned_per_node_and_unanswering_pools_lost(cluster):
     with pytest.raises(Exception, match="shut down"):
         ray.get(mgr.acquire.remote("traj"), timeout=60)
     ray.kill(mgr)
+
+
+def _script(name, address, *args):
+    env = dict(os.environ, DRESSAGE_RAY_ADDRESS=address,
+               DRESSAGE_LOCAL_BWRAP_MANAGER_NAME="agentbox_scripts_test")
+    exe = os.path.join(os.path.dirname(sys.executable), name)
+    return subprocess.run([exe, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_start_status_stop_scripts(cluster):
+    c, _ = cluster
+    start = _script("agentbox-ray-start", c.address, "--timeout", "1")
+    # No pool answers: the manager is up, every node lost, and start says so.
+    assert start.returncode == 1, start
+    assert "not every slot is ready" in start.stderr
+    assert "PoolUnavailable" in start.stdout
+    st = _script("agentbox-ray-status", c.address, "--json")
+    assert st.returncode == 0, st
+    doc = json.loads(st.stdout)
+    assert doc["closed"] is False and len(doc["nodes"]) == 2
+    assert all(not n["alive"] for n in doc["nodes"])
+    stop = _script("agentbox-ray-stop", c.address, "--json")
+    assert stop.returncode == 0, stop
+    assert json.loads(stop.stdout)["closed"] is True
+    gone = _script("agentbox-ray-status", c.address)
+    assert gone.returncode == 1 and "no manager" in gone.stderr
