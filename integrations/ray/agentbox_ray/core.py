@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
 
@@ -293,6 +293,13 @@ class ClusterManagerCore:
         for lease in self.leases.values():
             if lease.node_id == rec.node_id and lease.state is not LeaseState.LOST:
                 lease.state = LeaseState.LOST
+
+    async def lose_absent(self, present: "set[str]", why: str) -> None:
+        """Nodes not in ``present`` (gone from the cluster) are lost, with their leases."""
+        async with self._lock:
+            for node_id, rec in self.nodes.items():
+                if node_id not in present:
+                    self._lose_node(rec, why)
 
     async def refresh(self, force: bool = False) -> None:
         """Asks every node (stale ones only, unless ``force``) for its status, concurrently,

@@ -147,11 +147,8 @@ class AgentboxClusterManager:
             self.core.add_node(n["node_id"], n["node_ip"], n["hostname"], n["capacity"],
                                RayNode(handle))
         await self.core.refresh(force=True)
-        present = {n["node_id"] for n in found}
-        async with self.core._lock:
-            for node_id, rec in self.core.nodes.items():
-                if node_id not in present:
-                    self.core._lose_node(rec, "not an alive Ray node with slots")
+        await self.core.lose_absent({n["node_id"] for n in found},
+                                    "not an alive Ray node with slots")
         self.core.start_health_loop()
         return await self.status()
 
