@@ -49,9 +49,12 @@ fn readable_copy(src: &Path, dir: &Path) -> PathBuf {
 
 fn start_host(name: &str, fake: &FakeLlm, bins: &Path, port_base: u16) -> Host {
     let models = model_toml(fake);
-    let gateway =
-        GatewayProcess::start_as(&format!("[gateway]\n{models}"), &[], Some((SERVICE, SERVICE)))
-            .unwrap();
+    let gateway = GatewayProcess::start_as(
+        &format!("[gateway]\n{models}"),
+        &[],
+        Some((SERVICE, SERVICE)),
+    )
+    .unwrap();
     let data = gateway.data_dir();
     let bbs = bins.join("blackbox-server");
     let clients = clients_dir().unwrap_or_else(|e| panic!("{e}"));
@@ -79,8 +82,9 @@ fn start_host(name: &str, fake: &FakeLlm, bins: &Path, port_base: u16) -> Host {
         use std::os::unix::process::CommandExt;
         cmd.uid(SERVICE).gid(SERVICE);
     }
-    let (pool, socket) = Service::start_listening("agentbox-pool", cmd, POOL_READY, "listening on unix:")
-        .unwrap_or_else(|e| panic!("{e}\n{}\n{}", launcher.describe(), gateway.describe()));
+    let (pool, socket) =
+        Service::start_listening("agentbox-pool", cmd, POOL_READY, "listening on unix:")
+            .unwrap_or_else(|e| panic!("{e}\n{}\n{}", launcher.describe(), gateway.describe()));
     Host {
         pool,
         socket: PathBuf::from(socket.trim()),
@@ -112,7 +116,10 @@ fn two_ray_nodes_two_pools_leases_spread_and_a_lost_pool() {
         &json!({"rules": [{"match": {}, "text": "ok"}]}),
     )
     .unwrap();
-    let bins = tempfile::Builder::new().prefix("ray-bins-").tempdir().unwrap();
+    let bins = tempfile::Builder::new()
+        .prefix("ray-bins-")
+        .tempdir()
+        .unwrap();
     std::fs::set_permissions(bins.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     readable_copy(
         &workspace_bin("agentbox-blackbox", "blackbox-server").unwrap(),
@@ -123,7 +130,16 @@ fn two_ray_nodes_two_pools_leases_spread_and_a_lost_pool() {
 
     let out = Command::new(venv.join("bin/python"))
         .current_dir(workspace_root().join("integrations/ray"))
-        .args(["-m", "pytest", "tests/test_two_nodes.py", "-q", "-s", "-rs", "-p", "no:cacheprovider"])
+        .args([
+            "-m",
+            "pytest",
+            "tests/test_two_nodes.py",
+            "-q",
+            "-s",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+        ])
         .env("AGENTBOX_RAY_TEST_POOL_A", &a.socket)
         .env("AGENTBOX_RAY_TEST_POOL_B", &b.socket)
         .env("AGENTBOX_RAY_TEST_POOL_A_PID", a.pool.pid().to_string())
