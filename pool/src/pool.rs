@@ -454,10 +454,9 @@ impl<B: SlotBackend> Pool<B> {
             let now = Instant::now();
             for i in 0..inner.slots.len() {
                 let slot = &inner.slots[i];
-                if slot.state == SlotState::Failed && slot.retry_at.is_none_or(|t| t <= now) {
-                    if let Err(e) = self.begin_start(&mut inner, i, Event::Start) {
-                        tracing::error!(error = %e, "cannot retry slot {i}");
-                    }
+                let due = slot.state == SlotState::Failed && slot.retry_at.is_none_or(|t| t <= now);
+                if due && let Err(e) = self.begin_start(&mut inner, i, Event::Start) {
+                    tracing::error!(error = %e, "cannot retry slot {i}");
                 }
             }
             inner
