@@ -54,7 +54,10 @@ impl Daemon {
     fn start_hint(self) -> String {
         match self {
             Daemon::Launcher | Daemon::Gateway => {
-                format!("`systemctl start {}`, or `agentbox up` for a trial", self.unit())
+                format!(
+                    "`systemctl start {}`, or `agentbox up` for a trial",
+                    self.unit()
+                )
             }
             Daemon::Pool => format!(
                 "`systemctl start {}` on a host whose config has a [pool] section",

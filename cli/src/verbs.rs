@@ -7,11 +7,11 @@
 use std::path::Path;
 
 use agentbox_api::gateway::{GatewayStatus, TaskView};
-use agentbox_api::pool::PoolStatus;
 use agentbox_api::launcher::{
     BackendStartResult, BackendStopResult, CheckRequest, CheckResult, DeliverRequest,
     DeliverResult, LauncherStatus, RunState,
 };
+use agentbox_api::pool::PoolStatus;
 use agentbox_policy::id::Tid;
 use serde::Serialize;
 

@@ -121,7 +121,11 @@ fn pool_not_running_is_69() {
         one_line(
             &out,
             69,
-            &["pool is not running", "pool.sock", "systemctl start agentbox-pool"],
+            &[
+                "pool is not running",
+                "pool.sock",
+                "systemctl start agentbox-pool",
+            ],
         );
     }
 }
