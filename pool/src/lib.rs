@@ -12,6 +12,8 @@ pub mod forward;
 pub mod pool;
 pub mod routes;
 pub mod slot;
+#[cfg(test)]
+mod testing;
 
 use std::time::Duration;
 

@@ -929,4 +929,4 @@ impl<B: SlotBackend> Pool<B> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -120,3 +120,117 @@ async fn undrain<B: SlotBackend>(State(pool): State<Arc<Pool<B>>>) -> Response {
 async fn status<B: SlotBackend>(State(pool): State<Arc<Pool<B>>>) -> Response {
     axum::Json(pool.status()).into_response()
 }
+
+#[cfg(test)]
+mod tests {
+    use agentbox_api::pool::AcquireRequest;
+    use agentbox_api::{PoolClient, UnixClient};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::pool::tests::options;
+    use crate::testing::Fake;
+
+    #[tokio::test]
+    async fn refusals_travel_as_the_envelope_with_their_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("pool.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let shutdown = CancellationToken::new();
+        let pool = Pool::new(options(1), Fake::default(), shutdown.clone());
+        let server = tokio::spawn(agentbox_http::serve_unix(
+            listener,
+            router(pool.clone()),
+            shutdown.clone(),
+        ));
+        let client = PoolClient::new(&sock);
+        let acq = |t: &str| AcquireRequest {
+            trajectory_id: t.into(),
+            env_type: None,
+            env_args: None,
+        };
+        // Nothing started yet: no READY slot.
+        let e = client.acquire(&acq("t")).await.unwrap_err();
+        assert_eq!((e.status(), e.code()), (Some(503), Some("no_free_slot")));
+        client.drain().await.unwrap();
+        let e = client.acquire(&acq("t")).await.unwrap_err();
+        assert_eq!((e.status(), e.code()), (Some(409), Some("draining")));
+        let e = client
+            .release(&agentbox_api::pool::LeaseRef::default())
+            .await
+            .unwrap_err();
+        assert_eq!((e.status(), e.code()), (Some(400), Some("bad_request")));
+        let raw = UnixClient::new(&sock);
+        for (method, path, body, status, code) in [
+            ("POST", "/acquire", "{not json", 400, "bad_request"),
+            (
+                "POST",
+                "/acquire",
+                r#"{"trajectory_id":"t","bogus":1}"#,
+                400,
+                "bad_request",
+            ),
+            (
+                "POST",
+                "/run_command",
+                r#"{"trajectory_id":"t","command":"true"}"#,
+                404,
+                "lease_not_found",
+            ),
+            ("GET", "/nope", "", 404, "not_found"),
+        ] {
+            let r = raw
+                .raw(
+                    method,
+                    path,
+                    &[("content-type", "application/json")],
+                    body.to_owned(),
+                )
+                .await
+                .unwrap();
+            assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+            assert_eq!(
+                r.error().map(|e| e.code),
+                Some(code.to_owned()),
+                "{}",
+                r.text()
+            );
+        }
+        shutdown.cancel();
+        server.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn callers_other_than_root_and_the_service_user_are_refused() {
+        use tower::ServiceExt;
+        let mut opts = options(1);
+        opts.control_uids = vec![4242];
+        let pool = Pool::new(opts, Fake::default(), CancellationToken::new());
+        let call = |cred: Option<PeerCred>| {
+            let mut req = Request::builder()
+                .uri("/status")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            if let Some(c) = cred {
+                req.extensions_mut().insert(c);
+            }
+            router(pool.clone()).oneshot(req)
+        };
+        let cred = |uid| {
+            Some(PeerCred {
+                uid,
+                gid: uid,
+                pid: None,
+            })
+        };
+        for (who, status) in [
+            (cred(0), 200),
+            (cred(4242), 200),
+            (cred(1000), 403),
+            (None, 403),
+        ] {
+            let r = call(who).await.unwrap();
+            assert_eq!(r.status().as_u16(), status, "{who:?}");
+        }
+    }
+}
