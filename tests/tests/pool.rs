@@ -91,7 +91,16 @@ impl Stack {
         )
         .unwrap();
         std::fs::set_permissions(&bbs, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let clients = clients_dir().unwrap_or_else(|e| panic!("{e}"));
+        // The pinned CLIs, hard-linked where the slot's uid can reach them (the cache lives
+        // under /root).
+        let clients = dir.path().join("clients");
+        let st = Command::new("cp")
+            .arg("-al")
+            .arg(clients_dir().unwrap_or_else(|e| panic!("{e}")))
+            .arg(&clients)
+            .status()
+            .unwrap();
+        assert!(st.success());
         let repos = dir.path().join("repos");
         std::fs::create_dir_all(&repos).unwrap();
         let launcher_toml = format!(
