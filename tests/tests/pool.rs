@@ -302,7 +302,7 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
     );
     assert!(
         a.lease_id
-            .starts_with("lease-node-test-abc-0000-gen1-traj-a-"),
+            .starts_with("lease-node-test-ab-0000-gen1-traj-a-"),
         "{}",
         a.lease_id
     );
