@@ -28,6 +28,9 @@ const STARTUP_POLL: Duration = Duration::from_millis(200);
 /// One health probe's bound.
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Every tid the pool makes starts so (and nothing else on the host should).
+pub const TID_PREFIX: &str = "pool-";
+
 /// A running generation of a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Started {
@@ -146,7 +149,7 @@ pub fn random_hex(bytes: usize) -> Result<String, BackendError> {
 /// # Errors
 /// When the kernel's random source fails.
 pub fn slot_tid(slot: u32, generation: u64) -> Result<Tid, BackendError> {
-    let raw = format!("pool-{slot}-g{generation}-{}", random_hex(4)?);
+    let raw = format!("{TID_PREFIX}{slot}-g{generation}-{}", random_hex(4)?);
     Tid::parse(&raw).map_err(|e| BackendError::Failed(format!("slot tid {raw:?}: {e}")))
 }
 
@@ -176,6 +179,52 @@ impl Real {
             budget_tokens,
             shutdown,
         }
+    }
+
+    /// What an earlier pool on this host left behind when it died without its shutdown (a
+    /// crash, SIGKILL): launcher slots and open gateway tasks named `pool-*` are deleted and
+    /// closed, so no sandbox and no metered task outlives the pool that made it. Returns how
+    /// many of each.
+    ///
+    /// # Errors
+    /// When the launcher's or the gateway's status cannot be read.
+    pub async fn reap_orphans(&self) -> Result<(usize, usize), BackendError> {
+        let ours = |tid: &str| tid.starts_with(TID_PREFIX);
+        let status = self
+            .launcher
+            .status()
+            .await
+            .map_err(|e| BackendError::from_client("launcher GET /status", e))?;
+        let mut slots = 0;
+        for run in status.slots.iter().filter(|r| ours(&r.tid)) {
+            let Ok(tid) = Tid::parse(&run.tid) else {
+                continue;
+            };
+            match ignore_not_found(self.launcher.delete_slot(&tid).await.map(|_| ())) {
+                Ok(()) => slots += 1,
+                Err(e) => tracing::warn!(%tid, error = %e, "cannot delete an orphaned slot"),
+            }
+        }
+        let tasks = self
+            .gateway
+            .status()
+            .await
+            .map_err(|e| BackendError::from_client("gateway GET /status", e))?;
+        let mut closed = 0;
+        for task in tasks
+            .tasks
+            .iter()
+            .filter(|t| ours(&t.tid) && t.state == agentbox_api::gateway::TaskState::Open)
+        {
+            let Ok(tid) = Tid::parse(&task.tid) else {
+                continue;
+            };
+            match ignore_not_found(self.gateway.close_task(&tid).await.map(|_| ())) {
+                Ok(()) => closed += 1,
+                Err(e) => tracing::warn!(%tid, error = %e, "cannot close an orphaned task"),
+            }
+        }
+        Ok((slots, closed))
     }
 
     async fn wait_healthy(&self, started: &Started) -> Result<(), BackendError> {

@@ -1,5 +1,5 @@
-//! `agentbox-pool`: reads the config (`[pool]` is required), opens `run/pool.sock`, starts the
-//! slots and serves until SIGTERM or SIGINT; then stops accepting, closes every endpoint,
+//! `agentbox-pool`: reads the config (`[pool]` is required), opens `run/pool.sock`, removes
+//! the slots and tasks a crashed earlier pool left (`pool-*`), starts the slots and serves until SIGTERM or SIGINT; then stops accepting, closes every endpoint,
 //! deletes every slot and closes every gateway task. Prints `listening on unix:<path>` once
 //! the socket is bound.
 
@@ -65,6 +65,15 @@ async fn run(
         pool_config.budget_tokens,
         shutdown.clone(),
     );
+    match backend.reap_orphans().await {
+        Ok((0, 0)) => {}
+        Ok((slots, tasks)) => tracing::warn!(
+            slots,
+            tasks,
+            "removed what an earlier pool left behind (it did not shut down)"
+        ),
+        Err(e) => tracing::warn!(error = %e, "cannot look for what an earlier pool left behind"),
+    }
     let pool = Pool::new(opts, backend, shutdown.clone());
     pool.start();
     let _ = agentbox_http::announce_listening(format_args!("unix:{}", path.display()));

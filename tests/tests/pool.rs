@@ -7,7 +7,8 @@
 //! reach the lease's workspace; a server killed from outside loses its lease (410) and the
 //! trajectory gets another slot; drain refuses new leases (409); SIGTERM leaves no slot, no
 //! agent process and no open gateway task. `agentbox pool status` reads it (and 77 for a user
-//! the socket refuses).
+//! the socket refuses). A pool killed outright leaves slots running; the next one removes
+//! them (and closes their tasks) before it starts its own.
 //!
 //! Needs the launcher's slot routes and blackbox-server's `BBS_UNIX_SOCKET`. Timeouts here are
 //! hang guards only.
@@ -177,6 +178,24 @@ impl Stack {
                 self.describe()
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// SIGTERM, as systemd stops it, and waits until it has exited.
+    async fn terminate_pool(&mut self) {
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(i32::try_from(self.pool.pid()).unwrap()).unwrap(),
+            rustix::process::Signal::TERM,
+        )
+        .unwrap();
+        let deadline = Instant::now() + HANG_GUARD;
+        while !self.pool.has_exited() {
+            assert!(
+                Instant::now() < deadline,
+                "pool did not stop\n{}",
+                self.describe()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -482,20 +501,7 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
         .filter_map(|v| v.tid.clone())
         .collect();
     tids.extend(final_tids);
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(i32::try_from(stack.pool.pid()).unwrap()).unwrap(),
-        rustix::process::Signal::TERM,
-    )
-    .unwrap();
-    let deadline = Instant::now() + HANG_GUARD;
-    while !stack.pool.has_exited() {
-        assert!(
-            Instant::now() < deadline,
-            "pool did not stop\n{}",
-            stack.describe()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    stack.terminate_pool().await;
     assert!(!stack.data.join("run/pool.sock").exists());
     for t in &tids {
         let gone = stack
@@ -528,4 +534,58 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
             "port {p}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_pool_that_crashed_leaves_nothing_once_restarted() {
+    let mut stack = Stack::start();
+    let s = stack
+        .until("all slots ready", |s| s.ready == u32::from(SLOTS))
+        .await;
+    let old: Vec<String> = s.slots.iter().filter_map(|v| v.tid.clone()).collect();
+    stack.pool.kill();
+    // Its slots outlive it until the next pool starts.
+    for t in &old {
+        let st = stack
+            .launcher
+            .client()
+            .slot(&Tid::parse(t).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(st.state, agentbox_api::launcher::RunState::Running, "{t}");
+    }
+    let mut cmd = Command::new(workspace_bin("agentbox-pool", "agentbox-pool").unwrap());
+    cmd.arg("--config")
+        .arg(&stack.config)
+        .env_clear()
+        .env("RUST_LOG", "info")
+        .uid(SERVICE)
+        .gid(SERVICE);
+    stack.pool = Service::start_listening(
+        "agentbox-pool",
+        cmd,
+        Duration::from_secs(60),
+        "listening on unix:",
+    )
+    .unwrap()
+    .0;
+    let s = stack
+        .until("all slots ready again", |s| s.ready == u32::from(SLOTS))
+        .await;
+    for t in &old {
+        let gone = stack
+            .launcher
+            .client()
+            .slot(&Tid::parse(t).unwrap())
+            .await
+            .unwrap_err();
+        assert_eq!(gone.status(), Some(404), "slot {t}: {gone}");
+        assert_eq!(
+            stack.gateway.task(t).await.unwrap()["state"],
+            "closed",
+            "task {t}"
+        );
+        assert!(s.slots.iter().all(|v| v.tid.as_deref() != Some(t.as_str())));
+    }
+    stack.terminate_pool().await;
 }
