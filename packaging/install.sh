@@ -27,9 +27,9 @@ if [ -z "$destdir" ] && [ "$(id -u)" -ne 0 ]; then
   exit 77
 fi
 
-bins=(agentbox agentbox-launcher agentbox-gateway agentbox-bridge)
+bins=(agentbox agentbox-launcher agentbox-gateway agentbox-bridge agentbox-pool)
 if [ -z "$bindir" ]; then
-  (cd "$top" && cargo build --release --locked -p agentbox-cli -p agentbox-launcher -p agentbox-gateway -p agentbox-bridge)
+  (cd "$top" && cargo build --release --locked -p agentbox-cli -p agentbox-launcher -p agentbox-gateway -p agentbox-bridge -p agentbox-pool)
   bindir="$top/target/release"
 fi
 for b in "${bins[@]}"; do
@@ -76,6 +76,7 @@ else
     if [ "$start" -eq 1 ]; then
       systemctl enable --now agentbox-launcher.service agentbox-bridge.service agentbox-gateway.service
     fi
+    echo "install.sh: on a rollout host (a [pool] section), also: systemctl enable --now agentbox-pool.service" >&2
   else
     echo "install.sh: systemd is not running here; start the daemons by hand (see README)" >&2
   fi

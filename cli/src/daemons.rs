@@ -1,11 +1,11 @@
-//! The two control sockets as the CLI reaches them: paths from `agentbox.toml`, the typed
+//! The control sockets as the CLI reaches them: paths from `agentbox.toml`, the typed
 //! clients of `agentbox-api`, and a connect probe that tells "not running" from "not allowed"
 //! by the `io::ErrorKind` before any request is sent.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use agentbox_api::{ClientError, GatewayClient, LauncherClient, UnixClient};
+use agentbox_api::{ClientError, GatewayClient, LauncherClient, PoolClient, UnixClient};
 use agentbox_policy::config::Config;
 
 use crate::error::{CliError, Daemon};
@@ -13,7 +13,7 @@ use crate::error::{CliError, Daemon};
 /// How long an ordinary request may take (a snapshot of a large repository is one).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The launcher and the gateway of one configuration.
+/// The launcher, the gateway and the pool of one configuration.
 #[derive(Debug, Clone)]
 pub struct Daemons {
     /// The loaded configuration.
@@ -22,6 +22,8 @@ pub struct Daemons {
     pub launcher: LauncherClient,
     /// `run/gateway.sock`.
     pub gateway: GatewayClient,
+    /// `run/pool.sock`.
+    pub pool: PoolClient,
 }
 
 impl Daemons {
@@ -34,6 +36,7 @@ impl Daemons {
         Daemons {
             launcher: LauncherClient::over(http("launcher.sock")),
             gateway: GatewayClient::over(http("gateway.sock")),
+            pool: PoolClient::over(http("pool.sock")),
             config,
         }
     }
@@ -43,6 +46,7 @@ impl Daemons {
         match daemon {
             Daemon::Launcher => self.launcher.http().socket(),
             Daemon::Gateway => self.gateway.http().socket(),
+            Daemon::Pool => self.pool.http().socket(),
         }
     }
 

@@ -36,6 +36,8 @@ pub enum Daemon {
     Launcher,
     /// `agentbox-gateway` on `run/gateway.sock`.
     Gateway,
+    /// `agentbox-pool` on `run/pool.sock` (rollout hosts only).
+    Pool,
 }
 
 impl Daemon {
@@ -44,6 +46,23 @@ impl Daemon {
         match self {
             Daemon::Launcher => "launcher",
             Daemon::Gateway => "gateway",
+            Daemon::Pool => "pool",
+        }
+    }
+
+    /// How to start it.
+    fn start_hint(self) -> String {
+        match self {
+            Daemon::Launcher | Daemon::Gateway => {
+                format!(
+                    "`systemctl start {}`, or `agentbox up` for a trial",
+                    self.unit()
+                )
+            }
+            Daemon::Pool => format!(
+                "`systemctl start {}` on a host whose config has a [pool] section",
+                self.unit()
+            ),
         }
     }
 
@@ -52,6 +71,7 @@ impl Daemon {
         match self {
             Daemon::Launcher => "agentbox-launcher",
             Daemon::Gateway => "agentbox-gateway",
+            Daemon::Pool => "agentbox-pool",
         }
     }
 }
@@ -91,8 +111,8 @@ pub enum CliError {
     Usage(String),
     /// The daemon's socket is missing or nobody listens on it.
     #[error(
-        "the {} is not running ({}: {reason}); start it (`systemctl start {}`, or `agentbox up` for a trial)",
-        daemon.name(), socket.display(), daemon.unit()
+        "the {} is not running ({}: {reason}); start it ({})",
+        daemon.name(), socket.display(), daemon.start_hint()
     )]
     DaemonDown {
         /// Which.

@@ -81,6 +81,11 @@ enum Command {
         #[command(subcommand)]
         action: BackendsAction,
     },
+    /// The rollout pool of this host (agentbox-pool).
+    Pool {
+        #[command(subcommand)]
+        action: PoolAction,
+    },
     /// Run the launcher, gateway and bridge in the foreground on one data dir (a trial);
     /// Ctrl-C stops all three.
     Up(up::UpArgs),
@@ -103,6 +108,13 @@ enum ConfigAction {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum PoolAction {
+    /// Its slots (state, generation, port, lease) and counts.
+    #[command(after_help = EXIT_CODES)]
+    Status(StatusArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -267,6 +279,17 @@ async fn dispatch(
             out(&render::backends_stopped_text(
                 &verbs::backends_stop(&d).await?,
             ))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Pool {
+            action: PoolAction::Status(StatusArgs { json }),
+        } => {
+            let status = verbs::pool_status(&d).await?;
+            if json {
+                out_json(&status)?;
+            } else {
+                out(&render::pool_status_text(&status))?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp => mcp::serve(d).await,

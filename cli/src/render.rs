@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use agentbox_api::gateway::{Budget, Remaining, TaskState, TaskView};
 use agentbox_api::launcher::{BackendStartResult, BackendStopResult, DeliverResult};
+use agentbox_api::pool::{PoolStatus, SlotState};
 
 use crate::run::{Event, Outcome, Progress, RunSummary, Tick};
 use crate::verbs::{StatusReport, Stopped};
@@ -240,6 +241,70 @@ pub fn summary_text(s: &RunSummary) -> String {
     out
 }
 
+/// The name `pool status` shows for a slot state (the API's spelling).
+fn slot_state(s: SlotState) -> &'static str {
+    match s {
+        SlotState::Empty => "EMPTY",
+        SlotState::Starting => "STARTING",
+        SlotState::Ready => "READY",
+        SlotState::Leased => "LEASED",
+        SlotState::Releasing => "RELEASING",
+        SlotState::Restarting => "RESTARTING",
+        SlotState::Failed => "FAILED",
+        SlotState::Dead => "DEAD",
+        SlotState::Lost => "LOST",
+    }
+}
+
+/// `pool status`: one line of counts, then a table of the slots.
+pub fn pool_status_text(p: &PoolStatus) -> String {
+    let mut s = format!(
+        "pool      {} ({}) · {} slots: {} ready, {} leased, {} starting, {} releasing, {} restarting, {} failed, {} dead, {} lost{}\n",
+        p.node_id,
+        p.node_ip,
+        p.capacity,
+        p.ready,
+        p.leased,
+        p.starting,
+        p.releasing,
+        p.restarting,
+        p.failed,
+        p.dead,
+        p.lost,
+        match (p.closed, p.draining) {
+            (true, _) => " · SHUTTING DOWN",
+            (false, true) => " · DRAINING (no new leases)",
+            (false, false) => "",
+        }
+    );
+    if let Some(e) = &p.last_error {
+        s.push_str(&format!("last error: {e}\n"));
+    }
+    s.push_str(&format!(
+        "{:<5} {:<10} {:>4} {:>6}  {:<28} {}\n",
+        "SLOT", "STATE", "GEN", "PORT", "TID", "LEASE / TRAJECTORY / ERROR"
+    ));
+    for v in &p.slots {
+        let port = v.port.map_or_else(|| "-".to_owned(), |p| p.to_string());
+        let what = match (&v.lease_id, &v.trajectory_id, &v.last_error) {
+            (Some(l), Some(t), _) => format!("{l} ({t})"),
+            (Some(l), None, _) => l.clone(),
+            (None, _, Some(e)) => e.clone(),
+            (None, _, None) => String::new(),
+        };
+        s.push_str(&format!(
+            "{:<5} {:<10} {:>4} {:>6}  {:<28} {}\n",
+            v.slot_id,
+            slot_state(v.status),
+            v.generation,
+            port,
+            v.tid.as_deref().unwrap_or("-"),
+            what
+        ));
+    }
+    s
+}
+
 /// `agentbox status` as tables.
 pub fn status_text(report: &StatusReport) -> String {
     let launcher = report.launcher.as_ref();
@@ -401,5 +466,49 @@ mod tests {
         assert_eq!(grouped(1000), "1,000");
         assert_eq!(grouped(1_234_567), "1,234,567");
         assert_eq!(duration(Duration::from_secs(83)), "1m23s");
+    }
+
+    #[test]
+    fn pool_status_is_a_table_of_slots() {
+        use agentbox_api::pool::SlotView;
+        let view = |id, status, generation, lease: Option<&str>| SlotView {
+            slot_id: id,
+            status,
+            generation,
+            port: lease.map(|_| 31000 + u16::try_from(id).unwrap_or(0)),
+            tid: Some(format!("pool-{id}-g{generation}-abcd")),
+            lease_id: lease.map(str::to_owned),
+            trajectory_id: lease.map(|_| "traj-1".to_owned()),
+            last_error: None,
+        };
+        let p = PoolStatus {
+            node_id: "node-a".into(),
+            node_ip: "10.0.0.1".into(),
+            hostname: "h".into(),
+            closed: false,
+            draining: true,
+            capacity: 2,
+            ready: 1,
+            leased: 1,
+            releasing: 0,
+            starting: 0,
+            restarting: 0,
+            failed: 0,
+            dead: 0,
+            lost: 0,
+            empty: 0,
+            last_error: None,
+            slots: vec![
+                view(0, SlotState::Leased, 3, Some("lease-x")),
+                view(1, SlotState::Ready, 1, None),
+            ],
+        };
+        let text = pool_status_text(&p);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4, "{text}");
+        assert!(lines[0].contains("2 slots: 1 ready, 1 leased") && lines[0].contains("DRAINING"));
+        assert!(lines[2].starts_with("0     LEASED") && lines[2].contains("31000"));
+        assert!(lines[2].contains("lease-x (traj-1)"));
+        assert!(lines[3].starts_with("1     READY") && lines[3].contains("pool-1-g1-abcd"));
     }
 }

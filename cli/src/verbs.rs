@@ -1,5 +1,5 @@
-//! The operator's verbs beside `run`: `status`, `logs`, `stop`, `check`, `deliver` and
-//! `backends`, as library calls that return typed results; the CLI renders them
+//! The operator's verbs beside `run`: `status`, `logs`, `stop`, `check`, `deliver`,
+//! `backends` and `pool status`, as library calls that return typed results; the CLI renders them
 //! ([`crate::render`]) and the MCP server ([`crate::mcp`]) returns them as JSON. Each is one or
 //! two calls through `agentbox-api`; failures go through [`Daemons::error`] so every verb
 //! reports the same way.
@@ -11,6 +11,7 @@ use agentbox_api::launcher::{
     BackendStartResult, BackendStopResult, CheckRequest, CheckResult, DeliverRequest,
     DeliverResult, LauncherStatus, RunState,
 };
+use agentbox_api::pool::PoolStatus;
 use agentbox_policy::id::Tid;
 use serde::Serialize;
 
@@ -65,6 +66,14 @@ pub async fn status(d: &Daemons) -> StatusReport {
         launcher: reach(d, Daemon::Launcher, d.launcher.status()).await,
         gateway: reach(d, Daemon::Gateway, d.gateway.status()).await,
     }
+}
+
+/// `pool status`: the rollout pool's slots and leases.
+///
+/// # Errors
+/// The pool is not running or refuses this user.
+pub async fn pool_status(d: &Daemons) -> Result<PoolStatus, CliError> {
+    reach(d, Daemon::Pool, d.pool.status()).await
 }
 
 /// A page of a run's output.

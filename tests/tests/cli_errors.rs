@@ -115,6 +115,22 @@ fn daemon_not_running_is_69_and_says_how_to_start_it() {
 }
 
 #[test]
+fn pool_not_running_is_69() {
+    for args in [&["pool", "status"][..], &["pool", "status", "--json"][..]] {
+        let out = lone(args);
+        one_line(
+            &out,
+            69,
+            &[
+                "pool is not running",
+                "pool.sock",
+                "systemctl start agentbox-pool",
+            ],
+        );
+    }
+}
+
+#[test]
 fn permission_denied_on_the_socket_is_77() {
     // A real launcher; the CLI runs as `nobody`, who may not reach run/launcher.sock.
     let launcher = LauncherProcess::start("", SERVICE).unwrap();

@@ -58,6 +58,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "agentbox-wire",
         ],
     ),
+    (
+        "agentbox-pool",
+        &["agentbox-api", "agentbox-http", "agentbox-policy"],
+    ),
     // fakellm is a test and demo tool: ground crates only.
     ("agentbox-fakellm", &["agentbox-api"]),
     (

@@ -38,6 +38,7 @@ fn install_into_a_root_then_verify() {
         ("agentbox-launcher", "agentbox-launcher"),
         ("agentbox-gateway", "agentbox-gateway"),
         ("agentbox-bridge", "agentbox-bridge"),
+        ("agentbox-pool", "agentbox-pool"),
     ];
     let bin_dir = bins
         .iter()
@@ -110,6 +111,7 @@ fn install_into_a_root_then_verify() {
         "agentbox-launcher.service",
         "agentbox-gateway.service",
         "agentbox-bridge.service",
+        "agentbox-pool.service",
     ] {
         let text = std::fs::read_to_string(r.join("etc/systemd/system").join(u)).unwrap();
         let rewritten = text.replace(
