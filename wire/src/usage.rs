@@ -579,7 +579,7 @@ mod billable_tests {
     #[test]
     fn cut_chat_stream_bills_at_least_its_deltas() {
         let mut m = UsageMeter::chat(BodyKind::EventStream);
-        let text = "y".repeat(600);
+        let text = "y".repeat(700);
         let chunk = format!(
             "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
         );
