@@ -205,10 +205,7 @@ mod tests {
     use super::*;
 
     fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => unreachable!(),
-        }
+        v.as_object().cloned().unwrap()
     }
 
     #[test]
