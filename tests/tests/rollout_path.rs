@@ -154,6 +154,18 @@ async fn a_turn_through_the_gateway_is_tagged_metered_and_keeps_the_token_in() {
     assert_eq!(u["total_tokens"], input + output, "{view}");
     assert_eq!(u["requests"], requests.len(), "{view}");
     assert_eq!(view["reserved"]["tokens"], 0, "{view}");
+    // Router control calls go to the same socket; the gateway serves none, so a pause is the
+    // router's failure with its 404 (the proxy documents this).
+    let pause =
+        p.bb.post("/v1/rollout/pause", &json!({"reason": "weight_update"}))
+            .await;
+    assert_eq!(pause.status, 502, "{pause}");
+    let message = pause.body["message"].as_str().unwrap();
+    assert!(
+        message.contains("/rollout/pause failed with HTTP 404"),
+        "{pause}"
+    );
+    assert!(!pause.to_string().contains(TOKEN), "{pause}");
     // The turn's own counts (from the same usage, read by the blackbox proxy) agree.
     assert_eq!(r.body["usage"]["input_tokens"], input, "{r}");
     assert_eq!(r.body["usage"]["output_tokens"], output, "{r}");

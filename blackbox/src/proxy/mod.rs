@@ -29,7 +29,8 @@
 //! `{router_api_path}/rollout/pause|resume`). In a rollout slot that socket is the gateway's
 //! task socket, which serves only `/v1/chat/completions`: a pause or resume there gets the
 //! gateway's 404, which the server reports as the router's failure (502 `Rollout pause
-//! failed`, status 404 in the detail) while the proxy's own pause still holds the calls; a
+//! failed: router /rollout/pause failed with HTTP 404: ...`) while the proxy's own pause still
+//! holds the calls; a
 //! rollout manager that pauses generations talks to its router directly. With
 //! `BBS_ROUTER_TOKEN` ([`ProxyConfig::router_token`]) every router call carries `Authorization:
 //! Bearer <token>` (a sensitive header value, never logged) and the client's `Authorization`
@@ -163,7 +164,7 @@ pub enum ProxyError {
     #[error("turn scope is already active for {0}")]
     TurnActive(String),
     /// A router control call (pause, resume) failed.
-    #[error("router {endpoint} failed: {detail}")]
+    #[error("router {endpoint} failed{}: {detail}", status.map(|s| format!(" with HTTP {s}")).unwrap_or_default())]
     Control {
         /// `/rollout/pause` or `/rollout/resume`.
         endpoint: &'static str,
