@@ -67,7 +67,7 @@ async fn chat_over_a_unix_socket_is_passed_through_and_metered() {
     }
     drop(body);
     assert_eq!(String::from_utf8(out).unwrap(), STREAM);
-    let reports = reports.lock().unwrap();
+    let reports = reports.lock().unwrap().clone();
     assert_eq!(reports.len(), 1, "settled exactly once");
     assert!(reports[0].complete);
     assert_eq!(
@@ -77,7 +77,7 @@ async fn chat_over_a_unix_socket_is_passed_through_and_metered() {
         ),
         (42, 5)
     );
-    let seen = seen.lock().unwrap();
+    let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0]["authorization"], "Bearer router-token");
     assert_eq!(seen[0]["x-session-id"], "s1");
