@@ -5,9 +5,11 @@
 //! A variable that is set but does not parse, or is out of range, is a startup error naming it:
 //! a typo must not silently become the default.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use agentbox_policy::config::HostEnv;
+use agentbox_policy::secret::Secret;
 use serde::{Deserialize, Serialize};
 
 /// The environment variables, their defaults and what they mean: the source of `--help`, so
@@ -15,6 +17,21 @@ use serde::{Deserialize, Serialize};
 pub const VARIABLES: &[(&str, &str, &str)] = &[
     ("BBS_HOST", "0.0.0.0", "address to listen on"),
     ("BBS_PORT", "23456", "port to listen on"),
+    (
+        "BBS_UNIX_SOCKET",
+        "unset",
+        "absolute path of a unix socket to listen on instead of BBS_HOST:BBS_PORT (created fresh, mode 0666: its directory controls access)",
+    ),
+    (
+        "BBS_ROUTER_URL",
+        "unset",
+        "the router every registration's model calls go to, whatever router it names: http://host:port[/path] or unix:/abs/path.sock",
+    ),
+    (
+        "BBS_ROUTER_TOKEN",
+        "unset",
+        "sent as Authorization: Bearer on every call to the router (never logged)",
+    ),
     (
         "BBS_RUNTIME_ROOT",
         "/tmp/blackbox_server",
@@ -144,6 +161,40 @@ pub struct Bins {
     pub codex: String,
 }
 
+/// Where the router is, when `BBS_ROUTER_URL` overrides the registrations' `router`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RouterUrl {
+    /// `http(s)://host[:port][/path]`: `origin` is `scheme://host[:port]`; `api_path` replaces
+    /// the registration's `router_api_path` when the URL has a path.
+    Http {
+        /// `scheme://host[:port]`.
+        origin: String,
+        /// The URL's path without a trailing `/`, if it had one.
+        api_path: Option<String>,
+    },
+    /// `unix:/abs/path.sock`: HTTP over that socket, with the registration's API path.
+    Unix(PathBuf),
+}
+
+/// How the server reaches its router, from `BBS_ROUTER_URL` and `BBS_ROUTER_TOKEN`; not part of
+/// [`ServerConfig`] (which `/v1/status` shows) so the token is never in an answer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RouterSettings {
+    /// Replaces every registration's router; `None`: the registration's.
+    pub url: Option<RouterUrl>,
+    /// `Authorization: Bearer` on every router call; client copies are dropped.
+    pub token: Option<Secret>,
+}
+
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    /// `BBS_HOST:BBS_PORT`.
+    Tcp,
+    /// `BBS_UNIX_SOCKET`.
+    Unix(PathBuf),
+}
+
 /// Everything read from the environment at start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -151,6 +202,76 @@ pub struct Config {
     pub server: ServerConfig,
     /// The agent binaries.
     pub bins: Bins,
+    /// Where to listen.
+    pub listen: Listen,
+    /// The router override and its token.
+    pub router: RouterSettings,
+}
+
+/// The longest unix socket path (`sun_path` holds 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// An absolute unix socket path.
+fn socket_path(s: &str) -> Result<PathBuf, String> {
+    if !s.starts_with('/') {
+        return Err("must be an absolute path".into());
+    }
+    if s.len() > MAX_SOCKET_PATH {
+        return Err(format!(
+            "a unix socket path is at most {MAX_SOCKET_PATH} bytes"
+        ));
+    }
+    if s.ends_with('/') || s.split('/').any(|c| c == "." || c == "..") {
+        return Err("must name a file by a normalized path".into());
+    }
+    Ok(PathBuf::from(s))
+}
+
+/// `BBS_ROUTER_URL`.
+pub fn router_url(s: &str) -> Result<RouterUrl, String> {
+    if let Some(path) = s.strip_prefix("unix:") {
+        return socket_path(path).map(RouterUrl::Unix);
+    }
+    let url = url::Url::parse(s)
+        .map_err(|e| format!("expected http://host:port[/path] or unix:/abs/path.sock ({e})"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err("expected http://host:port[/path] or unix:/abs/path.sock".into());
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("must not carry credentials (use BBS_ROUTER_TOKEN)".into());
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err("must not have a query or fragment".into());
+    }
+    let host = url
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| "has no host".to_owned())?;
+    let origin = match url.port() {
+        Some(p) => format!("{}://{host}:{p}", url.scheme()),
+        None => format!("{}://{host}", url.scheme()),
+    };
+    let path = url.path().trim_end_matches('/');
+    Ok(RouterUrl::Http {
+        origin,
+        api_path: (!path.is_empty()).then(|| path.to_owned()),
+    })
+}
+
+/// An optional variable (listed as `unset`): `None` when unset, else parsed.
+fn optional<T>(
+    env: &dyn HostEnv,
+    name: &'static str,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, ConfigError> {
+    match env.var(name) {
+        None => Ok(None),
+        Some(value) => parse(value.trim()).map(Some).map_err(|reason| ConfigError {
+            name,
+            value,
+            reason,
+        }),
+    }
 }
 
 /// Reads one variable of [`VARIABLES`] with `parse`; unset means its listed default, parsed
@@ -266,7 +387,35 @@ impl Config {
             claude_code: var(env, "CLAUDE_CODE_BIN", text)?,
             codex: var(env, "CODEX_BIN", text)?,
         };
-        Ok(Config { server, bins })
+        let listen = match optional(env, "BBS_UNIX_SOCKET", socket_path)? {
+            Some(p) => Listen::Unix(p),
+            None => Listen::Tcp,
+        };
+        let token = match env.var("BBS_ROUTER_TOKEN") {
+            None => None,
+            Some(t) => {
+                let bad = |reason: &str| ConfigError {
+                    name: "BBS_ROUTER_TOKEN",
+                    // The value is a secret: never echoed.
+                    value: "<redacted>".into(),
+                    reason: reason.into(),
+                };
+                if t.bytes().any(|b| !(0x21..=0x7e).contains(&b)) {
+                    return Err(bad("must be printable ASCII without spaces"));
+                }
+                Some(Secret::new(t).ok_or_else(|| bad("must not be empty"))?)
+            }
+        };
+        let router = RouterSettings {
+            url: optional(env, "BBS_ROUTER_URL", router_url)?,
+            token,
+        };
+        Ok(Config {
+            server,
+            bins,
+            listen,
+            router,
+        })
     }
 }
 
@@ -472,6 +621,68 @@ mod tests {
             assert_eq!(err.name, name);
             assert!(err.to_string().starts_with(name), "{err}");
         }
+    }
+
+    #[test]
+    fn unix_socket_and_router_variables() {
+        let c = Config::from_env(&env(&[])).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.listen, Listen::Tcp);
+        assert_eq!(c.router, RouterSettings::default());
+        let c = Config::from_env(&env(&[
+            ("BBS_UNIX_SOCKET", "/run/bbs/server.sock"),
+            ("BBS_ROUTER_URL", "unix:/run/gw/llm.sock"),
+            ("BBS_ROUTER_TOKEN", "tok-123"),
+        ]))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.listen, Listen::Unix("/run/bbs/server.sock".into()));
+        assert_eq!(
+            c.router.url,
+            Some(RouterUrl::Unix("/run/gw/llm.sock".into()))
+        );
+        assert_eq!(c.router.token.as_ref().map(Secret::expose), Some("tok-123"));
+        assert!(
+            !format!("{c:?}").contains("tok-123"),
+            "the token is redacted"
+        );
+        assert_eq!(
+            router_url("http://10.0.0.2:8000/v1/").unwrap_or_else(|e| panic!("{e}")),
+            RouterUrl::Http {
+                origin: "http://10.0.0.2:8000".into(),
+                api_path: Some("/v1".into())
+            }
+        );
+        assert_eq!(
+            router_url("http://r:8000").unwrap_or_else(|e| panic!("{e}")),
+            RouterUrl::Http {
+                origin: "http://r:8000".into(),
+                api_path: None
+            }
+        );
+    }
+
+    #[test]
+    fn bad_unix_socket_and_router_values_name_the_variable() {
+        let long = format!("/{}", "a".repeat(120));
+        for (name, value) in [
+            ("BBS_UNIX_SOCKET", "relative.sock"),
+            ("BBS_UNIX_SOCKET", ""),
+            ("BBS_UNIX_SOCKET", "/run/../etc/x.sock"),
+            ("BBS_UNIX_SOCKET", "/run/dir/"),
+            ("BBS_UNIX_SOCKET", long.as_str()),
+            ("BBS_ROUTER_URL", "unix:relative.sock"),
+            ("BBS_ROUTER_URL", "ftp://h/x"),
+            ("BBS_ROUTER_URL", "not a url"),
+            ("BBS_ROUTER_URL", "http://user:pw@h:1/v1"),
+            ("BBS_ROUTER_URL", "http://h:1/v1?x=1"),
+            ("BBS_ROUTER_TOKEN", ""),
+            ("BBS_ROUTER_TOKEN", "two words"),
+        ] {
+            let err = Config::from_env(&env(&[(name, value)])).expect_err(value);
+            assert_eq!(err.name, name, "{value}");
+            assert!(err.to_string().starts_with(name), "{err}");
+        }
+        let err = Config::from_env(&env(&[("BBS_ROUTER_TOKEN", "bad token")])).expect_err("token");
+        assert!(!err.to_string().contains("bad token"), "{err}");
     }
 
     #[test]

@@ -1,12 +1,13 @@
-//! `blackbox-server`: reads `BBS_*` (`--help` lists them), binds `BBS_HOST:BBS_PORT`, prints
-//! `listening on <addr>` once bound, serves until SIGTERM or SIGINT, then shuts down
+//! `blackbox-server`: reads `BBS_*` (`--help` lists them), binds `BBS_HOST:BBS_PORT` (or the
+//! unix socket `BBS_UNIX_SOCKET`), prints `listening on <addr>` (or the socket's path) once bound, serves until SIGTERM or SIGINT, then shuts down
 //! gracefully. A bad variable is exit code 78 naming it.
 
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
-use agentbox_blackbox::config::{Config, variables_help};
+use agentbox_blackbox::Listener;
+use agentbox_blackbox::config::{Config, Listen, variables_help};
 use agentbox_policy::config::ProcessEnv;
 use tokio_util::sync::CancellationToken;
 
@@ -36,24 +37,42 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     runtime.block_on(async move {
-        let addr = (config.server.host.clone(), config.server.port);
-        let listener = match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!(
-                    "blackbox-server: cannot listen on {}:{}: {e}",
-                    config.server.host, config.server.port
-                );
-                return ExitCode::FAILURE;
+        let listener = match &config.listen {
+            Listen::Unix(path) => match agentbox_blackbox::listen::bind_unix(path) {
+                Ok(l) => {
+                    if let Err(e) = agentbox_http::announce_listening(path.display()) {
+                        eprintln!("blackbox-server: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                    Listener::Unix(l)
+                }
+                Err(e) => {
+                    eprintln!("blackbox-server: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            Listen::Tcp => {
+                let addr = (config.server.host.clone(), config.server.port);
+                let listener = match tokio::net::TcpListener::bind(addr).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!(
+                            "blackbox-server: cannot listen on {}:{}: {e}",
+                            config.server.host, config.server.port
+                        );
+                        return ExitCode::FAILURE;
+                    }
+                };
+                if let Err(e) = listener
+                    .local_addr()
+                    .and_then(agentbox_http::announce_listening)
+                {
+                    eprintln!("blackbox-server: {e}");
+                    return ExitCode::FAILURE;
+                }
+                Listener::Tcp(listener)
             }
         };
-        if let Err(e) = listener
-            .local_addr()
-            .and_then(agentbox_http::announce_listening)
-        {
-            eprintln!("blackbox-server: {e}");
-            return ExitCode::FAILURE;
-        }
         let stop = CancellationToken::new();
         agentbox_http::cancel_on_shutdown_signal(&stop);
         agentbox_blackbox::run(listener, config, stop).await;

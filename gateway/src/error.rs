@@ -1,7 +1,8 @@
 //! The gateway's two error types, each with one exhaustive mapping to a status and a body.
 //!
 //! - [`ProxyError`]: what an agent sees on its task socket, in Anthropic's shape
-//!   (`{"type":"error","error":{"type","message"}}`), with the statuses Claude Code acts on:
+//!   (`{"type":"error","error":{"type","message"}}`; OpenAI's on `/v1/chat/completions`, which
+//!   renders the same reply with `Protocol::OpenAi`), with the statuses Claude Code acts on:
 //!   403 `permission_error` for an exhausted budget (it stops; it would retry 429 and 5xx).
 //! - [`ControlError`]: what the operator's tools see on the control socket:
 //!   `{"error":{"code","message"}}` ([`ErrorEnvelope`]).
@@ -19,7 +20,8 @@ use crate::store::StoreError;
 /// A failed request on a task socket.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    /// Not `POST /v1/messages` or `POST /v1/messages/count_tokens`.
+    /// Not a route of this socket, or a route the task's model does not serve (`/v1/messages`
+    /// on a rollout router, `/v1/chat/completions` on anything else).
     #[error("not found: {0}")]
     NotFound(String),
     /// Over `gateway.max_body_mb`.

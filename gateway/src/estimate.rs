@@ -113,6 +113,24 @@ pub fn input_tokens(req: &Value) -> u64 {
     (t.bytes.div_ceil(BYTES_PER_TOKEN) + t.fixed).max(1)
 }
 
+/// The input estimate of an OpenAI chat completions request: what [`input_tokens`] counts
+/// (messages' content, tools, tool choice) plus the assistant messages' `tool_calls` and the
+/// tool messages' ids, which chat carries outside `content`.
+pub fn chat_input_tokens(req: &Value) -> u64 {
+    let mut t = Tally::default();
+    if let Some(Value::Array(messages)) = req.get("messages") {
+        for m in messages {
+            if let Some(calls) = m.get("tool_calls") {
+                t.json(calls);
+            }
+            if let Some(Value::String(id)) = m.get("tool_call_id") {
+                t.text(id);
+            }
+        }
+    }
+    input_tokens(req).saturating_add(t.bytes.div_ceil(BYTES_PER_TOKEN))
+}
+
 struct CountingWriter(u64);
 
 impl std::io::Write for CountingWriter {

@@ -12,11 +12,13 @@
 //! - [`gateway`]: the shared state and the task lifecycle (open, restore, close).
 //! - [`control`]: the control socket's routes.
 //! - [`proxy`]: the per-task socket's routes, forwarding and metering.
+//! - [`chat`]: `POST /v1/chat/completions` for rollout router models.
 //! - [`error`]: both error types and their one mapping each to status and body.
 
 #![forbid(unsafe_code)]
 
 pub mod account;
+pub mod chat;
 pub mod control;
 pub mod error;
 pub mod estimate;

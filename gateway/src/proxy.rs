@@ -1,4 +1,6 @@
 //! A task socket: `POST /v1/messages` and `POST /v1/messages/count_tokens` (any query string),
+//! and, for a task whose model is a rollout router, `POST /v1/chat/completions`
+//! ([`crate::chat`], which shares this module's auth, body reading and detached upstream call);
 //! everything else 404.
 //!
 //! **Guarantee: the meter never counts less than the upstream bills, whenever the client hangs
@@ -123,10 +125,10 @@ impl ProxyConfig {
 }
 
 #[derive(Clone)]
-struct TaskCtx {
-    cfg: Arc<ProxyConfig>,
-    account: TaskAccount,
-    bodies: BodyBudgets,
+pub(crate) struct TaskCtx {
+    pub(crate) cfg: Arc<ProxyConfig>,
+    pub(crate) account: TaskAccount,
+    pub(crate) bodies: BodyBudgets,
 }
 
 /// The router of one task's socket; its request bodies are charged to `bodies`.
@@ -134,6 +136,7 @@ pub fn router(cfg: Arc<ProxyConfig>, account: TaskAccount, bodies: BodyBudgets) 
     Router::new()
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/chat/completions", post(crate::chat::completions))
         .fallback(not_found)
         .method_not_allowed_fallback(not_found)
         .with_state(TaskCtx {
@@ -147,7 +150,7 @@ async fn not_found(req: Request) -> ProxyError {
     ProxyError::NotFound(format!("{} {}", req.method(), req.uri().path()))
 }
 
-fn authenticate(ctx: &TaskCtx, headers: &HeaderMap) -> Result<(), ProxyError> {
+pub(crate) fn authenticate(ctx: &TaskCtx, headers: &HeaderMap) -> Result<(), ProxyError> {
     let token = presented_token(
         headers
             .get(header::AUTHORIZATION)
@@ -160,7 +163,7 @@ fn authenticate(ctx: &TaskCtx, headers: &HeaderMap) -> Result<(), ProxyError> {
 
 /// The body as JSON, with its charge against the body budgets (keep the charge while the value
 /// lives) and the body's length.
-async fn read_json(
+pub(crate) async fn read_json(
     ctx: &TaskCtx,
     req: Request,
 ) -> Result<(HeaderMap, Value, BodyCharge, usize), ProxyError> {
@@ -276,11 +279,22 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         body: value,
         size_hint,
     };
+    let cfg = ctx.cfg.clone();
+    detached(&cfg, ctx.account.tid().clone(), call.forward(admission)).await
+}
+
+/// Runs an upstream call in a task of its own (see the module doc): the client gets its answer
+/// while it waits; if it hung up before the head, the answer is read in the background so its
+/// metered body settles on the upstream's usage.
+pub(crate) async fn detached(
+    cfg: &Arc<ProxyConfig>,
+    tid: Tid,
+    call: impl std::future::Future<Output = Result<Answer, ProxyError>> + Send + 'static,
+) -> Result<Response, ProxyError> {
     let (tx, rx) = oneshot::channel();
-    ctx.cfg.background.spawn(async move {
-        let shutdown = call.cfg.shutdown.clone();
-        let tid = call.tid.clone();
-        let result = call.forward(admission).await;
+    let shutdown = cfg.shutdown.clone();
+    cfg.background.spawn(async move {
+        let result = call.await;
         if let Err(Ok(answer)) = tx.send(result) {
             drain(answer, &tid, &shutdown).await;
         }
@@ -291,6 +305,19 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         Err(_) => Err(ProxyError::Llm(LlmError::Unreachable(
             "the upstream call ended without an answer".into(),
         ))),
+    }
+}
+
+/// Settles an admission whose upstream call failed, as [`crate::account`] says.
+pub(crate) fn settle_failed(admission: Admission, e: &LlmError) {
+    match e {
+        // Refused, or never reached: providers bill neither.
+        LlmError::Upstream { .. } | LlmError::Unreachable(_) | LlmError::InvalidRequest(_) => {
+            admission.refund();
+        }
+        // It took the request and went silent (or answered garbage): it may have run it, so
+        // the drop bills the whole reservation.
+        LlmError::Timeout | LlmError::InvalidResponse(_) => drop(admission),
     }
 }
 
@@ -332,15 +359,7 @@ impl Call {
                 }))
             }
             Err(e) => {
-                match &e {
-                    // Refused, or never reached: providers bill neither.
-                    LlmError::Upstream { .. }
-                    | LlmError::Unreachable(_)
-                    | LlmError::InvalidRequest(_) => admission.refund(),
-                    // It took the request and went silent (or answered garbage): it may have run
-                    // it, so the drop bills the whole reservation.
-                    LlmError::Timeout | LlmError::InvalidResponse(_) => drop(admission),
-                }
+                settle_failed(admission, &e);
                 Err(e.into())
             }
         }

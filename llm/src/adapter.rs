@@ -7,6 +7,9 @@
 //! - [`Upstream::anthropic_via_chat`]: Anthropic → OpenAI chat completions → Anthropic,
 //!   streamed through [`ChatToAnthropic`] or translated whole.
 //!
+//! - [`Upstream::chat`]: passthrough of an OpenAI chat completion (the gateway's rollout
+//!   router models), with the caller's extra headers.
+//!
 //! A Responses ⇄ chat adapter is one more method here with its own [`StreamTranslator`].
 //!
 //! [`StreamTranslator`]: crate::body::StreamTranslator
@@ -49,6 +52,19 @@ pub struct AnthropicTarget<'a> {
     pub version: &'a str,
     /// About how long the body will be written (the client's body length): its buffer is
     /// allocated once at that size rather than grown by doubling.
+    pub size_hint: usize,
+}
+
+/// An OpenAI chat completions endpoint a chat request passes through to.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatPassTarget<'a> {
+    /// The full `/chat/completions` URL.
+    pub url: &'a str,
+    /// How to authenticate.
+    pub auth: Auth<'a>,
+    /// Extra request headers (the caller chose which of its client's to keep).
+    pub headers: &'a [(&'a str, &'a str)],
+    /// About how long the body will be written (see [`AnthropicTarget::size_hint`]).
     pub size_hint: usize,
 }
 
@@ -96,6 +112,32 @@ impl Upstream {
             .unwrap_or(HeaderValue::from_static("application/json"));
         let kind = BodyKind::from_content_type(content_type.to_str().unwrap_or(""));
         let sse = (kind == BodyKind::EventStream).then_some(Protocol::Anthropic);
+        Ok(Answer {
+            status,
+            content_type,
+            body: LlmBody::passthrough(upstream_stream(resp), sse),
+        })
+    }
+
+    /// Passes a chat completions request to an OpenAI-compatible endpoint and its answer back,
+    /// streamed or not; a stream that breaks ends with OpenAI's error frame. The request is
+    /// written out and freed before the call.
+    pub async fn chat(&self, target: ChatPassTarget<'_>, body: Value) -> Result<Answer, LlmError> {
+        let mut bytes = Vec::with_capacity(target.size_hint.saturating_add(4096));
+        serde_json::to_writer(&mut bytes, &FastValue(&body))
+            .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        drop(body);
+        let resp = self
+            .post_json(target.url, target.auth, target.headers, bytes)
+            .await?;
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("application/json"));
+        let kind = BodyKind::from_content_type(content_type.to_str().unwrap_or(""));
+        let sse = (kind == BodyKind::EventStream).then_some(Protocol::OpenAi);
         Ok(Answer {
             status,
             content_type,

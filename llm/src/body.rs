@@ -511,6 +511,14 @@ impl Answer {
         self
     }
 
+    /// Meters the client's body as an OpenAI chat completion (streamed or not); `settle` gets
+    /// the report exactly once.
+    pub fn metered_chat(mut self, settle: impl FnOnce(MeterReport) + Send + 'static) -> Self {
+        let meter = UsageMeter::chat(self.body_kind());
+        self.body = self.body.metered(meter, Box::new(settle));
+        self
+    }
+
     /// The response.
     pub fn into_response(self) -> Response {
         let stream = self.body_kind() == BodyKind::EventStream;

@@ -2,10 +2,15 @@
 //! mapping, and capped reads of bodies (an upstream error body at 64 KiB, a non-streamed
 //! answer at 64 MiB), so a hostile or broken upstream cannot balloon a daemon's memory.
 //!
+//! A client may reach its upstream over a unix socket instead of TCP
+//! ([`ClientOptions::unix_socket`]): every request of that client then goes to the socket,
+//! whatever host its URL names (the URL's path and query are sent as for TCP).
+//!
 //! Redirects are never followed: a redirect would re-send the request, its prompt and its
 //! credentials (`x-api-key`, the bridge token) to whatever host the upstream names. A 3xx is
 //! an upstream error like any other non-2xx (502 to the client, see `error.rs`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use agentbox_policy::secret::Secret;
@@ -33,6 +38,8 @@ pub struct ClientOptions {
     pub pool_idle_timeout: Duration,
     /// `TCP_NODELAY`: stream frames go out as they are written.
     pub tcp_nodelay: bool,
+    /// Every connection goes to this unix socket (HTTP over it; the URL's host is ignored).
+    pub unix_socket: Option<PathBuf>,
 }
 
 impl Default for ClientOptions {
@@ -43,6 +50,7 @@ impl Default for ClientOptions {
             read_timeout: Duration::from_secs(600),
             pool_idle_timeout: Duration::from_secs(60),
             tcp_nodelay: true,
+            unix_socket: None,
         }
     }
 }
@@ -82,12 +90,16 @@ pub struct Upstream {
 impl Upstream {
     /// Builds the client.
     pub fn new(opts: &ClientOptions) -> Result<Self, ClientError> {
-        let client = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(opts.connect_timeout)
             .read_timeout(opts.read_timeout)
             .pool_idle_timeout(opts.pool_idle_timeout)
             .tcp_nodelay(opts.tcp_nodelay)
-            .redirect(reqwest::redirect::Policy::none())
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(path) = &opts.unix_socket {
+            builder = builder.unix_socket(path.as_path());
+        }
+        let client = builder
             .build()
             .map_err(|e| ClientError(agentbox_http::error_chain(&e)))?;
         Ok(Upstream { client })

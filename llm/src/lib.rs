@@ -21,7 +21,7 @@ pub mod body;
 pub mod client;
 pub mod error;
 
-pub use adapter::{AnthropicTarget, ChatTarget};
+pub use adapter::{AnthropicTarget, ChatPassTarget, ChatTarget};
 pub use body::{Answer, ChatToAnthropic, ChatToResponses, LlmBody, StreamTranslator};
 pub use client::{Auth, ClientError, ClientOptions, Upstream};
 pub use error::{ErrorReply, LlmError, Protocol};

@@ -12,10 +12,19 @@
 //!
 //! Only `message_start`, `message_delta`, `message_stop` and `error` events are parsed, each into
 //! a minimal struct that skips everything else, so the meter's cost per byte is the SSE scan.
+//!
+//! The same meter reads OpenAI chat completions ([`Dialect::Chat`], [`UsageMeter::chat`]): a
+//! body's `usage`, or in a stream the chunk carrying `usage` (the last one, when the request
+//! asked for `stream_options.include_usage`), converted to Anthropic's convention
+//! (`input_tokens = prompt_tokens - cached`, `cache_read_input_tokens = cached`); the stream is
+//! complete at `data: [DONE]`, and every chunk with choices counts as a delta for
+//! [`MeterReport::billable_usage`] (a chunk's envelope is longer than the 60 bytes subtracted,
+//! so a cut chat stream's estimate errs high, as it should).
 
 use serde::{Deserialize, Serialize};
 
 use crate::anthropic::{DeltaUsage, ErrorDetail, StopReason, Usage};
+use crate::chat::ChatUsage;
 use crate::sse::{self, EventRef};
 
 /// Token counts in Anthropic's convention: `input_tokens` excludes both cache counts.
@@ -140,7 +149,16 @@ impl BodyKind {
     }
 }
 
-/// Reads an Anthropic response body chunk by chunk and keeps its usage up to date.
+/// Which protocol's answers a meter reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// Anthropic Messages.
+    Anthropic,
+    /// OpenAI chat completions.
+    Chat,
+}
+
+/// Reads an Anthropic (or, with [`Dialect::Chat`], an OpenAI chat) response body chunk by chunk and keeps its usage up to date.
 ///
 /// For an event stream nothing is buffered beyond the current SSE line and event. A JSON body
 /// has to be parsed whole, so it is copied up to [`UsageMeter::MAX_JSON_BYTES`] and parsed by
@@ -148,6 +166,7 @@ impl BodyKind {
 #[derive(Debug)]
 pub struct UsageMeter {
     kind: BodyKind,
+    dialect: Dialect,
     decoder: sse::Decoder,
     json: Vec<u8>,
     /// Metering gave up on this body (size bound); the report stands as it was.
@@ -203,8 +222,19 @@ impl UsageMeter {
     pub const MAX_JSON_BYTES: usize = 32 << 20;
 
     pub fn new(kind: BodyKind) -> Self {
+        Self::with_dialect(kind, Dialect::Anthropic)
+    }
+
+    /// A meter for an OpenAI chat completions body of `kind`.
+    pub fn chat(kind: BodyKind) -> Self {
+        Self::with_dialect(kind, Dialect::Chat)
+    }
+
+    /// A meter for a body of `kind` in `dialect`.
+    pub fn with_dialect(kind: BodyKind, dialect: Dialect) -> Self {
         Self {
             kind,
+            dialect,
             decoder: sse::Decoder::new(),
             json: Vec::new(),
             stopped: false,
@@ -230,9 +260,13 @@ impl UsageMeter {
         match self.kind {
             BodyKind::EventStream => {
                 let report = &mut self.report;
+                let dialect = self.dialect;
                 if self
                     .decoder
-                    .feed_with(chunk, |e| on_event(report, e))
+                    .feed_with(chunk, |e| match dialect {
+                        Dialect::Anthropic => on_event(report, e),
+                        Dialect::Chat => on_chat_event(report, e.data),
+                    })
                     .is_err()
                 {
                     // Stop metering this stream rather than buffer without bound; what was
@@ -267,7 +301,10 @@ impl UsageMeter {
     /// Ends the body (completely or not) and returns the report.
     pub fn finish(mut self) -> MeterReport {
         if self.kind == BodyKind::Json && !self.stopped {
-            self.report = usage_from_json(&self.json);
+            self.report = match self.dialect {
+                Dialect::Anthropic => usage_from_json(&self.json),
+                Dialect::Chat => chat_usage_from_json(&self.json),
+            };
         }
         self.report
     }
@@ -312,6 +349,83 @@ fn on_event(report: &mut MeterReport, e: EventRef<'_>) {
         },
         _ => {}
     }
+}
+
+/// A chat chunk or answer: only what the meter reads.
+#[derive(Deserialize)]
+struct ChatView {
+    #[serde(default)]
+    usage: Option<ChatUsage>,
+    #[serde(default)]
+    choices: Option<Vec<serde::de::IgnoredAny>>,
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+impl From<&ChatUsage> for MeteredUsage {
+    fn from(u: &ChatUsage) -> Self {
+        let cached = u.cached_tokens();
+        MeteredUsage {
+            input_tokens: u.prompt_tokens.saturating_sub(cached),
+            output_tokens: u.completion_tokens,
+            cache_read_input_tokens: cached,
+            cache_creation_input_tokens: 0,
+        }
+    }
+}
+
+fn on_chat_event(report: &mut MeterReport, data: &str) {
+    let data = data.trim();
+    if data == "[DONE]" {
+        report.complete = true;
+        return;
+    }
+    if data.is_empty() {
+        return;
+    }
+    match serde_json::from_str::<ChatView>(data) {
+        Ok(chunk) => {
+            if let Some(u) = &chunk.usage {
+                // Usage in a chunk is the whole answer's so far: it replaces, never adds.
+                report.usage = MeteredUsage::from(u);
+                report.saw_usage = true;
+            }
+            if chunk.choices.is_some_and(|c| !c.is_empty()) {
+                report.delta_events = report.delta_events.saturating_add(1);
+                report.delta_bytes = report.delta_bytes.saturating_add(data.len() as u64);
+            }
+            if chunk.error.is_some() {
+                report.error = Some(ErrorDetail::new(
+                    crate::anthropic::ErrorType::ApiError,
+                    "the upstream reported an error mid-stream",
+                ));
+            }
+        }
+        Err(_) => report.malformed += 1,
+    }
+}
+
+/// Meters a whole non-streamed chat completion (its `usage`); complete when it has one.
+pub fn chat_usage_from_json(body: &[u8]) -> MeterReport {
+    let mut report = MeterReport::default();
+    match serde_json::from_slice::<ChatView>(body) {
+        Ok(parsed) => {
+            if let Some(u) = &parsed.usage {
+                report.usage = MeteredUsage::from(u);
+                report.saw_usage = true;
+                report.complete = true;
+            }
+            if parsed.error.is_some() {
+                report.error = Some(ErrorDetail::new(
+                    crate::anthropic::ErrorType::ApiError,
+                    "the upstream answered with an error",
+                ));
+                report.complete = true;
+            }
+        }
+        Err(_) => report.malformed += 1,
+    }
+    report
 }
 
 /// The `type` of a data-only frame, read without parsing the JSON when `type` is its first key
@@ -438,6 +552,54 @@ mod tests {
 #[cfg(test)]
 mod billable_tests {
     use super::*;
+
+    const CHAT_STREAM: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"hi\"},\"finish_reason\":null}]}\n\ndata: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":7,\"total_tokens\":107,\"prompt_tokens_details\":{\"cached_tokens\":40}}}\n\ndata: [DONE]\n\n";
+
+    #[test]
+    fn chat_stream_is_metered_from_its_usage_chunk() {
+        let mut m = UsageMeter::chat(BodyKind::EventStream);
+        // Split mid-frame: the decoder joins the pieces.
+        let (a, b) = CHAT_STREAM.split_at(57);
+        m.feed(a.as_bytes());
+        m.feed(b.as_bytes());
+        let r = m.finish();
+        assert!(r.complete && r.saw_usage);
+        assert_eq!(
+            r.billable_usage(),
+            MeteredUsage {
+                input_tokens: 60,
+                output_tokens: 7,
+                cache_read_input_tokens: 40,
+                cache_creation_input_tokens: 0
+            }
+        );
+        assert_eq!(r.usage.total(), 107);
+    }
+
+    #[test]
+    fn cut_chat_stream_bills_at_least_its_deltas() {
+        let mut m = UsageMeter::chat(BodyKind::EventStream);
+        let text = "y".repeat(700);
+        let chunk = format!(
+            "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\n"
+        );
+        m.feed(chunk.as_bytes());
+        let r = m.finish();
+        assert!(!r.complete && !r.saw_usage);
+        assert!(r.billable_usage().output_tokens >= 200, "{r:?}");
+    }
+
+    #[test]
+    fn chat_json_body_is_metered() {
+        let mut m = UsageMeter::chat(BodyKind::Json);
+        m.feed(br#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#);
+        let r = m.finish();
+        assert!(r.complete);
+        assert_eq!(r.usage.total(), 15);
+        assert_eq!(r.usage.input_tokens, 12);
+        let none = chat_usage_from_json(br#"{"choices":[]}"#);
+        assert!(!none.complete && !none.saw_usage);
+    }
 
     #[test]
     fn cut_stream_bills_at_least_the_forwarded_deltas() {

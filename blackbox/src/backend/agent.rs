@@ -147,6 +147,7 @@ pub(crate) fn http_client() -> Result<reqwest::Client, BackendError> {
         read_timeout: Duration::from_secs(7 * 24 * 3600),
         pool_idle_timeout: Duration::from_secs(60),
         tcp_nodelay: true,
+        unix_socket: None,
     })
     .map(|u| u.client().clone())
     .map_err(|e| BackendError::Process(e.to_string()))

@@ -71,6 +71,9 @@ pub struct Tags {
     pub sandbox_id: Option<HeaderValue>,
     /// Static headers for every upstream request (credentials for the router), validated.
     pub static_headers: Vec<(HeaderName, HeaderValue)>,
+    /// `Authorization: Bearer <BBS_ROUTER_TOKEN>` (marked sensitive), on every router call; with
+    /// it, the client's `authorization` and `x-api-key` are never forwarded.
+    pub router_token: Option<HeaderValue>,
 }
 
 /// The upstream request's headers for a call.
@@ -91,6 +94,9 @@ pub fn upstream_headers(
         if model && (OWNED.contains(&n) || *name == tags.sticky_header) {
             continue;
         }
+        if tags.router_token.is_some() && (n == "authorization" || n == "x-api-key") {
+            continue;
+        }
         if kind == CallKind::AnthropicModel
             && (ANTHROPIC_ONLY.contains(&n) || n.starts_with("x-stainless-"))
         {
@@ -100,6 +106,9 @@ pub fn upstream_headers(
     }
     for (name, value) in &tags.static_headers {
         out.insert(name.clone(), value.clone());
+    }
+    if let Some(t) = &tags.router_token {
+        out.insert(header::AUTHORIZATION, t.clone());
     }
     if model {
         out.insert(tags.sticky_header.clone(), tags.session_id.clone());
@@ -133,6 +142,9 @@ pub fn control_headers(tags: &Tags, version: Option<&str>) -> HeaderMap {
     for (name, value) in &tags.static_headers {
         out.insert(name.clone(), value.clone());
     }
+    if let Some(t) = &tags.router_token {
+        out.insert(header::AUTHORIZATION, t.clone());
+    }
     out.insert(SESSION_ID, tags.session_id.clone());
     out.insert(INSTANCE_ID, tags.instance_id.clone());
     if let Some(v) = version.and_then(|v| HeaderValue::from_str(v).ok()) {
@@ -165,6 +177,7 @@ mod tests {
             instance_id: HeaderValue::from_static("inst-001"),
             sandbox_id: None,
             static_headers: Vec::new(),
+            router_token: None,
         }
     }
 
@@ -174,6 +187,28 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
+    }
+
+    #[test]
+    fn the_router_token_replaces_every_client_credential() {
+        let client = map(&[
+            ("authorization", "Bearer client-dummy"),
+            ("x-api-key", "client-key"),
+            ("x-custom", "kept"),
+        ]);
+        let mut t = tags();
+        t.router_token = Some(HeaderValue::from_static("Bearer router-tok"));
+        for kind in [CallKind::Model, CallKind::AnthropicModel, CallKind::Plain] {
+            let h = upstream_headers(&client, kind, &t, Some("turn-1"), None);
+            assert_eq!(h.get_all("authorization").iter().count(), 1);
+            assert_eq!(h["authorization"], "Bearer router-tok");
+            assert!(h.get("x-api-key").is_none());
+            assert_eq!(h["x-custom"], "kept");
+        }
+        assert_eq!(
+            control_headers(&t, None)["authorization"],
+            "Bearer router-tok"
+        );
     }
 
     #[test]

@@ -23,6 +23,19 @@
 //! `{upstream_origin}{path}`, untagged, as the reference does. `GET /__proxy_health` answers
 //! `{"ok": true}`.
 //!
+//! The router may be a unix socket (`BBS_ROUTER_URL=unix:/path`, [`ProxyConfig::unix_socket`]):
+//! the one upstream client then connects there for every call, with the same paths as over TCP
+//! (`{router_api_path}/chat/completions`, the forwarded paths, and the control calls
+//! `{router_api_path}/rollout/pause|resume`). In a rollout slot that socket is the gateway's
+//! task socket, which serves only `/v1/chat/completions`: a pause or resume there gets the
+//! gateway's 404, which the server reports as the router's failure (502 `Rollout pause
+//! failed: router /rollout/pause failed with HTTP 404: ...`) while the proxy's own pause still
+//! holds the calls; a
+//! rollout manager that pauses generations talks to its router directly. With
+//! `BBS_ROUTER_TOKEN` ([`ProxyConfig::router_token`]) every router call carries `Authorization:
+//! Bearer <token>` (a sensitive header value, never logged) and the client's `Authorization`
+//! and `x-api-key` are dropped.
+//!
 //! Modules: `state` (turn scope, pause, in-flight marks and waits), `headers`, `rewrite`
 //! (request policy), `meter` (usage counts from chat answers), `upstream` (classifying and
 //! answering upstream failures, the keepalive prelude), `routes` (the handler), `control` (a
@@ -37,10 +50,12 @@ mod state;
 mod upstream;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use agentbox_llm::{ClientError, ClientOptions, Upstream};
+use agentbox_policy::secret::Secret;
 use axum::http::{HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use tokio::task::JoinHandle;
@@ -83,6 +98,12 @@ pub struct ProxyConfig {
     pub upstream_headers: Vec<(String, String)>,
     /// Replaces the `model` of every model call.
     pub model_override: Option<String>,
+    /// Reach the router over this unix socket (`BBS_ROUTER_URL=unix:...`): every router call,
+    /// control calls included, goes there; `upstream_origin`'s host is then a placeholder.
+    pub unix_socket: Option<PathBuf>,
+    /// `BBS_ROUTER_TOKEN`: `Authorization: Bearer` on every router call, replacing the client's
+    /// `Authorization` and `x-api-key`; never logged.
+    pub router_token: Option<Secret>,
 }
 
 impl ProxyConfig {
@@ -104,6 +125,8 @@ impl ProxyConfig {
             router_timeout: Duration::from_millis(600_000),
             upstream_headers: Vec::new(),
             model_override: None,
+            unix_socket: None,
+            router_token: None,
         }
     }
 }
@@ -141,7 +164,7 @@ pub enum ProxyError {
     #[error("turn scope is already active for {0}")]
     TurnActive(String),
     /// A router control call (pause, resume) failed.
-    #[error("router {endpoint} failed: {detail}")]
+    #[error("router {endpoint} failed{}: {detail}", status.map(|s| format!(" with HTTP {s}")).unwrap_or_default())]
     Control {
         /// `/rollout/pause` or `/rollout/resume`.
         endpoint: &'static str,
@@ -212,6 +235,17 @@ impl Settings {
             })?;
             static_headers.push((name, header_value("upstream_headers", v)?));
         }
+        let router_token = match &cfg.router_token {
+            Some(t) => {
+                let mut v =
+                    HeaderValue::from_str(&format!("Bearer {}", t.expose())).map_err(|_| {
+                        ProxyError::Config("router_token: not a valid header value".into())
+                    })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+            None => None,
+        };
         if let Some(t) = cfg.default_temperature
             && !t.is_finite()
         {
@@ -234,6 +268,7 @@ impl Settings {
                     .map(|s| header_value("bound_sandbox_id", s))
                     .transpose()?,
                 static_headers,
+                router_token,
             },
             policy: rewrite::Policy {
                 model_override: cfg.model_override.clone(),
@@ -294,6 +329,7 @@ impl LlmProxy {
         let settings = Settings::from_config(&cfg)?;
         let upstream = Upstream::new(&ClientOptions {
             read_timeout: cfg.router_timeout,
+            unix_socket: cfg.unix_socket.clone(),
             ..ClientOptions::default()
         })?;
         let addr = listener.local_addr().map_err(ProxyError::Listener)?;
@@ -308,7 +344,14 @@ impl LlmProxy {
             routes::router(core.clone()),
             stop.clone(),
         ));
-        tracing::info!(%addr, upstream = %core.settings.chat_url, "rollout proxy started");
+        match &cfg.unix_socket {
+            Some(sock) => {
+                tracing::info!(%addr, upstream = %core.settings.chat_url, socket = %sock.display(), "rollout proxy started (router over a unix socket)")
+            }
+            None => {
+                tracing::info!(%addr, upstream = %core.settings.chat_url, "rollout proxy started")
+            }
+        }
         Ok(LlmProxy {
             handle: Arc::new(Handle {
                 core,

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{Backend, IMPLEMENTED_BACKENDS, KNOWN_BACKENDS};
-use crate::config::{Bins, ServerConfig, secs};
+use crate::config::{Bins, RouterSettings, ServerConfig, secs};
 use crate::error::{ApiError, obj};
 use crate::model::{
     BackendCapabilities, BindingInfo, Object, PauseRequest, PauseResponse, ResumeRequest,
@@ -62,6 +62,8 @@ struct Core {
 struct Inner {
     base: ServerConfig,
     bins: Bins,
+    /// `BBS_ROUTER_URL` and `BBS_ROUTER_TOKEN`.
+    router: RouterSettings,
     core: Mutex<Core>,
     init_lock: tokio::sync::Mutex<()>,
     pause: PauseClock,
@@ -95,6 +97,14 @@ impl Server {
     /// A server with nothing registered.
     #[must_use]
     pub fn new(base: ServerConfig, bins: Bins) -> Server {
+        Self::with_router(base, bins, RouterSettings::default())
+    }
+
+    /// A server whose registrations reach their router as `router` says (`BBS_ROUTER_URL`
+    /// replaces the registration's router for the calls; the registration, its answer and its
+    /// fingerprint keep what the paddock sent).
+    #[must_use]
+    pub fn with_router(base: ServerConfig, bins: Bins, router: RouterSettings) -> Server {
         Server {
             inner: Arc::new(Inner {
                 core: Mutex::new(Core {
@@ -106,6 +116,7 @@ impl Server {
                 }),
                 base,
                 bins,
+                router,
                 init_lock: tokio::sync::Mutex::new(()),
                 pause: PauseClock::default(),
                 tasks: TaskTracker::new(),

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::{Bound, Server, remove_runtime_dir, stop_binding};
 use crate::backend::{self, BackendError, InitContext};
+use crate::config::RouterUrl;
 use crate::error::{ApiError, obj};
 use crate::hashing::{binding_fingerprint, normalize_router};
 use crate::model::{
@@ -156,7 +157,23 @@ impl Server {
             .ok_or_else(|| ApiError::request("bound_instance_id is required."))?;
         id_field("session_id", &session_id)?;
         id_field("instance_id", &instance_id)?;
-        let origin = upstream_origin(&router_base_url)?;
+        // `BBS_ROUTER_URL` decides where the calls go; the registration's router is still
+        // validated, recorded and fingerprinted as sent.
+        let registered_origin = upstream_origin(&router_base_url)?;
+        let (origin, unix_socket, call_api_path) = match &self.inner.router.url {
+            None => (registered_origin, None, router_api_path.clone()),
+            Some(RouterUrl::Http { origin, api_path }) => (
+                origin.clone(),
+                None,
+                api_path.clone().unwrap_or_else(|| router_api_path.clone()),
+            ),
+            // The host is a placeholder: every connection of that client goes to the socket.
+            Some(RouterUrl::Unix(path)) => (
+                "http://localhost".to_owned(),
+                Some(path.clone()),
+                router_api_path.clone(),
+            ),
+        };
         let fingerprint = binding_fingerprint(&req, &router_base_url, prompt_file.as_deref());
 
         let _init = self.inner.init_lock.lock().await;
@@ -222,7 +239,9 @@ impl Server {
         };
         let proxy_cfg = ProxyConfig {
             upstream_origin: origin,
-            router_api_path: router_api_path.clone(),
+            router_api_path: call_api_path,
+            unix_socket,
+            router_token: self.inner.router.token.clone(),
             bound_session_id: session_id.clone(),
             bound_instance_id: instance_id,
             bound_sandbox_id: info.bound_sandbox_id.clone(),

@@ -21,6 +21,8 @@ pub struct BlackboxProcess {
     address: String,
     http: reqwest::Client,
     env: Vec<(String, String)>,
+    /// The directory of `BBS_UNIX_SOCKET` when the server listens on a unix socket.
+    socket_dir: Option<tempfile::TempDir>,
     // Declared last so the process is gone before its files are removed.
     runtime_root: tempfile::TempDir,
 }
@@ -61,20 +63,42 @@ impl BlackboxProcess {
     /// When the binary cannot be built, opencode is not installed, or the server does not
     /// come up.
     pub fn start(env: &[(&str, &str)]) -> Result<Self, HarnessError> {
-        let runtime_root = tempfile::Builder::new()
-            .prefix("blackbox-")
-            .tempdir()
-            .map_err(|source| HarnessError::Io {
-                path: std::env::temp_dir(),
-                source,
-            })?;
-        let env: Vec<(String, String)> = env
+        Self::start_with(env, false)
+    }
+
+    /// Like [`BlackboxProcess::start`], listening on a unix socket (`BBS_UNIX_SOCKET` in a
+    /// temp directory of its own), as in a rollout slot; every call goes over that socket.
+    ///
+    /// # Errors
+    /// As [`BlackboxProcess::start`].
+    pub fn start_unix(env: &[(&str, &str)]) -> Result<Self, HarnessError> {
+        Self::start_with(env, true)
+    }
+
+    fn start_with(env: &[(&str, &str)], unix: bool) -> Result<Self, HarnessError> {
+        let temp = |prefix: &str| {
+            tempfile::Builder::new()
+                .prefix(prefix)
+                .tempdir()
+                .map_err(|source| HarnessError::Io {
+                    path: std::env::temp_dir(),
+                    source,
+                })
+        };
+        let runtime_root = temp("blackbox-")?;
+        let mut env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
+        let socket_dir = if unix { Some(temp("bb-sock-")?) } else { None };
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(300));
+        if let Some(dir) = &socket_dir {
+            let socket = dir.path().join("server.sock");
+            env.push(("BBS_UNIX_SOCKET".into(), socket.display().to_string()));
+            http = http.unix_socket(socket);
+        }
         let (service, address) = Self::spawn(runtime_root.path(), &env)?;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(300))
+        let http = http
             .build()
             .map_err(|e| HarnessError::Build(e.to_string()))?;
         Ok(Self {
@@ -82,8 +106,17 @@ impl BlackboxProcess {
             address,
             http,
             env,
+            socket_dir,
             runtime_root,
         })
+    }
+
+    /// `BBS_UNIX_SOCKET`, when the server listens on one.
+    #[must_use]
+    pub fn unix_socket(&self) -> Option<PathBuf> {
+        self.socket_dir
+            .as_ref()
+            .map(|d| d.path().join("server.sock"))
     }
 
     fn spawn(
@@ -136,10 +169,15 @@ impl BlackboxProcess {
         Ok(())
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `http://127.0.0.1:PORT` (`http://localhost` over the unix socket: the client sends
+    /// every request there).
     #[must_use]
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.address)
+        if self.socket_dir.is_some() {
+            "http://localhost".to_owned()
+        } else {
+            format!("http://{}", self.address)
+        }
     }
 
     /// `BBS_RUNTIME_ROOT`.
