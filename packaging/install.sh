@@ -2,7 +2,11 @@
 # Installs agentbox on this host (or into --destdir): the four binaries, the config, the
 # systemd units, the users (sysusers) and the data dir (tmpfiles).
 #
-#   packaging/install.sh [--destdir DIR] [--prefix /usr/local] [--bin-dir DIR] [--start]
+#   packaging/install.sh [--destdir DIR] [--prefix /usr/local] [--bin-dir DIR] [--start] [--rollouts]
+#
+# --rollouts is for a rollout host (a [pool] section): it also copies the pinned agent CLIs
+# (scripts/install-clients.sh, cached) to /opt/agentbox/clients, the default
+# `launcher.clients_dir`, and with --start enables agentbox-pool as well.
 #
 # --bin-dir uses already built binaries instead of `cargo build --release`. Without --destdir it
 # must run as root; it then creates the users and the data dir for real, reloads systemd when
@@ -12,13 +16,14 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
 top="$(dirname "$here")"
-destdir="" prefix="/usr/local" bindir="" start=0
+destdir="" prefix="/usr/local" bindir="" start=0 rollouts=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --destdir) destdir="$2"; shift 2 ;;
     --prefix) prefix="$2"; shift 2 ;;
     --bin-dir) bindir="$2"; shift 2 ;;
     --start) start=1; shift ;;
+    --rollouts) rollouts=1; shift ;;
     *) echo "install.sh: unknown argument $1" >&2; exit 64 ;;
   esac
 done
@@ -27,9 +32,9 @@ if [ -z "$destdir" ] && [ "$(id -u)" -ne 0 ]; then
   exit 77
 fi
 
-bins=(agentbox agentbox-launcher agentbox-gateway agentbox-bridge agentbox-pool)
+bins=(agentbox agentbox-launcher agentbox-gateway agentbox-bridge agentbox-pool blackbox-server)
 if [ -z "$bindir" ]; then
-  (cd "$top" && cargo build --release --locked -p agentbox-cli -p agentbox-launcher -p agentbox-gateway -p agentbox-bridge -p agentbox-pool)
+  (cd "$top" && cargo build --release --locked -p agentbox-cli -p agentbox-launcher -p agentbox-gateway -p agentbox-bridge -p agentbox-pool -p agentbox-blackbox --bin blackbox-server)
   bindir="$top/target/release"
 fi
 for b in "${bins[@]}"; do
@@ -62,6 +67,18 @@ if [ ! -e "$root/etc/agentbox/gateway.env" ]; then
   printf '# The bridge token, for remote models.\nAGENTBOX_BRIDGE_TOKEN=\n' > "$root/etc/agentbox/gateway.env"
 fi
 
+if [ "$rollouts" -eq 1 ]; then
+  # A copy, not a link: the launcher opens clients_dir without following symlinks, and the
+  # slots' agent uids must be able to read it (install-clients.sh leaves it 0755).
+  clients=$("$top/scripts/install-clients.sh")
+  install -d -m 0755 "$root/opt/agentbox"
+  rm -rf "$root/opt/agentbox/clients.new"
+  cp -a "$clients" "$root/opt/agentbox/clients.new"
+  chown -R root:root "$root/opt/agentbox/clients.new"
+  rm -rf "$root/opt/agentbox/clients"
+  mv "$root/opt/agentbox/clients.new" "$root/opt/agentbox/clients"
+fi
+
 # Users, then the data dir (owners resolve against the users just created).
 if [ -n "$root" ]; then
   install -d -m 0755 "$root/etc"
@@ -75,8 +92,10 @@ else
     systemctl daemon-reload
     if [ "$start" -eq 1 ]; then
       systemctl enable --now agentbox-launcher.service agentbox-bridge.service agentbox-gateway.service
+      [ "$rollouts" -eq 0 ] || systemctl enable --now agentbox-pool.service
     fi
-    echo "install.sh: on a rollout host (a [pool] section), also: systemctl enable --now agentbox-pool.service" >&2
+    [ "$rollouts" -eq 1 ] ||
+      echo "install.sh: on a rollout host (a [pool] section), also: systemctl enable --now agentbox-pool.service (or install with --rollouts)" >&2
   else
     echo "install.sh: systemd is not running here; start the daemons by hand (see README)" >&2
   fi

@@ -39,6 +39,7 @@ fn install_into_a_root_then_verify() {
         ("agentbox-gateway", "agentbox-gateway"),
         ("agentbox-bridge", "agentbox-bridge"),
         ("agentbox-pool", "agentbox-pool"),
+        ("agentbox-blackbox", "blackbox-server"),
     ];
     let bin_dir = bins
         .iter()
