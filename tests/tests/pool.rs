@@ -23,8 +23,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agentbox_api::pool::{
-    Command as PoolCommand, LeaseRef, LeaseStatus, PoolStatus,
-    ReadFileRequest, RunCommandRequest, SlotState, WriteFileRequest,
+    Command as PoolCommand, LeaseRef, LeaseStatus, PoolStatus, ReadFileRequest, RunCommandRequest,
+    SlotState, WriteFileRequest,
 };
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::pool::{AGENT_UIDS, PoolStack, acquire, by_traj, paths_naming};

@@ -60,12 +60,14 @@ fn script() -> Value {
         rules.push(json!({"match": {"has_tools": true, "body_contains": call},
                           "text": format!("episode {i} done"),
                           "usage": {"input_tokens": di, "output_tokens": do_}}));
-        rules.push(json!({"match": {"has_tools": true, "body_contains": format!("task ep-{i}."),
+        rules.push(
+            json!({"match": {"has_tools": true, "body_contains": format!("task ep-{i}."),
                                     "body_lacks": call},
                           "tool_calls": [{"id": call, "name": "write",
                                           "input": {"filePath": format!("/workspace/ep-{i}.txt"),
                                                     "content": content(i)}}],
-                          "usage": {"input_tokens": wi, "output_tokens": wo}}));
+                          "usage": {"input_tokens": wi, "output_tokens": wo}}),
+        );
     }
     json!({"rules": rules})
 }
@@ -93,13 +95,13 @@ async fn call(
     if let Some(b) = body {
         req = req.json(b);
     }
-    let r = req
-        .send()
-        .await
-        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let r = req.send().await.unwrap_or_else(|e| panic!("{url}: {e}"));
     let status = r.status().as_u16();
     let text = r.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// One paddock episode on lease `l`: health, register, a sync turn that writes a file, the
@@ -185,7 +187,11 @@ async fn episode(stack: &PoolStack, i: usize, l: Lease) -> String {
             max_bytes: None,
         })
         .await;
-    assert!(e.is_err(), "episode {other}'s file is in slot {}", l.slot_id);
+    assert!(
+        e.is_err(),
+        "episode {other}'s file is in slot {}",
+        l.slot_id
+    );
 
     let (st, a) = call(
         &http,
@@ -265,12 +271,17 @@ async fn eight_concurrent_opencode_episodes_on_eight_slots() {
     for req in &requests {
         let text = req.to_string();
         for t in &tokens {
-            assert!(!text.contains(t.as_str()), "a task token reached the router: {req}");
+            assert!(
+                !text.contains(t.as_str()),
+                "a task token reached the router: {req}"
+            );
         }
         let h = &req["headers"];
         assert!(h.get("authorization").is_none(), "{req}");
         assert!(h.get("x-api-key").is_none(), "{req}");
-        let s = h["x-session-id"].as_str().unwrap_or_else(|| panic!("{req}"));
+        let s = h["x-session-id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{req}"));
         let i: usize = s
             .strip_prefix("sess-pool-ep-")
             .and_then(|n| n.parse().ok())
@@ -307,8 +318,15 @@ async fn eight_concurrent_opencode_episodes_on_eight_slots() {
         })
         .await;
     for tid in &tids {
-        assert!(s.slots.iter().all(|v| v.tid.as_deref() != Some(tid.as_str())));
-        assert_eq!(paths_naming(&stack.data, tid), Vec::<std::path::PathBuf>::new());
+        assert!(
+            s.slots
+                .iter()
+                .all(|v| v.tid.as_deref() != Some(tid.as_str()))
+        );
+        assert_eq!(
+            paths_naming(&stack.data, tid),
+            Vec::<std::path::PathBuf>::new()
+        );
         assert_eq!(stack.gateway.task(tid).await.unwrap()["state"], "closed");
     }
     stack.terminate_pool().await;

@@ -99,7 +99,10 @@ pub async fn bench_pool(quick: bool) -> Result<()> {
                 first_ready[i] = Some(t0.elapsed());
             }
         }
-        ensure!(t0.elapsed() < Duration::from_secs(600), "slots not ready: {s:?}");
+        ensure!(
+            t0.elapsed() < Duration::from_secs(600),
+            "slots not ready: {s:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let gen_start: Vec<f64> = first_ready.iter().flatten().map(|d| ms(*d)).collect();
@@ -118,9 +121,7 @@ pub async fn bench_pool(quick: bool) -> Result<()> {
     let mut acquire = Vec::new();
     let mut reset = Vec::new();
     for c in 0..cycles {
-        stack
-            .until("warm", |s| s.ready == u32::from(SLOTS))
-            .await;
+        stack.until("warm", |s| s.ready == u32::from(SLOTS)).await;
         let t = format!("bench-{c}");
         let a = Instant::now();
         let lease = stack.acquire(&t).await;
@@ -143,9 +144,7 @@ pub async fn bench_pool(quick: bool) -> Result<()> {
     }
 
     // The same tree with opencode registered (its server running).
-    stack
-        .until("warm", |s| s.ready == u32::from(SLOTS))
-        .await;
+    stack.until("warm", |s| s.ready == u32::from(SLOTS)).await;
     let lease = stack.acquire("bench-opencode").await;
     let url = lease.sandbox_url.clone().context("no sandbox_url")?;
     let reg = opencode_registration("http://127.0.0.1:9", "sess-bench-pool", &json!({}));
