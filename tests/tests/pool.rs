@@ -18,209 +18,23 @@
 mod cli_common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use agentbox_api::PoolClient;
 use agentbox_api::pool::{
-    AcquireRequest, Command as PoolCommand, Lease, LeaseRef, LeaseStatus, PoolStatus,
-    ReadFileRequest, RunCommandRequest, SlotState, WriteFileRequest,
+    Command as PoolCommand, LeaseRef, LeaseStatus, PoolStatus, ReadFileRequest, RunCommandRequest,
+    SlotState, WriteFileRequest,
 };
 use agentbox_policy::id::Tid;
-use agentbox_tests::harness::{
-    FakeLlm, GatewayProcess, LauncherProcess, Service, clients_dir, workspace_bin,
-};
+use agentbox_tests::harness::pool::{AGENT_UIDS, PoolStack, acquire, by_traj, paths_naming};
 use cli_common::{agent_processes, cli_with};
 use serde_json::json;
 
-/// The service user of this test (no passwd entry needed).
-const SERVICE: u32 = 64040;
-/// The launcher harness's agent range.
-const AGENT_UIDS: std::ops::Range<u32> = 64000..64010;
 const SLOTS: u16 = 3;
-const HANG_GUARD: Duration = Duration::from_secs(180);
 
-/// A base port with `SLOTS` free ports from it on loopback.
-fn free_port_base() -> u16 {
-    for _ in 0..100 {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let base = l.local_addr().unwrap().port();
-        drop(l);
-        if base > 65535 - SLOTS {
-            continue;
-        }
-        if (base..base + SLOTS).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
-            return base;
-        }
-    }
-    panic!("no free port range");
-}
-
-struct Stack {
-    _fake: FakeLlm,
-    gateway: GatewayProcess,
-    launcher: LauncherProcess,
-    pool: Service,
-    config: PathBuf,
-    data: PathBuf,
-    client: PoolClient,
-    _dir: tempfile::TempDir,
-}
-
-impl Stack {
-    fn start() -> Stack {
-        let fake = FakeLlm::scripted(&json!({"rules": [{"text": "ok"}]})).unwrap();
-        let models = format!(
-            "[models.rollout]\nbackend = \"router\"\nbase_url = \"{}/v1\"\n",
-            fake.base_url()
-        );
-        let gateway = GatewayProcess::start_as(&models, &[], Some((SERVICE, SERVICE))).unwrap();
-        let data = gateway.data_dir();
-        let dir = tempfile::Builder::new()
-            .prefix("pool-it-")
-            .tempdir()
-            .unwrap();
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        // The server binary where the slot's uid can read it.
-        let bbs = dir.path().join("blackbox-server");
-        std::fs::copy(
-            workspace_bin("agentbox-blackbox", "blackbox-server").unwrap(),
-            &bbs,
-        )
-        .unwrap();
-        std::fs::set_permissions(&bbs, std::fs::Permissions::from_mode(0o755)).unwrap();
-        // The pinned CLIs, hard-linked where the slot's uid can reach them (the cache lives
-        // under /root).
-        let clients = dir.path().join("clients");
-        let st = Command::new("cp")
-            .arg("-al")
-            .arg(clients_dir().unwrap_or_else(|e| panic!("{e}")))
-            .arg(&clients)
-            .status()
-            .unwrap();
-        assert!(st.success());
-        let repos = dir.path().join("repos");
-        std::fs::create_dir_all(&repos).unwrap();
-        let launcher_toml = format!(
-            "[launcher]\nrepo_roots = [{repos:?}]\nvenv_root = \"/nonexistent/venvs\"\nblackbox_bin = {bbs:?}\nclients_dir = {clients:?}\n"
-        );
-        let launcher =
-            LauncherProcess::start_on(Some(&data), &format!("{launcher_toml}{models}"), SERVICE)
-                .unwrap();
-        let config = dir.path().join("agentbox.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "data_dir = {data:?}\nagent_uid_count = 10\n{launcher_toml}{models}[pool]\nslots = {SLOTS}\nmodel = \"rollout\"\nlisten_host = \"127.0.0.1\"\nadvertise_host = \"127.0.0.1\"\nport_base = {}\nnode_id = \"node-test-abcdefgh\"\nhealth_interval_s = 1\nlease_ttl_s = 0\nbudget_tokens = 100000\n",
-                free_port_base()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let mut cmd = Command::new(workspace_bin("agentbox-pool", "agentbox-pool").unwrap());
-        cmd.arg("--config")
-            .arg(&config)
-            .env_clear()
-            .env("RUST_LOG", "info")
-            .uid(SERVICE)
-            .gid(SERVICE);
-        let (pool, socket) = Service::start_listening(
-            "agentbox-pool",
-            cmd,
-            Duration::from_secs(60),
-            "listening on unix:",
-        )
-        .unwrap();
-        assert_eq!(Path::new(&socket), data.join("run/pool.sock"));
-        let client = PoolClient::new(&socket);
-        Stack {
-            _fake: fake,
-            gateway,
-            launcher,
-            pool,
-            config,
-            data,
-            client,
-            _dir: dir,
-        }
-    }
-
-    fn describe(&self) -> String {
-        format!(
-            "{}\n{}\n{}",
-            self.pool.describe(),
-            self.launcher.describe(),
-            self.gateway.describe()
-        )
-    }
-
-    async fn status(&self) -> PoolStatus {
-        self.client
-            .status()
-            .await
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.describe()))
-    }
-
-    /// Polls the status until `ok` holds.
-    async fn until(&self, what: &str, ok: impl Fn(&PoolStatus) -> bool) -> PoolStatus {
-        let deadline = Instant::now() + HANG_GUARD;
-        loop {
-            let s = self.status().await;
-            if ok(&s) {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{what}: {s:#?}\n{}",
-                self.describe()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    /// SIGTERM, as systemd stops it, and waits until it has exited.
-    async fn terminate_pool(&mut self) {
-        rustix::process::kill_process(
-            rustix::process::Pid::from_raw(i32::try_from(self.pool.pid()).unwrap()).unwrap(),
-            rustix::process::Signal::TERM,
-        )
-        .unwrap();
-        let deadline = Instant::now() + HANG_GUARD;
-        while !self.pool.has_exited() {
-            assert!(
-                Instant::now() < deadline,
-                "pool did not stop\n{}",
-                self.describe()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn acquire(&self, t: &str) -> Lease {
-        self.client
-            .acquire(&acquire(t))
-            .await
-            .unwrap_or_else(|e| panic!("acquire {t}: {e}\n{}", self.describe()))
-    }
-}
-
-fn acquire(t: &str) -> AcquireRequest {
-    AcquireRequest {
-        trajectory_id: t.into(),
-        env_type: Some("blackbox".into()),
-        env_args: None,
-    }
-}
-
-fn by_traj(t: &str) -> LeaseRef {
-    LeaseRef {
-        trajectory_id: Some(t.into()),
-        lease_id: None,
-        reason: None,
-    }
+fn start() -> PoolStack {
+    PoolStack::start(SLOTS, &json!({"rules": [{"text": "ok"}]}))
 }
 
 fn shell(t: &str, cmd: &str) -> RunCommandRequest {
@@ -242,16 +56,6 @@ fn tid_of(s: &PoolStatus, slot: u32) -> String {
         .unwrap()
 }
 
-/// Every path under `root` whose name contains `needle`.
-fn paths_naming(root: &Path, needle: &str) -> Vec<PathBuf> {
-    walkdir::WalkDir::new(root)
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().contains(needle))
-        .map(|e| e.path().to_path_buf())
-        .collect()
-}
-
 async fn health_over_tcp(url: &str) -> Result<u16, reqwest::Error> {
     let r = reqwest::Client::new()
         .get(format!("{url}/health"))
@@ -263,7 +67,7 @@ async fn health_over_tcp(url: &str) -> Result<u16, reqwest::Error> {
 
 #[tokio::test]
 async fn leases_resets_commands_loss_drain_and_shutdown() {
-    let mut stack = Stack::start();
+    let mut stack = start();
     let ready = stack
         .until("all slots ready", |s| s.ready == u32::from(SLOTS))
         .await;
@@ -518,7 +322,7 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
         );
         assert_eq!(paths_naming(&stack.data, t), Vec::<PathBuf>::new());
     }
-    let deadline = Instant::now() + HANG_GUARD;
+    let deadline = Instant::now() + stack.hang_guard;
     loop {
         let left = agent_processes(AGENT_UIDS);
         if left.is_empty() {
@@ -538,7 +342,7 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
 
 #[tokio::test]
 async fn a_pool_that_crashed_leaves_nothing_once_restarted() {
-    let mut stack = Stack::start();
+    let mut stack = start();
     let s = stack
         .until("all slots ready", |s| s.ready == u32::from(SLOTS))
         .await;
@@ -554,21 +358,7 @@ async fn a_pool_that_crashed_leaves_nothing_once_restarted() {
             .unwrap();
         assert_eq!(st.state, agentbox_api::launcher::RunState::Running, "{t}");
     }
-    let mut cmd = Command::new(workspace_bin("agentbox-pool", "agentbox-pool").unwrap());
-    cmd.arg("--config")
-        .arg(&stack.config)
-        .env_clear()
-        .env("RUST_LOG", "info")
-        .uid(SERVICE)
-        .gid(SERVICE);
-    stack.pool = Service::start_listening(
-        "agentbox-pool",
-        cmd,
-        Duration::from_secs(60),
-        "listening on unix:",
-    )
-    .unwrap()
-    .0;
+    stack.pool = PoolStack::spawn_pool(&stack.config).0;
     let s = stack
         .until("all slots ready again", |s| s.ready == u32::from(SLOTS))
         .await;

@@ -31,8 +31,10 @@ const CLI: Cli = Cli {
     hint: "Set OPENCODE_BIN or install opencode.",
 };
 
-/// How long opencode gets to answer its health probe.
-const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long opencode gets to answer its health probe. Every turn probes first, and eight
+/// opencode servers warming up at once on two cores (`tests/tests/pool_episodes.rs`) took
+/// longer than 2 s to answer, failing turns of servers that were fine; as openclaw's.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long abort and dispose may take.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|proxy|server|launcher|all] [--quick]
 //! cargo run --release -p agentbox-tests --bin bench -- peers [--quick] [--only ...]  # see [`peers`]
+//! cargo run --release -p agentbox-tests --bin bench -- pool [--quick]  # see [`pool`]
 //! ```
 //! `server` is blackbox-server itself: start to the first `/health` answer, idle RSS, and
 //! RSS once registered with the real opencode running; see [`bench_server`].
@@ -39,6 +40,8 @@ use tokio::sync::Semaphore;
 
 #[path = "bench/peers.rs"]
 mod peers;
+#[path = "bench/pool.rs"]
+mod pool;
 #[path = "bench/turns.rs"]
 mod turns;
 
@@ -1162,6 +1165,7 @@ fn main() -> Result<()> {
         "server" => rt.block_on(bench_server(if quick { 5 } else { 30 })),
         "launcher" => rt.block_on(bench_launcher(start_plan)),
         "turns" => rt.block_on(turns::bench_turns(quick)),
+        "pool" => rt.block_on(pool::bench_pool(quick)),
         "peers" => {
             let parsed = match peers::parse(&args) {
                 Ok(a) => a,
@@ -1179,7 +1183,7 @@ fn main() -> Result<()> {
         }),
         other => {
             bail!(
-                "unknown benchmark {other:?}; known: bridge, gateway, proxy, server, launcher, turns, peers, all"
+                "unknown benchmark {other:?}; known: bridge, gateway, proxy, server, launcher, turns, peers, pool, all"
             )
         }
     }

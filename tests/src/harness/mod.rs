@@ -26,6 +26,7 @@ mod daemons;
 mod fake;
 mod http;
 pub mod launcher;
+pub mod pool;
 mod process;
 mod proxy;
 
