@@ -141,9 +141,12 @@ pub fn environment(
     set("SHELL", "/bin/bash");
     set("TMPDIR", "/tmp");
     set("LANG", "C.UTF-8");
+    // Python's bytecode cache is keyed on the source's mtime in whole seconds and its size: an
+    // edit within the second of a test run that keeps the size (`a - b` to `a + b`) leaves a
+    // stale `.pyc` that a later check in the same workspace runs instead of the fix.
+    set("PYTHONDONTWRITEBYTECODE", "1");
     if with_venv {
         set("VIRTUAL_ENV", "/opt/venv");
-        set("PYTHONDONTWRITEBYTECODE", "1");
     }
     if is_agent {
         set("ANTHROPIC_UNIX_SOCKET", "/run/gw/llm.sock");
@@ -819,6 +822,8 @@ mod tests {
         let env = environment(&allowed, false, Some(&token), false);
         assert!(!env.contains_key("ANTHROPIC_AUTH_TOKEN"));
         assert!(!env.contains_key("VIRTUAL_ENV"));
+        // No bytecode cache in the workspace, venv or not (agents and checks share it).
+        assert_eq!(env["PYTHONDONTWRITEBYTECODE"], "1");
     }
 
     #[test]
