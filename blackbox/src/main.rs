@@ -32,7 +32,7 @@ fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let runtime = match agentbox_http::runtime("blackbox-server") {
+    let runtime = match agentbox_http::current_thread_runtime("blackbox-server") {
         Ok(r) => r,
         Err(code) => return code,
     };

@@ -564,6 +564,24 @@ pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, std::process::E
     })
 }
 
+/// The single-threaded runtime of a daemon that serves one client at a time (blackbox-server:
+/// one session, one agent): no worker thread per core, so a host with many cores and hundreds of
+/// slots does not run cores × slots idle workers, and no multi-threaded scheduler code, whose
+/// self-tuning (`f64::powf`) is the only thing that made those binaries load `libm` (about
+/// 0.5 MiB of every idle server's memory). Blocking work still goes to tokio's blocking pool.
+/// Errors as for [`runtime`].
+pub fn current_thread_runtime(
+    program: &str,
+) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("{program}: cannot start the runtime: {e}");
+            std::process::ExitCode::FAILURE
+        })
+}
+
 /// Prints `listening on <address>` on stdout and flushes it: the line the tests and the
 /// daemons' supervisors wait for before they connect.
 ///
