@@ -32,11 +32,7 @@ fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let runtime = match agentbox_http::runtime("blackbox-server") {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
-    runtime.block_on(async move {
+    agentbox_http::block_on("blackbox-server", async move {
         let listener = match &config.listen {
             Listen::Unix(path) => match agentbox_blackbox::listen::bind_unix(path) {
                 Ok(l) => {

@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod control;
 pub mod loopback;
 pub mod privs;
 
@@ -562,6 +563,18 @@ pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, std::process::E
         eprintln!("{program}: cannot start the runtime: {e}");
         std::process::ExitCode::FAILURE
     })
+}
+
+/// Runs a daemon's `main` future on [`runtime`] to its exit code (the runtime's own failure
+/// is reported as there).
+pub fn block_on(
+    program: &str,
+    main: impl std::future::Future<Output = std::process::ExitCode>,
+) -> std::process::ExitCode {
+    match runtime(program) {
+        Ok(r) => r.block_on(main),
+        Err(code) => code,
+    }
 }
 
 /// Prints `listening on <address>` on stdout and flushes it: the line the tests and the
