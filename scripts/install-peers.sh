@@ -13,15 +13,10 @@ NPM_PEERS=(
   "@musistudio/claude-code-router@2.0.0"
 )
 
-key=$(printf '%s\n' "$LITELLM" "${NPM_PEERS[@]}" | sha256sum | cut -c1-16)
+# shellcheck source=scripts/cache-dir.sh
+. "$(dirname "${BASH_SOURCE[0]}")/cache-dir.sh"
 root="${AGENTBOX_PEERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentbox/peers}"
-dir="$root/$key"
-
-case "${1:-}" in
-  "") ;;
-  --print-dir) echo "$dir"; exit 0 ;;
-  *) echo "usage: $0 [--print-dir]" >&2; exit 2 ;;
-esac
+cache_dir "$root" "${1:-}" "$LITELLM" "${NPM_PEERS[@]}"
 
 if [ -f "$dir/.complete" ]; then
   echo "$dir"

@@ -14,16 +14,10 @@ PINNED=(
 )
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-key=$(printf '%s\n' "$(python3 -c 'import sys; print(sys.version_info[:2])')" "${PINNED[@]}" \
-  | sha256sum | cut -c1-16)
+# shellcheck source=scripts/cache-dir.sh
+. "$here/scripts/cache-dir.sh"
 root="${AGENTBOX_RAY_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/agentbox/ray}"
-dir="$root/$key"
-
-case "${1:-}" in
-  "") ;;
-  --print-dir) echo "$dir"; exit 0 ;;
-  *) echo "usage: $0 [--print-dir]" >&2; exit 2 ;;
-esac
+cache_dir "$root" "${1:-}" "$(python3 -c 'import sys; print(sys.version_info[:2])')" "${PINNED[@]}"
 
 if [ ! -f "$dir/.complete" ]; then
   # A venv is not relocatable (its scripts carry its absolute path): build it in place and

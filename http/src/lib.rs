@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod control;
 pub mod loopback;
 pub mod privs;
 
@@ -564,12 +565,23 @@ pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, std::process::E
     })
 }
 
+/// Runs a daemon's `main` future on [`runtime`] to its exit code (the runtime's own failure
+/// is reported as there).
+pub fn block_on(
+    program: &str,
+    main: impl std::future::Future<Output = std::process::ExitCode>,
+) -> std::process::ExitCode {
+    match runtime(program) {
+        Ok(r) => r.block_on(main),
+        Err(code) => code,
+    }
+}
+
 /// The single-threaded runtime of a daemon that serves one client at a time (blackbox-server:
 /// one session, one agent): no worker thread per core, so a host with many cores and hundreds of
-/// slots does not run cores × slots idle workers, and no multi-threaded scheduler code, whose
-/// self-tuning (`f64::powf`) is the only thing that made those binaries load `libm` (about
-/// 0.5 MiB of every idle server's memory). Blocking work still goes to tokio's blocking pool.
-/// Errors as for [`runtime`].
+/// slots does not run cores × slots idle workers, and the multi-threaded scheduler's code stays
+/// out of the idle server's memory. Blocking work still goes to tokio's blocking pool. Errors as
+/// for [`runtime`].
 pub fn current_thread_runtime(
     program: &str,
 ) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {

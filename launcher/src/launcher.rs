@@ -177,6 +177,54 @@ struct RunSpec {
     stdin: Option<String>,
 }
 
+/// A sandbox's exit code from bwrap's wait; a failed wait is recorded in `errors`.
+fn exit_code_of(
+    status: std::io::Result<std::process::ExitStatus>,
+    errors: &mut Vec<String>,
+) -> Option<i32> {
+    match status {
+        Ok(s) => proc::exit_code(s),
+        Err(e) => {
+            errors.push(format!("waiting for the sandbox: {e}"));
+            None
+        }
+    }
+}
+
+/// Kills what outlived bwrap in a sandbox's cgroup; whether the kernel OOM-killed anything in
+/// it.
+async fn kill_leftovers(cgroup: &TaskCgroup, errors: &mut Vec<String>) -> bool {
+    if let Err(e) = cgroup.kill_all().await {
+        errors.push(format!("killing leftovers: {e}"));
+    }
+    cgroup.oom_kills() > 0
+}
+
+/// What every ended sandbox gives back, agent run or slot: its cgroup, its staged mounts and
+/// its output captures (each given [`CAPTURE_GRACE`]); whether any capture was truncated.
+async fn release_sandbox(
+    cgroup: TaskCgroup,
+    staged: Staged,
+    captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
+    errors: &mut Vec<String>,
+) -> bool {
+    if let Err(e) = cgroup.remove() {
+        errors.push(format!("removing the cgroup: {e}"));
+    }
+    if let Err(e) = staged.release() {
+        errors.push(format!("releasing the staged mounts: {e}"));
+    }
+    let mut truncated = false;
+    for h in captures {
+        match tokio::time::timeout(CAPTURE_GRACE, h).await {
+            Ok(Ok(c)) => truncated |= c.truncated,
+            Ok(Err(e)) => errors.push(format!("output capture: {e}")),
+            Err(_) => errors.push("output capture did not finish".to_owned()),
+        }
+    }
+    truncated
+}
+
 /// Refuses an agent range that holds the service identity or a user of the host.
 fn check_agent_range(agents: &AgentIds, service: Owner) -> Result<(), LauncherError> {
     if agents.contains_uid(service.uid) || agents.contains_gid(service.gid) {
@@ -788,6 +836,22 @@ impl Launcher {
             .map_err(LauncherError::HandBack)
     }
 
+    /// Stops a sandbox for `reason` (recorded first; the first reason wins) by killing its
+    /// cgroup, and waits for bwrap.
+    async fn stop_sandbox(
+        &self,
+        tid: &Tid,
+        reason: StopReason,
+        cgroup: &TaskCgroup,
+        child: &mut tokio::process::Child,
+    ) -> std::io::Result<std::process::ExitStatus> {
+        self.event(tid, Event::Stop(reason));
+        if let Err(e) = cgroup.kill_all().await {
+            tracing::error!(%tid, error = %e, "cannot kill the sandbox");
+        }
+        child.wait().await
+    }
+
     async fn supervise(
         self: Arc<Self>,
         tid: Tid,
@@ -807,15 +871,6 @@ impl Launcher {
             agent,
             disk,
         } = running;
-        let kill = |cg: &TaskCgroup| {
-            let cg = cg.clone();
-            let tid = tid.clone();
-            async move {
-                if let Err(e) = cg.kill_all().await {
-                    tracing::error!(%tid, error = %e, "cannot kill the sandbox");
-                }
-            }
-        };
         let watched = match disk {
             DiskGuard::Watch { allowance } => workspace.try_clone().ok().map(|fd| (fd, allowance)),
             DiskGuard::Quota { .. } => None,
@@ -839,37 +894,22 @@ impl Launcher {
             exceeded = watcher => {
                 tracing::warn!(%tid, reason = %exceeded.reason, "disk limit reached: stopping the run");
                 disk_exceeded = true;
-                self.event(&tid, Event::Stop(StopReason::DiskExceeded));
-                kill(&cgroup).await;
-                child.wait().await
+                self.stop_sandbox(&tid, StopReason::DiskExceeded, &cgroup, &mut child).await
             }
             () = tokio::time::sleep(timeout) => {
-                self.event(&tid, Event::Stop(StopReason::Timeout));
-                kill(&cgroup).await;
-                child.wait().await
+                self.stop_sandbox(&tid, StopReason::Timeout, &cgroup, &mut child).await
             }
             () = stop.cancelled() => {
                 // DELETE records its own reason before cancelling; the first reason wins.
-                self.event(&tid, Event::Stop(StopReason::Shutdown));
-                kill(&cgroup).await;
-                child.wait().await
+                self.stop_sandbox(&tid, StopReason::Shutdown, &cgroup, &mut child).await
             }
         };
         let mut errors: Vec<String> = Vec::new();
-        let mut exit_code = match status {
-            Ok(s) => proc::exit_code(s),
-            Err(e) => {
-                errors.push(format!("waiting for the sandbox: {e}"));
-                None
-            }
-        };
+        let mut exit_code = exit_code_of(status, &mut errors);
         let reported = bwrap_status.read();
         self.event(&tid, Event::ProcessGone);
         // Whatever outlived bwrap (a setsid'd daemon) dies before the workspace goes back.
-        if let Err(e) = cgroup.kill_all().await {
-            errors.push(format!("killing leftovers: {e}"));
-        }
-        let oom_killed = cgroup.oom_kills() > 0;
+        let oom_killed = kill_leftovers(&cgroup, &mut errors).await;
         // bwrap reports the command's exit only if it executed the command; an OOM kill may
         // take bwrap's monitor itself, so that one is not called a setup failure.
         let setup_failed = ended_alone && reported.exit_code.is_none() && !oom_killed;
@@ -881,20 +921,7 @@ impl Launcher {
             ));
             exit_code = None;
         }
-        if let Err(e) = cgroup.remove() {
-            errors.push(format!("removing the cgroup: {e}"));
-        }
-        if let Err(e) = staged.release() {
-            errors.push(format!("releasing the staged mounts: {e}"));
-        }
-        let mut truncated = false;
-        for h in captures {
-            match tokio::time::timeout(CAPTURE_GRACE, h).await {
-                Ok(Ok(c)) => truncated |= c.truncated,
-                Ok(Err(e)) => errors.push(format!("output capture: {e}")),
-                Err(_) => errors.push("output capture did not finish".to_owned()),
-            }
-        }
+        let truncated = release_sandbox(cgroup, staged, captures, &mut errors).await;
         match self.release_disk(&workspace, disk).await {
             Ok(over) => disk_exceeded |= over,
             Err(e) => errors.push(e),

@@ -68,6 +68,15 @@ pub struct ChatPassTarget<'a> {
     pub size_hint: usize,
 }
 
+/// Where a passthrough goes: what [`AnthropicTarget`] and [`ChatPassTarget`] both come to.
+#[derive(Debug, Clone, Copy)]
+struct PassTarget<'a> {
+    url: &'a str,
+    auth: Auth<'a>,
+    headers: &'a [(&'a str, &'a str)],
+    size_hint: usize,
+}
+
 /// An OpenAI chat completions endpoint and how to translate for it.
 #[derive(Debug)]
 pub struct ChatTarget<'a> {
@@ -91,41 +100,42 @@ impl Upstream {
         target: AnthropicTarget<'_>,
         body: Value,
     ) -> Result<Answer, LlmError> {
-        let mut bytes = Vec::with_capacity(target.size_hint.saturating_add(4096));
-        serde_json::to_writer(&mut bytes, &FastValue(&body))
-            .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
-        // The tree is several times the body's size: not kept while the upstream works.
-        drop(body);
-        let resp = self
-            .post_json(
-                target.url,
-                target.auth,
-                &[("anthropic-version", target.version)],
-                bytes,
-            )
-            .await?;
-        let status = resp.status();
-        let content_type = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .cloned()
-            .unwrap_or(HeaderValue::from_static("application/json"));
-        let kind = BodyKind::from_content_type(content_type.to_str().unwrap_or(""));
-        let sse = (kind == BodyKind::EventStream).then_some(Protocol::Anthropic);
-        Ok(Answer {
-            status,
-            content_type,
-            body: LlmBody::passthrough(upstream_stream(resp), sse),
-        })
+        let headers = [("anthropic-version", target.version)];
+        let pass = PassTarget {
+            url: target.url,
+            auth: target.auth,
+            headers: &headers,
+            size_hint: target.size_hint,
+        };
+        self.passthrough(pass, body, Protocol::Anthropic).await
     }
 
     /// Passes a chat completions request to an OpenAI-compatible endpoint and its answer back,
     /// streamed or not; a stream that breaks ends with OpenAI's error frame. The request is
     /// written out and freed before the call.
     pub async fn chat(&self, target: ChatPassTarget<'_>, body: Value) -> Result<Answer, LlmError> {
+        let pass = PassTarget {
+            url: target.url,
+            auth: target.auth,
+            headers: target.headers,
+            size_hint: target.size_hint,
+        };
+        self.passthrough(pass, body, Protocol::OpenAi).await
+    }
+
+    /// The one passthrough both protocols share: the body written once, posted, and the answer
+    /// handed back as it came; only the error frame that ends a broken stream depends on
+    /// `protocol`.
+    async fn passthrough(
+        &self,
+        target: PassTarget<'_>,
+        body: Value,
+        protocol: Protocol,
+    ) -> Result<Answer, LlmError> {
         let mut bytes = Vec::with_capacity(target.size_hint.saturating_add(4096));
         serde_json::to_writer(&mut bytes, &FastValue(&body))
             .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
+        // The tree is several times the body's size: not kept while the upstream works.
         drop(body);
         let resp = self
             .post_json(target.url, target.auth, target.headers, bytes)
@@ -137,7 +147,7 @@ impl Upstream {
             .cloned()
             .unwrap_or(HeaderValue::from_static("application/json"));
         let kind = BodyKind::from_content_type(content_type.to_str().unwrap_or(""));
-        let sse = (kind == BodyKind::EventStream).then_some(Protocol::OpenAi);
+        let sse = (kind == BodyKind::EventStream).then_some(protocol);
         Ok(Answer {
             status,
             content_type,

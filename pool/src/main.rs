@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use agentbox_api::{GatewayClient, LauncherClient, UnixClient};
+use agentbox_http::control::{self, ControlSocket};
 use agentbox_pool::backend::Real;
 use agentbox_pool::{Pool, PoolOptions};
 use tokio_util::sync::CancellationToken;
@@ -28,12 +29,8 @@ fn main() -> ExitCode {
         eprintln!("agentbox-pool: the config has no [pool] section");
         return ExitCode::from(78);
     };
-    let runtime = match agentbox_http::runtime("agentbox-pool") {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
     let opts = PoolOptions::from_config(&config, &pool_config);
-    runtime.block_on(run(config, pool_config, opts))
+    agentbox_http::block_on("agentbox-pool", run(config, pool_config, opts))
 }
 
 async fn run(
@@ -41,18 +38,13 @@ async fn run(
     pool_config: agentbox_policy::config::PoolConfig,
     opts: PoolOptions,
 ) -> ExitCode {
-    let run_dir = config.data_dir.join("run");
-    if let Err(e) = std::fs::create_dir_all(&run_dir) {
-        eprintln!("agentbox-pool: cannot create {}: {e}", run_dir.display());
-        return ExitCode::FAILURE;
-    }
-    let path = run_dir.join("pool.sock");
-    let listener = match bind_control(&path) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("agentbox-pool: cannot listen on {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
+    let run_dir = match control::run_dir("agentbox-pool", &config.data_dir) {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    let socket = match ControlSocket::bind("agentbox-pool", run_dir.join("pool.sock")) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     let shutdown = CancellationToken::new();
     let launcher = LauncherClient::over(UnixClient::new(run_dir.join("launcher.sock")))
@@ -76,34 +68,9 @@ async fn run(
     }
     let pool = Pool::new(opts, backend, shutdown.clone());
     pool.start();
-    let _ = agentbox_http::announce_listening(format_args!("unix:{}", path.display()));
-    agentbox_http::cancel_on_shutdown_signal(&shutdown);
-    agentbox_http::serve_unix(
-        listener,
-        agentbox_pool::routes::router(pool.clone()),
-        shutdown,
-    )
-    .await;
+    socket
+        .serve(agentbox_pool::routes::router(pool.clone()), shutdown)
+        .await;
     pool.shutdown().await;
-    let _ = std::fs::remove_file(&path);
     ExitCode::SUCCESS
-}
-
-/// Binds the socket, replacing a stale socket from a previous run (never anything else),
-/// mode 0600: only the service user (and root) may connect.
-fn bind_control(path: &std::path::Path) -> std::io::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
-        Ok(_) => {
-            return Err(std::io::Error::other(
-                "exists and is not a socket; refusing to replace it",
-            ));
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = tokio::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
     BlackboxProcess, FakeLlm, opencode_options, processes_with, registration, scratch, settled,
-    user, wait_group_gone,
+    two_turn_write_script, user, wait_group_gone,
 };
 use serde_json::{Value, json};
 
@@ -180,18 +180,7 @@ async fn two_turns_edit_a_file_carry_the_headers_and_replay(row: &Row) {
     let (name, input) = (row.write)(&target, content);
     // Letters and digits only: OpenClaw rewrites other ids in the history it sends back.
     let call = "callconfwrite1";
-    let script = json!({
-        "rules": [{"match": {"has_tools": false}, "text": "title"}],
-        "steps": [
-            {"match": {"has_tools": true},
-             "tool_calls": [{"id": call, "name": name, "input": input}],
-             "usage": {"input_tokens": 100, "output_tokens": 20}},
-            {"match": {"has_tools": true, "body_contains": call}, "text": "done",
-             "usage": {"input_tokens": 130, "output_tokens": 2}},
-            {"match": {"has_tools": true, "body_contains": "second question"},
-             "text": "second turn done"}
-        ]
-    });
+    let script = two_turn_write_script("title", call, name, &input);
     let (fake, bb, _) = setup(row, &script, &[], &Value::Null).await;
     let path = format!("/v1/sessions/{SESSION}/messages");
     let turn = json!({"turn_id": "turn-1", "messages": user("Create hello.txt"), "metadata": {}});

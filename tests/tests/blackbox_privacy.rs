@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use agentbox_tests::harness::{BlackboxProcess, FakeLlm, claude_code_registration, scratch};
+use agentbox_tests::harness::{BlackboxProcess, FakeLlm, Reply, claude_code_registration, scratch};
 use serde_json::json;
 
 const NOBODY: &str = "65534";
@@ -36,10 +36,9 @@ fn open_parent() -> tempfile::TempDir {
     t
 }
 
-#[tokio::test]
-async fn another_user_cannot_read_a_registration_s_runtime_dir() {
-    let parent = open_parent();
-    let root = parent.path().join("bbs");
+/// fakellm, a server with `root` as its runtime root, and its answer to a Claude Code
+/// registration.
+async fn register_under(root: &Path) -> (FakeLlm, BlackboxProcess, Reply) {
     let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
     let bb = BlackboxProcess::start(&[("BBS_RUNTIME_ROOT", root.to_str().unwrap())]).unwrap();
     let r = bb
@@ -48,6 +47,14 @@ async fn another_user_cannot_read_a_registration_s_runtime_dir() {
             &claude_code_registration(&fake.base_url(), "sess-001", &json!({})),
         )
         .await;
+    (fake, bb, r)
+}
+
+#[tokio::test]
+async fn another_user_cannot_read_a_registration_s_runtime_dir() {
+    let parent = open_parent();
+    let root = parent.path().join("bbs");
+    let (_fake, bb, r) = register_under(&root).await;
     assert_eq!(r.status, 200, "{r}\n{}", bb.describe());
     let runtime_dir = r.body["binding"]["runtime_dir"]
         .as_str()
@@ -73,14 +80,7 @@ async fn a_root_squatted_by_another_user_is_refused() {
     let root = parent.path().join("bbs");
     std::fs::create_dir(&root).unwrap();
     std::os::unix::fs::chown(&root, Some(65534), Some(65534)).unwrap();
-    let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
-    let bb = BlackboxProcess::start(&[("BBS_RUNTIME_ROOT", root.to_str().unwrap())]).unwrap();
-    let r = bb
-        .post(
-            "/v1/rollout/register",
-            &claude_code_registration(&fake.base_url(), "sess-001", &json!({})),
-        )
-        .await;
+    let (_fake, _bb, r) = register_under(&root).await;
     assert_ne!(r.status, 200, "{r}");
     let message = r.body["message"].as_str().unwrap_or_default();
     assert!(

@@ -102,6 +102,19 @@ fn temp_dir_of(repo: &Path) -> PathBuf {
         .to_path_buf()
 }
 
+/// Nothing of the demo in `temp` runs and no agent process is left.
+fn assert_nothing_left_running(temp: &Path, diag: &str) {
+    assert_eq!(
+        processes_with(&temp.display().to_string()),
+        Vec::<u32>::new(),
+        "{diag}"
+    );
+    assert_eq!(
+        cli_common::agent_processes(DEMO_AGENT_UIDS),
+        Vec::<String>::new()
+    );
+}
+
 #[test]
 fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
     // Kept, so the branch can be checked in the repository; then once more as a user runs it,
@@ -185,15 +198,7 @@ fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
 
     // Kept: the dir is there, nothing of it runs, no agent process is left.
     assert!(temp.is_dir(), "{diag}");
-    assert_eq!(
-        processes_with(&temp.display().to_string()),
-        Vec::<u32>::new(),
-        "{diag}"
-    );
-    assert_eq!(
-        cli_common::agent_processes(DEMO_AGENT_UIDS),
-        Vec::<String>::new()
-    );
+    assert_nothing_left_running(&temp, &diag);
     std::fs::remove_dir_all(&temp).unwrap();
 
     // As a user runs it: the temp dir is gone afterwards.
@@ -202,15 +207,7 @@ fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
     let (_, repo) = branch_and_repo(&String::from_utf8_lossy(&out.stdout));
     let temp = temp_dir_of(&repo);
     assert!(!temp.exists(), "removed: {diag}");
-    assert_eq!(
-        processes_with(&temp.display().to_string()),
-        Vec::<u32>::new(),
-        "{diag}"
-    );
-    assert_eq!(
-        cli_common::agent_processes(DEMO_AGENT_UIDS),
-        Vec::<String>::new()
-    );
+    assert_nothing_left_running(&temp, &diag);
 }
 
 /// `agentbox demo` run by `wrap` (a shell line in a private mount namespace whose `"$@"` is

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
     BlackboxProcess, BridgeProcess, FakeLlm, GatewayProcess, HarnessError, UnixResponse,
-    anthropic_text, is_alive, opencode_options, parse_sse, processes_with, registration,
-    status_kib, unix_request, user,
+    anthropic_text, is_alive, opencode_registration, parse_sse, processes_with, status_kib,
+    unix_request, user,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -517,13 +517,7 @@ async fn blackbox_server_killed_mid_turn_leaves_no_process() {
     }))
     .unwrap();
     let mut bb = BlackboxProcess::start(&[]).unwrap();
-    let reg = registration(
-        "opencode",
-        opencode_options(),
-        &fake.base_url(),
-        "sess-kill",
-        &json!({}),
-    );
+    let reg = opencode_registration(&fake.base_url(), "sess-kill", &json!({}));
     let r = bb.post("/v1/rollout/register", &reg).await;
     assert_eq!(r.status, 200, "{r}");
     let runtime = r.body["binding"]["runtime_dir"]
@@ -555,13 +549,7 @@ async fn blackbox_server_killed_mid_turn_leaves_no_process() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // The restarted server serves a new session.
-    let reg = registration(
-        "opencode",
-        opencode_options(),
-        &fake.base_url(),
-        "sess-next",
-        &json!({}),
-    );
+    let reg = opencode_registration(&fake.base_url(), "sess-next", &json!({}));
     let r = bb.post("/v1/rollout/register", &reg).await;
     assert_eq!(r.status, 200, "{r}");
     let r = bb

@@ -12,16 +12,12 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "task-token-chat-0123456789";
 
-fn config(router: &str) -> String {
+/// The router model and Ollama of [`FakeLlm::router_gateway_config`], a second router model
+/// with its own upstream name and output cap, and an Ollama model.
+fn config(fake: &FakeLlm) -> String {
+    let router = fake.base_url();
     format!(
-        r#"
-[gateway]
-ollama_url = "http://127.0.0.1:9"
-
-[models.rollout]
-backend = "router"
-base_url = "{router}/v1"
-
+        r#"{}
 [models.named]
 backend = "router"
 base_url = "{router}/v1/"
@@ -31,13 +27,14 @@ max_output_tokens = 512
 [models.local]
 backend = "ollama"
 upstream_model = "qwen-upstream"
-"#
+"#,
+        fake.router_gateway_config()
     )
 }
 
 fn start(script: &Value) -> (FakeLlm, GatewayProcess) {
     let fake = FakeLlm::scripted(script).unwrap();
-    let gw = GatewayProcess::start(&config(&fake.base_url()), &[]).unwrap();
+    let gw = GatewayProcess::start(&config(&fake), &[]).unwrap();
     (fake, gw)
 }
 

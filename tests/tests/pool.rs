@@ -23,11 +23,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use agentbox_api::pool::{
-    Command as PoolCommand, LeaseRef, LeaseStatus, PoolStatus, ReadFileRequest, RunCommandRequest,
-    SlotState, WriteFileRequest,
+    Command as PoolCommand, LeaseStatus, PoolStatus, ReadFileRequest, RunCommandRequest, SlotState,
+    WriteFileRequest,
 };
 use agentbox_policy::id::Tid;
-use agentbox_tests::harness::pool::{AGENT_UIDS, PoolStack, acquire, by_traj, paths_naming};
+use agentbox_tests::harness::pool::{
+    AGENT_UIDS, PoolStack, acquire, by_lease, by_traj, paths_naming,
+};
 use cli_common::{agent_processes, cli_with};
 use serde_json::json;
 
@@ -178,11 +180,7 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
     let f = stack
         .client
         .read_file(&ReadFileRequest {
-            lease: LeaseRef {
-                trajectory_id: None,
-                lease_id: Some(a.lease_id.clone()),
-                reason: None,
-            },
+            lease: by_lease(&a.lease_id),
             path: "/workspace/notes/hello.txt".into(),
             max_bytes: None,
         })
@@ -242,15 +240,7 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
     assert_eq!(out.stdout, "", "{out:?}");
 
     // A server killed from outside: its lease is lost, commands 410, a new slot on re-acquire.
-    let killed_tid = Tid::parse(&new_tid).unwrap();
-    let pid = stack
-        .launcher
-        .client()
-        .slot(&killed_tid)
-        .await
-        .unwrap()
-        .pid
-        .unwrap();
+    let pid = stack.slot(&new_tid).await.unwrap().pid.unwrap();
     rustix::process::kill_process(
         rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap(),
         rustix::process::Signal::KILL,
@@ -308,18 +298,7 @@ async fn leases_resets_commands_loss_drain_and_shutdown() {
     stack.terminate_pool().await;
     assert!(!stack.data.join("run/pool.sock").exists());
     for t in &tids {
-        let gone = stack
-            .launcher
-            .client()
-            .slot(&Tid::parse(t).unwrap())
-            .await
-            .unwrap_err();
-        assert_eq!(gone.status(), Some(404), "slot {t}: {gone}");
-        assert_eq!(
-            stack.gateway.task(t).await.unwrap()["state"],
-            "closed",
-            "task {t}"
-        );
+        stack.assert_generation_gone(t).await;
         assert_eq!(paths_naming(&stack.data, t), Vec::<PathBuf>::new());
     }
     let deadline = Instant::now() + stack.hang_guard;
@@ -350,12 +329,7 @@ async fn a_pool_that_crashed_leaves_nothing_once_restarted() {
     stack.pool.kill();
     // Its slots outlive it until the next pool starts.
     for t in &old {
-        let st = stack
-            .launcher
-            .client()
-            .slot(&Tid::parse(t).unwrap())
-            .await
-            .unwrap();
+        let st = stack.slot(t).await.unwrap();
         assert_eq!(st.state, agentbox_api::launcher::RunState::Running, "{t}");
     }
     stack.pool = PoolStack::spawn_pool(&stack.config).0;
@@ -363,18 +337,7 @@ async fn a_pool_that_crashed_leaves_nothing_once_restarted() {
         .until("all slots ready again", |s| s.ready == u32::from(SLOTS))
         .await;
     for t in &old {
-        let gone = stack
-            .launcher
-            .client()
-            .slot(&Tid::parse(t).unwrap())
-            .await
-            .unwrap_err();
-        assert_eq!(gone.status(), Some(404), "slot {t}: {gone}");
-        assert_eq!(
-            stack.gateway.task(t).await.unwrap()["state"],
-            "closed",
-            "task {t}"
-        );
+        stack.assert_generation_gone(t).await;
         assert!(s.slots.iter().all(|v| v.tid.as_deref() != Some(t.as_str())));
     }
     stack.terminate_pool().await;

@@ -17,9 +17,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use agentbox_api::pool::{Lease, LeaseRef, ReadFileRequest, SlotState};
+use agentbox_api::pool::{Lease, ReadFileRequest, SlotState};
 use agentbox_tests::harness::opencode_registration;
-use agentbox_tests::harness::pool::{PoolStack, by_traj, paths_naming};
+use agentbox_tests::harness::pool::{PoolStack, by_lease, by_traj, paths_naming};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
@@ -164,11 +164,7 @@ async fn episode(stack: &PoolStack, i: usize, l: Lease) -> String {
     let f = stack
         .client
         .read_file(&ReadFileRequest {
-            lease: LeaseRef {
-                trajectory_id: None,
-                lease_id: Some(l.lease_id.clone()),
-                reason: None,
-            },
+            lease: by_lease(&l.lease_id),
             path: format!("ep-{i}.txt"),
             max_bytes: None,
         })

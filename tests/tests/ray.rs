@@ -32,13 +32,6 @@ struct Host {
     _gateway: GatewayProcess,
 }
 
-fn model_toml(fake: &FakeLlm) -> String {
-    format!(
-        "[models.rollout]\nbackend = \"router\"\nbase_url = \"{}/v1\"\n",
-        fake.base_url()
-    )
-}
-
 /// A copy of `src` in `dir` (0755) that the agent uids can read and run.
 fn readable_copy(src: &Path, dir: &Path) -> PathBuf {
     let dst = dir.join(src.file_name().unwrap());
@@ -48,7 +41,7 @@ fn readable_copy(src: &Path, dir: &Path) -> PathBuf {
 }
 
 fn start_host(name: &str, fake: &FakeLlm, bins: &Path, port_base: u16) -> Host {
-    let models = model_toml(fake);
+    let models = fake.router_model();
     let gateway = GatewayProcess::start_as(
         &format!("[gateway]\n{models}"),
         &[],

@@ -42,19 +42,6 @@ fn script(target: &Path) -> Value {
     })
 }
 
-fn gateway_config(router: &str) -> String {
-    format!(
-        r#"
-[gateway]
-ollama_url = "http://127.0.0.1:9"
-
-[models.rollout]
-backend = "router"
-base_url = "{router}/v1"
-"#
-    )
-}
-
 struct Path3 {
     fake: FakeLlm,
     gw: GatewayProcess,
@@ -65,7 +52,7 @@ struct Path3 {
 /// socket whose router is that task's socket, authenticated with `token`.
 async fn start(script: &Value, tid: &str, budget: Value, token: &str) -> Path3 {
     let fake = FakeLlm::scripted(script).unwrap();
-    let gw = GatewayProcess::start(&gateway_config(&fake.base_url()), &[]).unwrap();
+    let gw = GatewayProcess::start(&fake.router_gateway_config(), &[]).unwrap();
     let r = gw.open_task(tid, "rollout", TOKEN, budget).await.unwrap();
     assert_eq!(r.status, 201, "{}", String::from_utf8_lossy(&r.body));
     let router = format!("unix:{}", gw.task_socket(tid).display());

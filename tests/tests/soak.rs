@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use agentbox_tests::harness::{
     BlackboxProcess, BridgeProcess, FakeLlm, GatewayProcess, anthropic_text, is_alive, last_text,
-    open_fds, opencode_options, registration, settled, status_kib, unix_request, user,
+    open_fds, opencode_registration, settled, status_kib, unix_request, user,
 };
 use agentbox_tests::workload::claude_code_request;
 use serde_json::{Value, json};
@@ -372,13 +372,7 @@ async fn blackbox_turns_with_retries_and_cancels_keep_a_consistent_ledger() {
                 let r = bb.post_empty(&format!("/v1/sessions/{prev}/abort")).await;
                 assert_eq!(r.status, 200, "{r}");
             }
-            let reg = registration(
-                "opencode",
-                opencode_options(),
-                &fake.base_url(),
-                &session,
-                &json!({}),
-            );
+            let reg = opencode_registration(&fake.base_url(), &session, &json!({}));
             let r = bb.post("/v1/rollout/register", &reg).await;
             assert_eq!(r.status, 200, "{r}\n{}", bb.diag(&fake));
         }

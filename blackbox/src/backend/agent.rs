@@ -63,17 +63,45 @@ pub(crate) trait Agent: Send + Sync + std::fmt::Debug {
         &self,
         turn: TurnInput<'_>,
     ) -> impl Future<Output = Result<AdapterResponse, BackendError>> + Send;
+    /// The agent's own session id, once it has one.
+    fn session_id(&self) -> Option<String>;
+}
+
+/// How an agent is interrupted, probed and stopped: its own for a long-running agent
+/// (opencode, OpenClaw), its turn process's for every [`PerTurn`] one.
+pub(crate) trait Lifecycle: Send + Sync {
     /// Stops the agent's current work; whether there was some.
     fn abort(&self) -> impl Future<Output = bool> + Send;
     /// Whether the agent is alive and answering.
     fn healthy(&self) -> impl Future<Output = bool> + Send;
-    /// The agent's own session id, once it has one.
-    fn session_id(&self) -> Option<String>;
     /// Stops the agent and everything it started, within about `grace`.
     fn stop(&self, grace: Duration) -> impl Future<Output = ()> + Send;
 }
 
-impl<T: Agent> Backend for T {
+/// An agent that runs one process per turn (Claude Code, Codex): aborting ends the turn's
+/// process, health is its [`TurnProcess::healthy`], and stopping also waits for its logs.
+pub(crate) trait PerTurn: Send + Sync {
+    /// How its files, logs and errors name it.
+    const CLI: Cli;
+    /// The running turn's process.
+    fn process(&self) -> &TurnProcess;
+}
+
+impl<T: PerTurn> Lifecycle for T {
+    async fn abort(&self) -> bool {
+        self.process().end(T::CLI.name).await
+    }
+
+    async fn healthy(&self) -> bool {
+        self.process().healthy()
+    }
+
+    async fn stop(&self, _grace: Duration) {
+        self.process().close(T::CLI.name).await;
+    }
+}
+
+impl<T: Agent + Lifecycle> Backend for T {
     fn capabilities(&self) -> BackendCapabilities {
         SINGLE_USER_MESSAGE
     }
@@ -481,6 +509,8 @@ async fn end_group(pgid: u32, tree: &[u32], grace: Duration, who: &str) {
 /// behind our back (the agent is not trustworthy any more; health says so).
 #[derive(Debug, Default)]
 pub(crate) struct TurnProcess {
+    /// The binary every turn runs, once initialize chose it.
+    bin: Mutex<Option<String>>,
     active: Mutex<Option<u32>>,
     killed: AtomicBool,
     /// The tasks copying the processes' output.
@@ -515,10 +545,18 @@ impl TurnProcess {
         close_logs(&self.logs, who).await;
     }
 
-    /// Whether the agent can run a turn: `bin` (set once initialized) is runnable and no
+    /// Records the binary the turns run (at initialize).
+    pub fn set_bin(&self, bin: &str) {
+        *lock(&self.bin) = Some(bin.to_owned());
+    }
+
+    /// Whether the agent can run a turn: its binary (set once initialized) is runnable and no
     /// turn's process died of a signal we did not send.
-    pub fn healthy(&self, bin: Option<&str>) -> bool {
-        !self.killed.load(Ordering::SeqCst) && bin.is_some_and(|b| resolve_executable(b).is_some())
+    pub fn healthy(&self) -> bool {
+        !self.killed.load(Ordering::SeqCst)
+            && lock(&self.bin)
+                .as_deref()
+                .is_some_and(|b| resolve_executable(b).is_some())
     }
 
     /// Runs `cmd` to its end (`stdin` written then closed, else `/dev/null`), reading its

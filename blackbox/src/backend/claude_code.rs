@@ -17,13 +17,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::agent::{self, Agent, Cli, TurnProcess, lock, quote, value_text};
+use super::agent::{self, Agent, Cli, PerTurn, TurnProcess, lock, quote, value_text};
 use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, FunctionCall, Message, Object, ProxyOptions, Role, Timestamp, ToolCall,
@@ -414,6 +413,14 @@ pub struct ClaudeCode {
     session_id: Mutex<Option<String>>,
 }
 
+impl PerTurn for ClaudeCode {
+    const CLI: Cli = CLI;
+
+    fn process(&self) -> &TurnProcess {
+        &self.process
+    }
+}
+
 impl ClaudeCode {
     /// A backend for `backend_options` (checked now; nothing starts until `initialize`).
     ///
@@ -726,6 +733,10 @@ pub fn convert_events(
 }
 
 impl Agent for ClaudeCode {
+    fn session_id(&self) -> Option<String> {
+        lock(&self.session_id).clone()
+    }
+
     async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
         let root = &ctx.runtime_dir;
         let home = root.join("home");
@@ -772,6 +783,7 @@ impl Agent for ClaudeCode {
             .clone()
             .unwrap_or_else(|| ctx.bins.claude_code.clone());
         CLI.require(&bin)?;
+        self.process.set_bin(&bin);
         *lock(&self.setup) = Some(Setup {
             bin,
             runtime_dir: root.clone(),
@@ -815,23 +827,6 @@ impl Agent for ClaudeCode {
             usage,
             backend_session_id: s.session_uuid,
         })
-    }
-
-    async fn abort(&self) -> bool {
-        self.process.end(CLI.name).await
-    }
-
-    async fn healthy(&self) -> bool {
-        let bin = lock(&self.setup).as_ref().map(|s| s.bin.clone());
-        self.process.healthy(bin.as_deref())
-    }
-
-    fn session_id(&self) -> Option<String> {
-        lock(&self.session_id).clone()
-    }
-
-    async fn stop(&self, _grace: Duration) {
-        self.process.close(CLI.name).await;
     }
 }
 

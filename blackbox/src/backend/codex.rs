@@ -13,12 +13,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::agent::{self, Agent, Cli, TurnProcess, lock, quote};
+use super::agent::{self, Agent, Cli, PerTurn, TurnProcess, lock, quote};
 use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, Message, Object, ProxyOptions, Role, Timestamp, TraceEvent, TurnUsage,
@@ -471,6 +470,14 @@ pub struct Codex {
     process: TurnProcess,
 }
 
+impl PerTurn for Codex {
+    const CLI: Cli = CLI;
+
+    fn process(&self) -> &TurnProcess {
+        &self.process
+    }
+}
+
 impl Codex {
     /// A backend for `backend_options` (checked now; nothing starts until `initialize`).
     ///
@@ -511,6 +518,10 @@ impl Codex {
 }
 
 impl Agent for Codex {
+    fn session_id(&self) -> Option<String> {
+        lock(&self.thread).clone()
+    }
+
     async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
         let root = &ctx.runtime_dir;
         let home = root.join("home");
@@ -539,6 +550,7 @@ impl Agent for Codex {
         .await?;
         let bin = self.options.executable(&ctx.bins);
         CLI.require(&bin)?;
+        self.process.set_bin(&bin);
         *lock(&self.setup) = Some(Setup {
             bin,
             runtime_dir: root.clone(),
@@ -609,23 +621,6 @@ impl Agent for Codex {
             usage: converted.usage,
             backend_session_id: session_id,
         })
-    }
-
-    async fn abort(&self) -> bool {
-        self.process.end(CLI.name).await
-    }
-
-    async fn healthy(&self) -> bool {
-        let bin = lock(&self.setup).as_ref().map(|s| s.bin.clone());
-        self.process.healthy(bin.as_deref())
-    }
-
-    fn session_id(&self) -> Option<String> {
-        lock(&self.thread).clone()
-    }
-
-    async fn stop(&self, _grace: Duration) {
-        self.process.close(CLI.name).await;
     }
 }
 

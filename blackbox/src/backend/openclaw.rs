@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::agent::{self, Agent, Cli, Daemon, lock, value_text};
+use super::agent::{self, Agent, Cli, Daemon, Lifecycle, lock, value_text};
 use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, FunctionCall, Message, Object, ProxyOptions, Role, Timestamp, ToolCall,
@@ -611,6 +611,12 @@ impl Agent for OpenClaw {
         })
     }
 
+    fn session_id(&self) -> Option<String> {
+        lock(&self.session).clone()
+    }
+}
+
+impl Lifecycle for OpenClaw {
     async fn abort(&self) -> bool {
         let cancelled = lock(&self.in_flight)
             .take()
@@ -621,10 +627,6 @@ impl Agent for OpenClaw {
 
     async fn healthy(&self) -> bool {
         self.daemon.exited().await.is_none() && self.health_probe().await
-    }
-
-    fn session_id(&self) -> Option<String> {
-        lock(&self.session).clone()
     }
 
     async fn stop(&self, grace: Duration) {

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio_util::task::TaskTracker;
 
-use super::agent::{self, Agent, Cli, Daemon, Lines, lock};
+use super::agent::{self, Agent, Cli, Daemon, Lifecycle, Lines, lock};
 use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, BackendCapabilities, FunctionCall, Message, Object, ProxyOptions, Role,
@@ -694,6 +694,12 @@ impl Agent for Opencode {
         })
     }
 
+    fn session_id(&self) -> Option<String> {
+        lock(&self.session).id.clone()
+    }
+}
+
+impl Lifecycle for Opencode {
     async fn abort(&self) -> bool {
         let Some(sid) = lock(&self.session).id.clone() else {
             return false;
@@ -714,10 +720,6 @@ impl Agent for Opencode {
 
     async fn healthy(&self) -> bool {
         self.daemon.exited().await.is_none() && self.health_probe().await
-    }
-
-    fn session_id(&self) -> Option<String> {
-        lock(&self.session).id.clone()
     }
 
     async fn stop(&self, grace: Duration) {

@@ -29,7 +29,7 @@ use base64::Engine;
 use rustix::fs::{self as rfs, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 
-use super::{CAPTURE_GRACE, LaunchFailed, Launcher};
+use super::{CAPTURE_GRACE, LaunchFailed, Launcher, exit_code_of, kill_leftovers, release_sandbox};
 use crate::api::{
     RunState, SlotExecRequest, SlotExecResult, SlotFile, SlotReadRequest, SlotRequest, SlotStatus,
     SlotWriteRequest, SlotWriteResult,
@@ -72,7 +72,26 @@ const CLIENT_BINS: &[(&str, &str)] = &[
     ("CODEX_BIN", "codex"),
 ];
 /// The roots `files/*` may reach (relative paths are under the first).
-const FILE_ROOTS: [&str; 3] = ["/workspace", bwrap::HOME, "/tmp"];
+const FILE_ROOTS: [FileRoot; 3] = [FileRoot::Workspace, FileRoot::Home, FileRoot::Tmp];
+
+/// A directory of a slot that `files/*` may reach.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FileRoot {
+    Workspace,
+    Home,
+    Tmp,
+}
+
+impl FileRoot {
+    /// Where the sandbox sees it.
+    fn inside(self) -> &'static str {
+        match self {
+            FileRoot::Workspace => "/workspace",
+            FileRoot::Home => bwrap::HOME,
+            FileRoot::Tmp => "/tmp",
+        }
+    }
+}
 /// Longest `BBS_*` value taken from a request.
 const MAX_BBS_VALUE: usize = 4096;
 
@@ -169,8 +188,8 @@ fn slot_env(
     Ok((rest, bbs))
 }
 
-/// An inside path of `files/*` as (root index in [`FILE_ROOTS`], components below it).
-fn file_path(input: &str) -> Result<(usize, RelPath), LauncherError> {
+/// An inside path of `files/*` as (its root, components below it).
+fn file_path(input: &str) -> Result<(FileRoot, RelPath), LauncherError> {
     let bad = |e: String| LauncherError::InvalidPath(e);
     let absolute = if input.starts_with('/') {
         input.to_owned()
@@ -180,7 +199,7 @@ fn file_path(input: &str) -> Result<(usize, RelPath), LauncherError> {
     let path = RequestPath::parse(&absolute).map_err(|e| bad(e.to_string()))?;
     let roots = FILE_ROOTS
         .iter()
-        .map(|r| validate_root(r))
+        .map(|r| validate_root(r.inside()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| bad(e.to_string()))?;
     let within = path.within(&roots, EqualsRoot::Refuse).map_err(|e| {
@@ -189,11 +208,12 @@ fn file_path(input: &str) -> Result<(usize, RelPath), LauncherError> {
             bwrap::HOME
         ))
     })?;
-    let idx = roots
+    let root = roots
         .iter()
-        .position(|r| r == within.root)
+        .zip(FILE_ROOTS)
+        .find_map(|(r, root)| (r == within.root).then_some(root))
         .ok_or(LauncherError::Internal("file root vanished"))?;
-    Ok((idx, within.rel))
+    Ok((root, within.rel))
 }
 
 /// Opens `rel` below `top` one component at a time, never following a symlink: directories for
@@ -675,15 +695,6 @@ impl Launcher {
             captures,
             info: _,
         } = running;
-        let kill = |cg: &TaskCgroup| {
-            let cg = cg.clone();
-            let tid = tid.clone();
-            async move {
-                if let Err(e) = cg.kill_all().await {
-                    tracing::error!(%tid, error = %e, "cannot kill the slot");
-                }
-            }
-        };
         let timer = async move {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,
@@ -693,42 +704,18 @@ impl Launcher {
         let status = tokio::select! {
             s = child.wait() => s,
             () = timer => {
-                self.event(&tid, Event::Stop(StopReason::Timeout));
-                kill(&cgroup).await;
-                child.wait().await
+                self.stop_sandbox(&tid, StopReason::Timeout, &cgroup, &mut child).await
             }
             () = stop.cancelled() => {
-                self.event(&tid, Event::Stop(StopReason::Shutdown));
-                kill(&cgroup).await;
-                child.wait().await
+                self.stop_sandbox(&tid, StopReason::Shutdown, &cgroup, &mut child).await
             }
         };
         let mut errors = Vec::new();
-        let exit_code = match status {
-            Ok(s) => proc::exit_code(s),
-            Err(e) => {
-                errors.push(format!("waiting for the sandbox: {e}"));
-                None
-            }
-        };
+        let exit_code = exit_code_of(status, &mut errors);
         self.event(&tid, Event::ProcessGone);
-        if let Err(e) = cgroup.kill_all().await {
-            errors.push(format!("killing leftovers: {e}"));
-        }
-        let oom_killed = cgroup.oom_kills() > 0;
-        if let Err(e) = cgroup.remove() {
-            errors.push(format!("removing the cgroup: {e}"));
-        }
-        if let Err(e) = staged.release() {
-            errors.push(format!("releasing the staged mounts: {e}"));
-        }
-        for h in captures {
-            match tokio::time::timeout(CAPTURE_GRACE, h).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => errors.push(format!("output capture: {e}")),
-                Err(_) => errors.push("output capture did not finish".to_owned()),
-            }
-        }
+        let oom_killed = kill_leftovers(&cgroup, &mut errors).await;
+        // A slot's output is its server's log: whether it was truncated is not in its outcome.
+        release_sandbox(cgroup, staged, captures, &mut errors).await;
         {
             let mut reg = self.lock();
             if let Some(e) = reg.runs.get_mut(&tid) {
@@ -1008,13 +995,12 @@ impl Launcher {
         })
     }
 
-    /// The directory handle of `root` (an index into [`FILE_ROOTS`]).
-    fn file_root(info: &SlotInfo, root: usize) -> Result<&OwnedFd, LauncherError> {
+    /// The directory handle of `root`.
+    fn file_root(info: &SlotInfo, root: FileRoot) -> &OwnedFd {
         match root {
-            0 => Ok(&info.dirs.workspace),
-            1 => Ok(&info.dirs.home),
-            2 => Ok(&info.dirs.tmp),
-            _ => Err(LauncherError::Internal("no such file root")),
+            FileRoot::Workspace => &info.dirs.workspace,
+            FileRoot::Home => &info.dirs.home,
+            FileRoot::Tmp => &info.dirs.tmp,
         }
     }
 
@@ -1043,7 +1029,7 @@ impl Launcher {
         let info = self.slot_info(&tid)?;
         let path = req.path.clone();
         tokio::task::spawn_blocking(move || {
-            let top = Self::file_root(&info, root)?;
+            let top = Self::file_root(&info, root);
             let (dir, name) = walk_parents(top, &rel, None)?;
             let fd = rfs::openat(
                 &dir,
@@ -1101,7 +1087,7 @@ impl Launcher {
         let (path, append) = (req.path.clone(), req.append);
         tokio::task::spawn_blocking(move || {
             let owner = info.agent;
-            let top = Self::file_root(&info, root)?;
+            let top = Self::file_root(&info, root);
             let (dir, name) = walk_parents(top, &rel, Some(owner))?;
             match kind_at(&dir, &name)? {
                 None | Some(rfs::FileType::RegularFile) => {}

@@ -11,6 +11,26 @@ use super::{HarnessError, Service};
 
 deref_to_service!(FakeLlm);
 
+/// The script of an agent's two turns that edit a file: the first calls `tool` (named
+/// `name`, with `input`) as call `call` and ends with `done` once the call's result comes back;
+/// a request naming "second question" ends with `second turn done`. Requests without tools
+/// (titles) get `title`.
+#[must_use]
+pub fn two_turn_write_script(title: &str, call: &str, name: &str, input: &Value) -> Value {
+    serde_json::json!({
+        "rules": [{"match": {"has_tools": false}, "text": title}],
+        "steps": [
+            {"match": {"has_tools": true},
+             "tool_calls": [{"id": call, "name": name, "input": input}],
+             "usage": {"input_tokens": 100, "output_tokens": 20}},
+            {"match": {"has_tools": true, "body_contains": call}, "text": "done",
+             "usage": {"input_tokens": 130, "output_tokens": 2}},
+            {"match": {"has_tools": true, "body_contains": "second question"},
+             "text": "second turn done"}
+        ]
+    })
+}
+
 /// A running fakellm.
 #[derive(Debug)]
 pub struct FakeLlm {
@@ -96,6 +116,26 @@ impl FakeLlm {
     #[must_use]
     pub fn base_url(&self) -> String {
         format!("http://{}", self.address)
+    }
+
+    /// The gateway's `[models.rollout]`: a `backend = "router"` model with this fakellm as the
+    /// RL router.
+    #[must_use]
+    pub fn router_model(&self) -> String {
+        format!(
+            "[models.rollout]\nbackend = \"router\"\nbase_url = \"{}/v1\"\n",
+            self.base_url()
+        )
+    }
+
+    /// A gateway config whose one model is [`FakeLlm::router_model`] and whose Ollama is a
+    /// dead port (nothing may reach it).
+    #[must_use]
+    pub fn router_gateway_config(&self) -> String {
+        format!(
+            "[gateway]\nollama_url = \"http://127.0.0.1:9\"\n\n{}",
+            self.router_model()
+        )
     }
 
     /// The unix socket, when started with [`FakeLlm::start_unix`].

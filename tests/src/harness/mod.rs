@@ -40,7 +40,7 @@ pub use clients::{
     stream_json_result, workspace_root,
 };
 pub use daemons::{BridgeProcess, GatewayProcess, LauncherProcess, cargo, workspace_bin};
-pub use fake::FakeLlm;
+pub use fake::{FakeLlm, two_turn_write_script};
 pub use http::{
     SseFrame, UnixResponse, anthropic_text, get_json, parse_sse, strs, unix_json, unix_request,
 };

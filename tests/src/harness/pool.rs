@@ -14,8 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use agentbox_api::PoolClient;
+use agentbox_api::launcher::SlotStatus;
 use agentbox_api::pool::{AcquireRequest, Lease, LeaseRef, PoolStatus};
+use agentbox_api::{ClientError, PoolClient};
+use agentbox_policy::id::Tid;
 use serde_json::Value;
 
 use super::{FakeLlm, GatewayProcess, LauncherProcess, Service, clients_dir, workspace_bin};
@@ -73,10 +75,7 @@ impl PoolStack {
     #[must_use]
     pub fn start(slots: u16, script: &Value) -> PoolStack {
         let fake = FakeLlm::scripted(script).unwrap();
-        let models = format!(
-            "[models.rollout]\nbackend = \"router\"\nbase_url = \"{}/v1\"\n",
-            fake.base_url()
-        );
+        let models = fake.router_model();
         let gateway = GatewayProcess::start_as(&models, &[], Some((SERVICE, SERVICE))).unwrap();
         let data = gateway.data_dir();
         let dir = tempfile::Builder::new()
@@ -209,6 +208,27 @@ impl PoolStack {
         }
     }
 
+    /// The launcher's view of slot `tid` (a generation's tid, as the pool status names it).
+    ///
+    /// # Errors
+    /// The launcher's refusal (404 once the slot is deleted).
+    pub async fn slot(&self, tid: &str) -> Result<SlotStatus, ClientError> {
+        let tid = Tid::parse(tid).unwrap_or_else(|e| panic!("slot tid {tid:?}: {e}"));
+        self.launcher.client().slot(&tid).await
+    }
+
+    /// Asserts that generation `tid` is gone: the launcher has no slot of it and its gateway
+    /// task is closed.
+    pub async fn assert_generation_gone(&self, tid: &str) {
+        let gone = self.slot(tid).await.unwrap_err();
+        assert_eq!(gone.status(), Some(404), "slot {tid}: {gone}");
+        assert_eq!(
+            self.gateway.task(tid).await.unwrap()["state"],
+            "closed",
+            "task {tid}"
+        );
+    }
+
     pub async fn acquire(&self, t: &str) -> Lease {
         self.client
             .acquire(&acquire(t))
@@ -233,6 +253,16 @@ pub fn by_traj(t: &str) -> LeaseRef {
     LeaseRef {
         trajectory_id: Some(t.into()),
         lease_id: None,
+        reason: None,
+    }
+}
+
+/// The lease `id`, by its id alone.
+#[must_use]
+pub fn by_lease(id: &str) -> LeaseRef {
+    LeaseRef {
+        trajectory_id: None,
+        lease_id: Some(id.into()),
         reason: None,
     }
 }

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use agentbox_tests::harness::{
-    BlackboxProcess, FakeLlm, client_bin, codex_options, registration, scratch, user,
+    BlackboxProcess, FakeLlm, client_bin, codex_options, registration, scratch,
+    two_turn_write_script, user,
 };
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -191,19 +192,8 @@ pub async fn record(client: &Client, root: &Path) {
     let target = work.path().join("hello.txt");
     let (tool, input) = (client.write)(&target, "hello from the fixtures\n");
     let call = "call_fixture_write_1";
-    let script = json!({
-        "rules": [{"match": {"has_tools": false}, "text": "Fixture title"}],
-        "steps": [
-            {"match": {"has_tools": true},
-             "tool_calls": [{"id": call, "name": tool, "input": input}],
-             "usage": {"input_tokens": 100, "output_tokens": 20}},
-            {"match": {"has_tools": true, "body_contains": call}, "text": "done",
-             "usage": {"input_tokens": 130, "output_tokens": 2}},
-            {"match": {"has_tools": true, "body_contains": "second question"},
-             "text": "second turn done"}
-        ],
-        "fallback": {"text": "done"}
-    });
+    let mut script = two_turn_write_script("Fixture title", call, tool, &input);
+    script["fallback"] = json!({"text": "done"});
     let fake = FakeLlm::start(Path::new(env!("CARGO_BIN_EXE_fakellm")), &script).unwrap();
     let (addr, log) = start_relay().await;
     let bb = BlackboxProcess::start(&[]).unwrap();

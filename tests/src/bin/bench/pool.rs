@@ -16,7 +16,6 @@
 use std::time::{Duration, Instant};
 
 use agentbox_api::pool::SlotState;
-use agentbox_policy::id::Tid;
 use agentbox_tests::harness::opencode_registration;
 use agentbox_tests::harness::pool::{PoolStack, by_traj};
 use anyhow::{Context, Result, ensure};
@@ -110,12 +109,7 @@ pub async fn bench_pool(quick: bool) -> Result<()> {
     // Idle RSS of one ready slot's sandbox tree.
     let s = stack.status().await;
     let tid = s.slots[0].tid.clone().context("slot 0 has no tid")?;
-    let slot = stack
-        .launcher
-        .client()
-        .slot(&Tid::parse(&tid)?)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let slot = stack.slot(&tid).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     let (idle_rss, idle_names) = tree_rss(slot.pid.context("no pid")?);
 
     let mut acquire = Vec::new();
@@ -163,12 +157,7 @@ pub async fn bench_pool(quick: bool) -> Result<()> {
         .find(|v| v.slot_id == lease.slot_id)
         .and_then(|v| v.tid.clone())
         .context("no tid")?;
-    let slot = stack
-        .launcher
-        .client()
-        .slot(&Tid::parse(&tid)?)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let slot = stack.slot(&tid).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     // opencode's server settles for a moment after register answers.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (oc_rss, oc_names) = tree_rss(slot.pid.context("no pid")?);
