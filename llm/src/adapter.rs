@@ -96,6 +96,16 @@ impl Upstream {
             .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
         // The tree is several times the body's size: not kept while the upstream works.
         drop(body);
+        self.anthropic_bytes(target, bytes).await
+    }
+
+    /// [`Upstream::anthropic`] for a body already written (the sanitizer's output, which
+    /// copies the client's members as they came): sent as it is.
+    pub async fn anthropic_bytes(
+        &self,
+        target: AnthropicTarget<'_>,
+        bytes: Vec<u8>,
+    ) -> Result<Answer, LlmError> {
         let resp = self
             .post_json(
                 target.url,
