@@ -14,12 +14,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use serde_json::error::Category;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use agentbox_llm::adapter::anthropic_version;
 use agentbox_llm::{AnthropicTarget, Auth, ChatTarget};
 use agentbox_policy::config::{Provider, Reasoning};
-use agentbox_policy::sanitize;
+use agentbox_policy::sanitize::{SanitizeError, raw};
 use agentbox_policy::secret::presented_token;
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::translate::{ChatOptions, ReasoningField};
@@ -97,29 +98,25 @@ async fn check(State(bridge): State<Arc<Bridge>>, Path(model): Path<String>) -> 
     axum::Json(body).into_response()
 }
 
-/// The two fields read before anything else: which model (so which provider) and whether the
-/// answer streams. A scan of the body that builds nothing else.
-#[derive(serde::Deserialize)]
-struct Peek {
-    model: Option<Value>,
-    stream: Option<Value>,
-}
-
 /// `POST /v1/messages`.
 ///
-/// An `openai` model's request is parsed once into the typed request (never into a
-/// `serde_json::Value` tree), checked for URL sources, translated and written out: what the
-/// sanitizer removes (server tools, `mcp_servers`, `container`, `context_management`,
-/// unknown fields) has no place in a chat request anyway. An `anthropic` model's request is
-/// passed through, so it keeps everything the sanitizer does not remove.
+/// The body's top level is split once into raw members (a duplicate top-level key refused),
+/// which says the model (so the provider) and whether the answer streams. An `openai` model's
+/// request is then parsed once into the typed request (never into a `serde_json::Value`
+/// tree), checked for URL sources, translated and written out: what the sanitizer removes
+/// (server tools, `mcp_servers`, `container`, `context_management`, unknown fields) has no
+/// place in a chat request anyway. An `anthropic` model's request is passed through
+/// `policy::sanitize::raw`: every member walked once (duplicate keys refused at any depth,
+/// URL sources unless allowed), the sanitizer's edits and `metadata.user_id` written anew,
+/// everything else sent as the client's bytes.
 async fn messages(
     State(bridge): State<Arc<Bridge>>,
     req: Request,
 ) -> Result<Response, BridgeError> {
     let (parts, body) = req.into_parts();
     let bytes = read_body(&bridge, &parts.headers, body).await?;
-    let peek: Peek = serde_json::from_slice(&bytes).map_err(json_error)?;
-    let model_id = match peek.model {
+    let request = raw::parse(&bytes).map_err(refusal)?;
+    let model_id = match small(request.member("model"))? {
         Some(Value::String(s)) => s,
         Some(_) => {
             return Err(BridgeError::InvalidRequest(
@@ -128,7 +125,7 @@ async fn messages(
         }
         None => return Err(BridgeError::InvalidRequest("model: field required".into())),
     };
-    let stream = match peek.stream {
+    let stream = match small(request.member("stream"))? {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Bool(true)) => true,
         Some(_) => {
@@ -148,26 +145,32 @@ async fn messages(
     tracing::debug!(model = %model.id, provider = model.provider.as_str(), stream, bytes = bytes.len(), "messages");
     let answer = match model.provider {
         Provider::Anthropic => {
-            let mut value: Value = serde_json::from_slice(&bytes).map_err(json_error)?;
-            let size_hint = bytes.len();
+            let sanitized = request
+                .sanitize(&raw::Options {
+                    model: &model.upstream_model,
+                    allow_url_sources: model.allow_url_sources,
+                    max_tokens_cap: None,
+                    // Claude Code's device, account and session ids: not the provider's
+                    // business.
+                    strip_metadata_user_id: !model.forward_user_id,
+                    estimate: None,
+                })
+                .map_err(refusal)?;
+            drop(request);
             drop(bytes);
-            sanitize::sanitize_request(&mut value, &model.upstream_model, model.allow_url_sources)
-                .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
-            if !model.forward_user_id
-                && let Some(Value::Object(metadata)) = value.get_mut("metadata")
-            {
-                // Claude Code's device, account and session ids: not the provider's business.
-                metadata.shift_remove("user_id");
-            }
             let target = AnthropicTarget {
                 url: &format!("{}/v1/messages", model.base_url),
                 auth: Auth::ApiKey(key),
                 version: anthropic_version(&parts.headers),
-                size_hint,
+                size_hint: sanitized.body.len(),
             };
-            bridge.upstream.anthropic(target, value).await?
+            bridge
+                .upstream
+                .anthropic_bytes(target, sanitized.body)
+                .await?
         }
         Provider::Openai => {
+            drop(request);
             let request: MessagesRequest = serde_json::from_slice(&bytes).map_err(json_error)?;
             // A rough count (4 bytes a token) until the provider's usage arrives.
             let input_tokens_estimate = (bytes.len() / 4) as u64;
@@ -198,6 +201,24 @@ async fn messages(
         }
     };
     Ok(answer.into_response())
+}
+
+/// A top-level member read before the provider is known (`model`, `stream`: small values).
+fn small(raw: Option<&RawValue>) -> Result<Option<Value>, BridgeError> {
+    raw.map(|raw| serde_json::from_str(raw.get()).map_err(json_error))
+        .transpose()
+}
+
+/// A sanitizer refusal: not JSON (400, "not valid JSON"), else a 400 naming what is wrong.
+fn refusal(e: SanitizeError) -> BridgeError {
+    match e {
+        SanitizeError::Json(e) => json_error(e),
+        e @ (SanitizeError::DuplicateKey(_)
+        | SanitizeError::NotAnObject { .. }
+        | SanitizeError::ToolsNotArray { .. }
+        | SanitizeError::ToolNotObject { .. }
+        | SanitizeError::UrlSource { .. }) => BridgeError::InvalidRequest(e.to_string()),
+    }
 }
 
 /// A body serde_json refused: not JSON at all (400, "not valid JSON"), or JSON of the wrong

@@ -15,6 +15,7 @@
 //! provider fetches; a wrong guess here is bounded by the ledger (it costs at most what that
 //! one request bills beyond its reservation, see [`crate::ledger`]).
 
+use agentbox_policy::sanitize::raw::EstimateRules;
 use serde_json::Value;
 
 /// Tokens charged per image block.
@@ -27,6 +28,16 @@ pub const URL_DOCUMENT_TOKENS: u64 = 100_000;
 /// Framing tokens per message (role markers).
 pub const MESSAGE_OVERHEAD: u64 = 4;
 const BYTES_PER_TOKEN: u64 = 3;
+
+/// These rules for the sanitizer's walk (`policy::sanitize::raw`), which counts the estimate
+/// of a passthrough request while it checks it; its tests compare it with [`input_tokens`].
+pub const RULES: EstimateRules = EstimateRules {
+    image_tokens: IMAGE_TOKENS,
+    document_min_tokens: DOCUMENT_MIN_TOKENS,
+    url_document_tokens: URL_DOCUMENT_TOKENS,
+    message_overhead: MESSAGE_OVERHEAD,
+    bytes_per_token: BYTES_PER_TOKEN,
+};
 
 #[derive(Debug, Default)]
 struct Tally {
@@ -212,5 +223,90 @@ mod tests {
             &json!({"messages": [], "system": [{"type": "text", "text": "be good"}], "tools": tools}),
         );
         assert!(b > a + 10, "{a} {b}");
+    }
+
+    /// The sanitizer's walk counts what [`input_tokens`] counts on the sanitized tree.
+    fn same_as_walk(body: &Value) {
+        use agentbox_policy::sanitize::{raw, sanitize_request};
+        let bytes = serde_json::to_vec(body).unwrap();
+        for allow in [true, false] {
+            let mut tree = body.clone();
+            let Ok(_) = sanitize_request(&mut tree, "m", allow) else {
+                continue;
+            };
+            let walked = raw::parse(&bytes)
+                .unwrap()
+                .sanitize(&raw::Options {
+                    model: "m",
+                    allow_url_sources: allow,
+                    max_tokens_cap: None,
+                    strip_metadata_user_id: false,
+                    estimate: Some(RULES),
+                })
+                .unwrap();
+            assert_eq!(walked.input_tokens, input_tokens(&tree), "{body}");
+        }
+    }
+
+    #[test]
+    fn the_sanitizers_walk_counts_the_same() {
+        let blocks = [
+            json!({"type": "text", "text": "some words here"}),
+            json!({"text": "type after text \n \"q\"", "type": "text"}),
+            json!({"type": "text"}),
+            json!({"type": "text", "text": ["odd", 1, {"a": null}]}),
+            json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}),
+            json!({"type": "image", "source": {"type": "url", "url": "https://x/i.png"}}),
+            json!({"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "QUJDREVGR0hJSktM".repeat(2000)}}),
+            json!({"type": "document", "source": {"type": "base64", "data": 5}}),
+            json!({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain\ntext doc"}}),
+            json!({"type": "document", "source": {"type": "url", "url": "https://x/a.pdf"}}),
+            json!({"type": "document", "source": {"type": "file", "file_id": "f"}}),
+            json!({"type": "document", "source": "s"}),
+            json!({"type": "document"}),
+            json!({"type": "tool_use", "id": "t", "name": "Write", "input": {"path": "a.txt", "n": [1.5, -2, 3e10]}}),
+            json!({"input": {"p": "\u{1}"}, "name": "Write", "type": "server_tool_use"}),
+            json!({"type": "tool_use", "id": "t"}),
+            json!({"type": "tool_result", "tool_use_id": "t", "content": [{"type": "text", "text": "ok done"}, {"type": "image"}]}),
+            json!({"type": "tool_result", "tool_use_id": "t", "content": "plain"}),
+            json!({"type": "thinking", "thinking": "let me think", "signature": "sig"}),
+            json!({"type": "redacted_thinking", "data": "opaque"}),
+            json!({"type": "search_result", "source": "x", "title": "t\t", "content": []}),
+            json!({"type": 7, "x": true}),
+            json!({"no_type": false}),
+            json!("a bare string"),
+            json!(42),
+            json!(null),
+            json!([1, "x"]),
+        ];
+        for block in &blocks {
+            same_as_walk(&json!({"messages": [{"role": "user", "content": [block]}]}));
+            same_as_walk(&json!({"system": [block], "messages": []}));
+        }
+        same_as_walk(&json!({}));
+        same_as_walk(&json!({"system": "plain", "messages": "not a list"}));
+        same_as_walk(
+            &json!({"system": {"a": 1}, "messages": [7, {"content": null}, {"role": "user"}, {"content": "hi é"}]}),
+        );
+        same_as_walk(
+            &json!({"messages": [], "system": 1.25, "tool_choice": {"type": "auto"},
+            "tools": [{"name": "Write", "description": "write \"a\" file", "input_schema": {"type": "object"}},
+                      {"type": "web_search_20250305", "name": "web_search"}]}),
+        );
+        same_as_walk(
+            &json!({"messages": [], "tool_choice": {"type": "tool", "name": "web_search"},
+            "tools": [{"name": "Write"}, {"type": "web_search_20250305", "name": "web_search"}]}),
+        );
+        same_as_walk(&json!({"messages": [], "tool_choice": {"type": "any"},
+            "tools": [{"type": "web_search_20250305", "name": "web_search"}]}));
+        // The recorded Claude Code requests.
+        for request in [
+            include_str!("../../tests/fixtures/proxy/claude_code/01_first/request.json"),
+            include_str!("../../tests/fixtures/proxy/claude_code/02_tool_result/request.json"),
+            include_str!("../../tests/fixtures/proxy/claude_code/03_second_turn/request.json"),
+        ] {
+            let recorded: Value = serde_json::from_str(request).unwrap();
+            same_as_walk(&recorded["body"]);
+        }
     }
 }

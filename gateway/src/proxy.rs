@@ -18,12 +18,14 @@
 //! each admission settles exactly once.
 //!
 //! A message request is authenticated (task token, constant time), read under the body limit,
-//! refused (400) if it carries media with URL sources and the model does not allow them,
-//! sanitized by `policy::sanitize` (model rewritten to the destination's name, server-side
-//! tools, `mcp_servers`, `container` and `context_management` removed), `max_tokens` clamped
-//! to the catalogue's cap, admitted against the budget with a reservation (403 before any
-//! upstream call when spent), and forwarded through `agentbox-llm` with only
-//! `anthropic-version`. The response streams back as it arrives, metered.
+//! refused (400) if it carries media with URL sources and the model does not allow them or a
+//! duplicate key at any depth, sanitized by `policy::sanitize::raw` (model rewritten to the
+//! destination's name, server-side tools, `mcp_servers`, `container` and `context_management`
+//! removed, `max_tokens` clamped to the catalogue's cap, the input estimate counted, all in one
+//! walk and without a `Value` tree; untouched members are sent as the client's bytes),
+//! admitted against the budget with a reservation (403 before any upstream call when spent),
+//! and forwarded through `agentbox-llm` with only `anthropic-version`. The response streams
+//! back as it arrives, metered.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,9 +36,10 @@ use agentbox_llm::adapter::anthropic_version;
 use agentbox_llm::{Answer, AnthropicTarget, Auth, LlmError, Upstream};
 use agentbox_policy::config::{Backend, Model};
 use agentbox_policy::id::Tid;
-use agentbox_policy::sanitize;
+use agentbox_policy::sanitize::{SanitizeError, raw};
 use agentbox_policy::secret::{Secret, presented_token};
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -161,12 +164,12 @@ pub(crate) fn authenticate(ctx: &TaskCtx, headers: &HeaderMap) -> Result<(), Pro
     Ok(ctx.account.check_token(token)?)
 }
 
-/// The body as JSON, with its charge against the body budgets (keep the charge while the value
-/// lives) and the body's length.
-pub(crate) async fn read_json(
+/// The body's bytes, with its charge against the body budgets (keep the charge while the bytes,
+/// or what is made of them, live).
+pub(crate) async fn read_bytes(
     ctx: &TaskCtx,
     req: Request,
-) -> Result<(HeaderMap, Value, BodyCharge, usize), ProxyError> {
+) -> Result<(HeaderMap, Bytes, BodyCharge), ProxyError> {
     let (parts, body) = req.into_parts();
     authenticate(ctx, &parts.headers)?;
     let held = read_body_within(
@@ -187,6 +190,16 @@ pub(crate) async fn read_json(
         BudgetedBodyError::ServerBusy => ProxyError::Overloaded,
     })?;
     let (bytes, charge) = held.split();
+    Ok((parts.headers, bytes, charge))
+}
+
+/// The body as JSON, with its charge against the body budgets (keep the charge while the value
+/// lives) and the body's length.
+pub(crate) async fn read_json(
+    ctx: &TaskCtx,
+    req: Request,
+) -> Result<(HeaderMap, Value, BodyCharge, usize), ProxyError> {
+    let (headers, bytes, charge) = read_bytes(ctx, req).await?;
     let value: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}")))?;
     let len = bytes.len();
@@ -196,7 +209,23 @@ pub(crate) async fn read_json(
             "request body must be a JSON object".into(),
         ));
     }
-    Ok((parts.headers, value, charge, len))
+    Ok((headers, value, charge, len))
+}
+
+/// A sanitizer refusal as the client sees it (the words `read_json` uses for the same faults).
+fn refusal(e: SanitizeError) -> ProxyError {
+    match e {
+        SanitizeError::Json(e) => {
+            ProxyError::InvalidRequest(format!("request body is not valid JSON: {e}"))
+        }
+        SanitizeError::NotAnObject { .. } => {
+            ProxyError::InvalidRequest("request body must be a JSON object".into())
+        }
+        e @ (SanitizeError::DuplicateKey(_)
+        | SanitizeError::ToolsNotArray { .. }
+        | SanitizeError::ToolNotObject { .. }
+        | SanitizeError::UrlSource { .. }) => ProxyError::InvalidRequest(e.to_string()),
+    }
 }
 
 /// `POST /v1/messages/count_tokens`: answered locally, never forwarded, never billed.
@@ -207,7 +236,8 @@ async fn count_tokens(State(ctx): State<TaskCtx>, req: Request) -> Result<Respon
 
 /// `POST /v1/messages`.
 async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
-    let (headers, mut value, _charge, size_hint) = read_json(&ctx, req).await?;
+    let (headers, bytes, _charge) = read_bytes(&ctx, req).await?;
+    let request = raw::parse(&bytes).map_err(refusal)?;
     let model = ctx.account.model()?;
     let dest = ctx.cfg.destination(&model).ok_or_else(|| {
         ProxyError::NotFound(format!(
@@ -216,39 +246,36 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         ))
     })?;
     // Before any reservation or upstream call: a URL the provider fetches could carry workspace
-    // data out, and its cost is invisible here.
-    sanitize::sanitize_request(&mut value, &dest.model, model.allow_url_sources)
-        .map_err(|e| ProxyError::InvalidRequest(e.to_string()))?;
-
-    let max_tokens = match value.get("max_tokens") {
-        Some(Value::Number(n)) => n.as_u64().filter(|n| *n > 0).ok_or_else(|| {
-            ProxyError::InvalidRequest("max_tokens: expected a positive integer".into())
-        })?,
-        Some(_) => {
+    // data out, and its cost is invisible here. One walk checks, edits (the catalogue's output
+    // limit bounds both what the model may generate and what a request reserves) and counts
+    // the estimate; untouched members go upstream as the client's bytes.
+    let sanitized = request
+        .sanitize(&raw::Options {
+            model: &dest.model,
+            allow_url_sources: model.allow_url_sources,
+            max_tokens_cap: model.max_output_tokens,
+            strip_metadata_user_id: false,
+            estimate: Some(estimate::RULES),
+        })
+        .map_err(refusal)?;
+    drop(request);
+    // The body sent replaces the client's under the same charge.
+    drop(bytes);
+    let max_tokens = match sanitized.max_tokens {
+        raw::MaxTokens::Value(n) => n,
+        raw::MaxTokens::Invalid => {
             return Err(ProxyError::InvalidRequest(
                 "max_tokens: expected a positive integer".into(),
             ));
         }
-        None => {
+        raw::MaxTokens::Missing => {
             return Err(ProxyError::InvalidRequest(
                 "max_tokens: field required".into(),
             ));
         }
     };
-    // The catalogue's output limit bounds both what the model may generate and what a request
-    // reserves.
-    let max_tokens = match model.max_output_tokens {
-        Some(cap) if max_tokens > cap => {
-            value["max_tokens"] = json!(cap);
-            cap
-        }
-        Some(_) | None => max_tokens,
-    };
-    let reservation = Reservation::for_request(
-        estimate::input_tokens(&value),
-        max_tokens,
-        model.prices.as_ref(),
-    );
+    let reservation =
+        Reservation::for_request(sanitized.input_tokens, max_tokens, model.prices.as_ref());
     // Before reserving anything: a listener of another uid on the port (the bridge down, someone
     // else bound it) gets neither the prompt nor the token.
     if dest.owned
@@ -276,8 +303,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         dest,
         bridge_token,
         version: anthropic_version(&headers).to_owned(),
-        body: value,
-        size_hint,
+        body: sanitized.body,
     };
     let cfg = ctx.cfg.clone();
     detached(&cfg, ctx.account.tid().clone(), call.forward(admission)).await
@@ -328,9 +354,8 @@ struct Call {
     dest: Destination,
     bridge_token: Option<Secret>,
     version: String,
-    body: Value,
-    /// The client's body length, about the length of the body written upstream.
-    size_hint: usize,
+    /// The sanitized body, as it is sent.
+    body: Vec<u8>,
 }
 
 impl Call {
@@ -345,10 +370,10 @@ impl Call {
             url: &self.dest.url,
             auth,
             version: &self.version,
-            size_hint: self.size_hint,
+            size_hint: self.body.len(),
         };
         admission.sent();
-        match self.cfg.upstream.anthropic(target, self.body).await {
+        match self.cfg.upstream.anthropic_bytes(target, self.body).await {
             Ok(answer) => {
                 let tid = self.tid;
                 Ok(answer.metered(move |report| {

