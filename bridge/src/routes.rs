@@ -22,7 +22,7 @@ use agentbox_policy::config::{Provider, Reasoning};
 use agentbox_policy::sanitize;
 use agentbox_policy::secret::presented_token;
 use agentbox_wire::anthropic::MessagesRequest;
-use agentbox_wire::translate::{ChatOptions, ReasoningField};
+use agentbox_wire::translate::{AnthropicBody, ChatOptions, ReasoningField};
 
 use crate::Bridge;
 use crate::check::check as probe;
@@ -107,8 +107,9 @@ struct Peek {
 
 /// `POST /v1/messages`.
 ///
-/// An `openai` model's request is parsed once into the typed request (never into a
-/// `serde_json::Value` tree), checked for URL sources, translated and written out: what the
+/// An `openai` model's request is parsed once (never into a `serde_json::Value` tree): with its
+/// strings borrowed ([`AnthropicBody`]) when that path takes it and no URL source can be in it,
+/// else into the typed request, checked for URL sources; then translated and written out: what the
 /// sanitizer removes (server tools, `mcp_servers`, `container`, `context_management`,
 /// unknown fields) has no place in a chat request anyway. An `anthropic` model's request is
 /// passed through, so it keeps everything the sanitizer does not remove.
@@ -168,14 +169,8 @@ async fn messages(
             bridge.upstream.anthropic(target, value).await?
         }
         Provider::Openai => {
-            let request: MessagesRequest = serde_json::from_slice(&bytes).map_err(json_error)?;
             // A rough count (4 bytes a token) until the provider's usage arrives.
             let input_tokens_estimate = (bytes.len() / 4) as u64;
-            drop(bytes);
-            if !model.allow_url_sources {
-                crate::typed::refuse_url_sources(&request)
-                    .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
-            }
             let target = ChatTarget {
                 url: &format!("{}/chat/completions", model.base_url),
                 auth: Auth::Bearer(key),
@@ -194,7 +189,39 @@ async fn messages(
                 reported_model: model.id.clone(),
                 input_tokens_estimate,
             };
-            bridge.upstream.anthropic_via_chat(target, request).await?
+            // The borrowed translation where it takes the body and no URL source can be in it
+            // (else the typed request, whose walk applies the rule), all before the body is
+            // freed.
+            let borrowed = std::str::from_utf8(&bytes)
+                .ok()
+                .filter(|text| model.allow_url_sources || !crate::typed::may_hold_url_source(text))
+                .and_then(AnthropicBody::parse)
+                .map(|b| {
+                    (
+                        b.write_chat(&target.chat, None),
+                        b.response_options(),
+                        b.stream(),
+                    )
+                });
+            match borrowed {
+                Some((chat, resp_opts, stream)) => {
+                    drop(bytes);
+                    bridge
+                        .upstream
+                        .chat_for_anthropic(target, chat, resp_opts, stream)
+                        .await?
+                }
+                None => {
+                    let request: MessagesRequest =
+                        serde_json::from_slice(&bytes).map_err(json_error)?;
+                    drop(bytes);
+                    if !model.allow_url_sources {
+                        crate::typed::refuse_url_sources(&request)
+                            .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
+                    }
+                    bridge.upstream.anthropic_via_chat(target, request).await?
+                }
+            }
         }
     };
     Ok(answer.into_response())
