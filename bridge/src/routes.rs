@@ -23,7 +23,7 @@ use agentbox_policy::config::{Provider, Reasoning};
 use agentbox_policy::sanitize::{SanitizeError, raw};
 use agentbox_policy::secret::presented_token;
 use agentbox_wire::anthropic::MessagesRequest;
-use agentbox_wire::translate::{ChatOptions, ReasoningField};
+use agentbox_wire::translate::{AnthropicBody, ChatOptions, ReasoningField};
 
 use crate::Bridge;
 use crate::check::check as probe;
@@ -102,13 +102,14 @@ async fn check(State(bridge): State<Arc<Bridge>>, Path(model): Path<String>) -> 
 ///
 /// The body's top level is split once into raw members (a duplicate top-level key refused),
 /// which says the model (so the provider) and whether the answer streams. An `openai` model's
-/// request is then parsed once into the typed request (never into a `serde_json::Value`
-/// tree), checked for URL sources, translated and written out: what the sanitizer removes
-/// (server tools, `mcp_servers`, `container`, `context_management`, unknown fields) has no
-/// place in a chat request anyway. An `anthropic` model's request is passed through
-/// `policy::sanitize::raw`: every member walked once (duplicate keys refused at any depth,
-/// URL sources unless allowed), the sanitizer's edits and `metadata.user_id` written anew,
-/// everything else sent as the client's bytes.
+/// request is then parsed once more, never into a `serde_json::Value` tree: with its strings
+/// borrowed ([`AnthropicBody`]) when that path takes it and no URL source can be in it, else into
+/// the typed request, checked for URL sources; then translated and written out: what the
+/// sanitizer removes (server tools, `mcp_servers`, `container`, `context_management`, unknown
+/// fields) has no place in a chat request anyway. An `anthropic` model's request is passed
+/// through `policy::sanitize::raw`: every member walked once (duplicate keys refused at any
+/// depth, URL sources unless allowed), the sanitizer's edits and `metadata.user_id` written
+/// anew, everything else sent as the client's bytes.
 async fn messages(
     State(bridge): State<Arc<Bridge>>,
     req: Request,
@@ -171,14 +172,8 @@ async fn messages(
         }
         Provider::Openai => {
             drop(request);
-            let request: MessagesRequest = serde_json::from_slice(&bytes).map_err(json_error)?;
             // A rough count (4 bytes a token) until the provider's usage arrives.
             let input_tokens_estimate = (bytes.len() / 4) as u64;
-            drop(bytes);
-            if !model.allow_url_sources {
-                crate::typed::refuse_url_sources(&request)
-                    .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
-            }
             let target = ChatTarget {
                 url: &format!("{}/chat/completions", model.base_url),
                 auth: Auth::Bearer(key),
@@ -197,7 +192,39 @@ async fn messages(
                 reported_model: model.id.clone(),
                 input_tokens_estimate,
             };
-            bridge.upstream.anthropic_via_chat(target, request).await?
+            // The borrowed translation where it takes the body and no URL source can be in it
+            // (else the typed request, whose walk applies the rule), all before the body is
+            // freed.
+            let borrowed = std::str::from_utf8(&bytes)
+                .ok()
+                .filter(|text| model.allow_url_sources || !crate::typed::may_hold_url_source(text))
+                .and_then(AnthropicBody::parse)
+                .map(|b| {
+                    (
+                        b.write_chat(&target.chat, None),
+                        b.response_options(),
+                        b.stream(),
+                    )
+                });
+            match borrowed {
+                Some((chat, resp_opts, stream)) => {
+                    drop(bytes);
+                    bridge
+                        .upstream
+                        .chat_for_anthropic(target, chat, resp_opts, stream)
+                        .await?
+                }
+                None => {
+                    let request: MessagesRequest =
+                        serde_json::from_slice(&bytes).map_err(json_error)?;
+                    drop(bytes);
+                    if !model.allow_url_sources {
+                        crate::typed::refuse_url_sources(&request)
+                            .map_err(|e| BridgeError::InvalidRequest(e.to_string()))?;
+                    }
+                    bridge.upstream.anthropic_via_chat(target, request).await?
+                }
+            }
         }
     };
     Ok(answer.into_response())

@@ -25,6 +25,27 @@ pub fn refuse_url_sources(req: &MessagesRequest) -> Result<(), SanitizeError> {
     Ok(())
 }
 
+/// Whether the body text may hold a source of type `"url"`; `false` only when it cannot. Such
+/// a source is an object with a member `"type": "url"`, which JSON text without `\u` escapes
+/// can only spell as `"type"`, a colon and `"url"`, with whitespace between; a body with any
+/// `\u` escape is not looked into. This lets the bridge skip the typed walk (and the typed
+/// request) for the bodies Claude Code sends; any other body gets the walk.
+pub fn may_hold_url_source(body: &str) -> bool {
+    if body.contains("\\u") {
+        return true;
+    }
+    body.match_indices("\"url\"").any(|(at, _)| {
+        let before = body[..at].trim_end_matches(is_json_space);
+        before
+            .strip_suffix(':')
+            .is_some_and(|b| b.trim_end_matches(is_json_space).ends_with("\"type\""))
+    })
+}
+
+fn is_json_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r')
+}
+
 fn content(c: &TextOrList<ContentBlock>, path: &mut String) -> Result<(), SanitizeError> {
     match c {
         TextOrList::List(blocks) => sanitize::each_indexed(blocks, path, block),
@@ -94,6 +115,28 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    #[test]
+    fn url_pre_check() {
+        let clear = [
+            r#"{"tools":[{"input_schema":{"properties":{"url":{"type":"string"}}}}]}"#,
+            r#"{"text":"a \"url\" here","type":"text"}"#,
+            r#"{"type":"urls"}"#,
+            // A string holding the words, not a member.
+            r#"{"text":"\"type\":\"url\""}"#,
+        ];
+        for body in clear {
+            assert!(!may_hold_url_source(body), "{body}");
+        }
+        let held = [
+            r#"{"source":{"type":"url","url":"x"}}"#,
+            "{\"source\":{\"type\" :\n \"url\"}}",
+            r#"{"source":{"typ\u0065":"url"}}"#,
+        ];
+        for body in held {
+            assert!(may_hold_url_source(body), "{body}");
+        }
+    }
+
     /// The typed walk and the sanitizer's own agree on every case, path included.
     #[test]
     fn agrees_with_the_sanitizer() {
@@ -122,6 +165,13 @@ mod tests {
             let got = refuse_url_sources(&typed).map_err(|e| e.to_string());
             let want = sanitize::refuse_url_sources(&v).map_err(|e| e.to_string());
             assert_eq!(got, want, "{v}");
+            // The pre-check never clears a body the rule refuses, compact or pretty.
+            if want.is_err() {
+                assert!(may_hold_url_source(&v.to_string()), "{v}");
+                assert!(may_hold_url_source(
+                    &serde_json::to_string_pretty(&v).unwrap()
+                ));
+            }
         }
     }
 }

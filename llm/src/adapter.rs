@@ -191,11 +191,7 @@ impl Upstream {
         req: MessagesRequest,
     ) -> Result<Answer, LlmError> {
         let stream = req.stream == Some(true);
-        let resp_opts = ResponseOptions {
-            model: Some(target.reported_model),
-            input_tokens_estimate: target.input_tokens_estimate,
-            ..ResponseOptions::for_request(&req)
-        };
+        let resp_opts = ResponseOptions::for_request(&req);
         let chat = anthropic_into_chat(req, &target.chat)
             .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
         // Written once into a buffer of about the right size (the estimate is a quarter of the
@@ -209,6 +205,26 @@ impl Upstream {
         serde_json::to_writer(&mut bytes, &chat)
             .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
         drop(chat);
+        self.chat_for_anthropic(target, bytes, resp_opts, stream)
+            .await
+    }
+
+    /// [`Upstream::anthropic_via_chat`] for a request already written as a chat body (by
+    /// [`agentbox_wire::translate::AnthropicBody`], which borrows from the client's body, so
+    /// the caller translates before anything is awaited): `resp_opts` are the request's
+    /// [`ResponseOptions`]; the reported model and the input estimate come from `target`.
+    pub async fn chat_for_anthropic(
+        &self,
+        target: ChatTarget<'_>,
+        bytes: Vec<u8>,
+        resp_opts: ResponseOptions,
+        stream: bool,
+    ) -> Result<Answer, LlmError> {
+        let resp_opts = ResponseOptions {
+            model: Some(target.reported_model),
+            input_tokens_estimate: target.input_tokens_estimate,
+            ..resp_opts
+        };
         let resp = self.post_json(target.url, target.auth, &[], bytes).await?;
         if stream {
             return Ok(Answer {

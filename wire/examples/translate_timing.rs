@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::chat::ChatChunk;
 use agentbox_wire::translate::{
-    ChatOptions, ChatStreamTranslator, ResponseOptions, anthropic_into_chat,
+    AnthropicBody, ChatOptions, ChatStreamTranslator, ResponseOptions, anthropic_into_chat,
 };
 use agentbox_wire::usage::UsageMeter;
 use serde_json::{Value, json};
@@ -174,6 +174,27 @@ fn main() {
         std::hint::black_box(serde_json::to_vec(&c).unwrap());
     })
     .row("bytes -> bytes (parse + translate + write)");
+    let text = std::str::from_utf8(&body).unwrap();
+    let borrowed = AnthropicBody::parse(text).expect("the borrowed path takes this request");
+    assert_eq!(
+        serde_json::from_slice::<Value>(&borrowed.write_chat(&opts, None)).unwrap(),
+        serde_json::from_slice::<Value>(&chat_bytes).unwrap()
+    );
+    Stats::measure(n, || {
+        std::hint::black_box(AnthropicBody::parse(text).unwrap());
+    })
+    .row("borrowed: parse Anthropic request");
+    Stats::measure(n, || {
+        std::hint::black_box(borrowed.write_chat(&opts, None));
+    })
+    .row("borrowed: translate + write chat request");
+    Stats::measure(n, || {
+        let text = std::str::from_utf8(&body).unwrap();
+        let b = AnthropicBody::parse(text).unwrap();
+        std::hint::black_box(b.response_options());
+        std::hint::black_box(b.write_chat(&opts, None));
+    })
+    .row("borrowed: bytes -> bytes (+ response options)");
     Stats::measure(n, || {
         let v: Value = serde_json::from_slice(&body).unwrap();
         std::hint::black_box(serde_json::to_vec(&v).unwrap());

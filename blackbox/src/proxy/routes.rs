@@ -16,7 +16,7 @@ use agentbox_llm::{ErrorReply, LlmError, Protocol};
 use agentbox_wire::anthropic::ErrorType;
 use agentbox_wire::chat::{ChatRequest, ChatResponse};
 use agentbox_wire::translate::{
-    ChatOptions, MaxTokensField, ResponseOptions, ResponsesOptions, TranslateError,
+    AnthropicBody, ChatOptions, MaxTokensField, ResponseOptions, ResponsesOptions, TranslateError,
     anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
     responses_into_chat,
 };
@@ -29,7 +29,7 @@ use axum::routing::get;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::{Number, Value, json};
 
 use super::headers::{self, CallKind};
 use super::meter::{ChatMeter, Metered};
@@ -234,6 +234,9 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
             Ok((out, Back::Chat, peeked.stream))
         }
         Api::Anthropic => {
+            if let Some((body, opts, stream)) = borrowed_to_chat(&bytes, policy) {
+                return Ok((body, Back::Anthropic(Box::new(opts)), stream));
+            }
             let (body, opts, stream) = to_chat(
                 &bytes,
                 policy,
@@ -252,6 +255,25 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
             Ok((body, Back::Responses(Box::new(opts)), stream))
         }
     }
+}
+
+/// An Anthropic request translated on its borrowed strings ([`AnthropicBody`]) with the policy
+/// applied as [`rewrite::apply_typed`] applies it to the owned translation: `None` when that
+/// path leaves the body to the owned one ([`to_chat`]).
+fn borrowed_to_chat(
+    bytes: &[u8],
+    policy: &rewrite::Policy,
+) -> Option<(Bytes, ResponseOptions, bool)> {
+    let body = AnthropicBody::parse(std::str::from_utf8(bytes).ok()?)?;
+    let opts = ChatOptions {
+        model: policy.model_override.clone(),
+        ..chat_options()
+    };
+    // `stream_options` needs nothing more: `chat_options` asks for usage on streams, and a
+    // translated body that does not stream has none.
+    let temperature = policy.default_temperature.and_then(Number::from_f64);
+    let chat = body.write_chat(&opts, temperature.as_ref());
+    Some((Bytes::from(chat), body.response_options(), body.stream()))
 }
 
 /// A client request of protocol `R` as the chat body sent upstream (policy applied), the
@@ -545,5 +567,46 @@ mod tests {
         assert_eq!(Api::of(&post, "/v1/messages"), Some(Api::Anthropic));
         assert_eq!(Api::of(&post, "/v1/messages/count_tokens"), None);
         assert_eq!(Api::of(&post, "/v1/models"), None);
+    }
+
+    /// The borrowed translation with the policy applied is the owned one's, for every policy.
+    #[test]
+    fn borrowed_translation_agrees_with_the_typed_one() {
+        let bodies = [
+            json!({"model": "claude", "stream": true, "max_tokens": 9, "system": "s",
+                "messages": [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "Bash", "input": {"c": "ls"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
+                "tools": [{"name": "Bash", "input_schema": {"type": "object"}}], "top_k": 3,
+                "metadata": {"user_id": "u"}}),
+            json!({"model": "claude", "temperature": 0, "messages": [{"role": "user", "content": "hi"}]}),
+            json!({"model": "claude", "stream": false, "messages": []}),
+        ];
+        let policies = [
+            rewrite::Policy::default(),
+            rewrite::Policy {
+                model_override: Some("router-model".into()),
+                default_temperature: Some(0.6),
+            },
+        ];
+        for body in bodies {
+            let bytes = serde_json::to_vec(&body).unwrap();
+            for policy in &policies {
+                let (fast, fast_opts, fast_stream) = borrowed_to_chat(&bytes, policy).unwrap();
+                let (typed, typed_opts, typed_stream) = to_chat(
+                    &bytes,
+                    policy,
+                    ResponseOptions::for_request,
+                    anthropic_into_chat,
+                )
+                .unwrap();
+                assert_eq!(
+                    serde_json::from_slice::<Value>(&fast).unwrap(),
+                    serde_json::from_slice::<Value>(&typed).unwrap()
+                );
+                assert_eq!(fast_opts, typed_opts);
+                assert_eq!(fast_stream, typed_stream);
+            }
+        }
     }
 }

@@ -44,6 +44,7 @@
 //! `input_tokens = prompt_tokens - cached_tokens`, `cache_read_input_tokens = cached_tokens`,
 //! `cache_creation_input_tokens = 0`, `output_tokens = completion_tokens`.
 
+mod borrowed;
 mod chunks;
 mod request;
 mod response;
@@ -54,6 +55,7 @@ mod responses_stream;
 mod stream;
 mod tool_names;
 
+pub use borrowed::AnthropicBody;
 pub use chunks::StreamTranslator;
 pub use request::anthropic_into_chat;
 pub use response::chat_to_anthropic_response;

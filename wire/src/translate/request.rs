@@ -487,7 +487,9 @@ fn translate_tool(tool: Tool) -> ChatTool {
     }
 }
 
-fn translate_tool_choice(choice: Option<ToolChoice>) -> (Option<ChatToolChoice>, Option<bool>) {
+pub(super) fn translate_tool_choice(
+    choice: Option<ToolChoice>,
+) -> (Option<ChatToolChoice>, Option<bool>) {
     let no_parallel = |d: Option<bool>| (d == Some(true)).then_some(false);
     match choice {
         None => (None, None),
@@ -527,7 +529,7 @@ fn translate_tool_choice(choice: Option<ToolChoice>) -> (Option<ChatToolChoice>,
 }
 
 /// The effort a request's `thinking` asks for ([`super::ReasoningField`] states the rule).
-fn thinking_effort(thinking: Option<&ThinkingConfig>, extra: &Extra) -> Option<String> {
+pub(super) fn thinking_effort(thinking: Option<&ThinkingConfig>, extra: &Extra) -> Option<String> {
     let bucket = |budget: u64| match budget {
         0..4096 => "low",
         4096..16384 => "medium",
@@ -555,7 +557,7 @@ fn thinking_effort(thinking: Option<&ThinkingConfig>, extra: &Extra) -> Option<S
 
 /// `output_config.format` (or the older `output_format`) with a JSON schema →
 /// `response_format`.
-fn response_format(extra: &Extra) -> Option<Value> {
+pub(super) fn response_format(extra: &Extra) -> Option<Value> {
     let format = extra
         .get("output_config")
         .and_then(|c| c.get("format"))
