@@ -495,7 +495,7 @@ pub fn tune_malloc(tuning: MallocTuning) -> MallocTuned {
 mod tests {
     #[test]
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    fn malloc_tuning_takes_effect_and_refuses_what_glibc_refuses() {
+    fn malloc_tuning_takes_effect_and_refuses_values_past_c_int() {
         use super::{MallocTuned, MallocTuning, tune_malloc};
         assert_eq!(
             tune_malloc(MallocTuning::PROXY),
@@ -515,10 +515,10 @@ mod tests {
                 mmap_threshold: true
             }
         );
-        // glibc caps the mmap threshold at 32 MiB on 64-bit; a larger one is not applied.
+        // mallopt takes a C int: a value past it is not applied (nor wrapped to a negative).
         let too_big = MallocTuning {
-            arena_max: None,
-            mmap_threshold: Some(1 << 30),
+            arena_max: Some(u32::MAX),
+            mmap_threshold: Some(u32::MAX),
         };
         assert_eq!(tune_malloc(too_big), MallocTuned::default());
     }
