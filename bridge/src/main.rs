@@ -9,10 +9,14 @@ use agentbox_policy::config::ProcessEnv;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    // First, before any thread or arena exists: request-sized buffers go back to the kernel
+    // when freed instead of staying in per-thread heaps (peak RSS at c=64, BENCHMARKS.md).
+    let malloc = agentbox_sandbox::proc::tune_malloc(agentbox_sandbox::proc::MallocTuning::PROXY);
     let config = match agentbox_http::start_daemon("agentbox-bridge", "The agentbox llm-bridge") {
         Ok(c) => c,
         Err(code) => return code,
     };
+    tracing::debug!(?malloc, "malloc tuning");
     let bridge = match agentbox_bridge::Bridge::from_config(&config, &ProcessEnv) {
         Ok(b) => b,
         Err(e) => {

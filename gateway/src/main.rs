@@ -12,6 +12,9 @@ use agentbox_policy::config::ProcessEnv;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
+    // First, before any thread or arena exists: request-sized buffers go back to the kernel
+    // when freed instead of staying in per-thread heaps (peak RSS at c=64, BENCHMARKS.md).
+    let malloc = agentbox_sandbox::proc::tune_malloc(agentbox_sandbox::proc::MallocTuning::PROXY);
     let config = match agentbox_http::start_daemon(
         "agentbox-gateway",
         "The agentbox per-task LLM gateway",
@@ -19,6 +22,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    tracing::debug!(?malloc, "malloc tuning");
     agentbox_http::block_on(
         "agentbox-gateway",
         run(GatewayOptions::from_config(&config, &ProcessEnv)),

@@ -46,6 +46,13 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// simply closed.
 pub const REFUSAL_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The most a connection's read buffer grows to (hyper's default is ~400 KB). hyper doubles
+/// the buffer while reads fill it, so a ~100 KB body read off a fast socket can leave a
+/// keep-alive connection holding a buffer of up to 256 KB for as long as it stays open. At
+/// 64 KiB a large body takes a few more reads, and a request head is still allowed 64 KiB
+/// (Claude Code's are a few KB).
+pub const MAX_READ_BUFFER: usize = 64 << 10;
+
 /// How long shutdown waits for in-flight connections before dropping them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
@@ -237,6 +244,7 @@ where
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(how.header_timeout)
+        .max_buf_size(MAX_READ_BUFFER)
         .keep_alive(how.keep_alive);
     let conn = builder.serve_connection(TokioIo::new(io), TowerToHyperService::new(service));
     let mut conn = std::pin::pin!(conn);

@@ -1,5 +1,7 @@
 //! Child processes of a privileged daemon: the one `pre_exec` setup every spawn goes through,
-//! capped capture of a child's output, and termination of a process group.
+//! capped capture of a child's output, and termination of a process group. Also the process
+//! settings a daemon's `main` needs `libc` for: [`tune_malloc`] (the gateway and the bridge,
+//! whose own crates forbid `unsafe`).
 //!
 //! # The child setup
 //! Between `fork` and `exec` a multithreaded process may only do async-signal-safe things: a
@@ -420,8 +422,107 @@ pub fn ensure_stdio() {
     }
 }
 
+/// How a daemon asks glibc's malloc to keep less memory it no longer uses (see
+/// [`tune_malloc`]). `None` leaves a setting at glibc's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MallocTuning {
+    /// `M_ARENA_MAX`: at most this many heaps. glibc gives threads their own arena (up to eight
+    /// per core), each of which keeps its own free memory.
+    pub arena_max: Option<u32>,
+    /// `M_MMAP_THRESHOLD`, bytes: blocks this large or larger are mapped on their own and
+    /// unmapped when freed. Setting it also turns off glibc's dynamic threshold, which after
+    /// the first large block is freed raises the threshold (up to 32 MiB) so that every later
+    /// large block comes from the heap, where it stays as fragmentation once freed.
+    pub mmap_threshold: Option<u32>,
+}
+
+impl MallocTuning {
+    /// What the gateway and the bridge use: request bodies (~100 KB), their serialized
+    /// translations and hyper's read buffers are mapped on their own and given back to the
+    /// kernel when a request is done, instead of staying in the heaps as free memory
+    /// (BENCHMARKS.md, "Peak memory at c=64"). The arena count is left alone: with the
+    /// threshold fixed, one arena measured no lower than glibc's default.
+    pub const PROXY: MallocTuning = MallocTuning {
+        arena_max: None,
+        mmap_threshold: Some(64 << 10),
+    };
+}
+
+/// Which [`MallocTuning`] settings took effect.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MallocTuned {
+    /// `M_ARENA_MAX` was set.
+    pub arena_max: bool,
+    /// `M_MMAP_THRESHOLD` was set.
+    pub mmap_threshold: bool,
+}
+
+/// Applies `tuning` to glibc's malloc with `mallopt(3)`. A setting whose glibc variable is in
+/// the environment (`MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_`) is left alone: the
+/// operator's choice wins. Call it first in `main`, before threads start, so every arena is
+/// created under it. Elsewhere than glibc (musl has no `mallopt` settings) nothing is done.
+pub fn tune_malloc(tuning: MallocTuning) -> MallocTuned {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        let set = |param: libc::c_int, env: &str, value: Option<u32>| {
+            let Some(v) = value.and_then(|v| libc::c_int::try_from(v).ok()) else {
+                return false;
+            };
+            if std::env::var_os(env).is_some() {
+                return false;
+            }
+            // SAFETY: `mallopt` takes two integers and changes allocator parameters under the
+            // allocator's own lock; it is safe to call at any time, from any thread.
+            unsafe { libc::mallopt(param, v) == 1 }
+        };
+        MallocTuned {
+            arena_max: set(libc::M_ARENA_MAX, "MALLOC_ARENA_MAX", tuning.arena_max),
+            mmap_threshold: set(
+                libc::M_MMAP_THRESHOLD,
+                "MALLOC_MMAP_THRESHOLD_",
+                tuning.mmap_threshold,
+            ),
+        }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = tuning;
+        MallocTuned::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn malloc_tuning_takes_effect_and_refuses_values_past_c_int() {
+        use super::{MallocTuned, MallocTuning, tune_malloc};
+        assert_eq!(
+            tune_malloc(MallocTuning::PROXY),
+            MallocTuned {
+                arena_max: false,
+                mmap_threshold: true
+            }
+        );
+        let both = MallocTuning {
+            arena_max: Some(8),
+            mmap_threshold: Some(128 << 10),
+        };
+        assert_eq!(
+            tune_malloc(both),
+            MallocTuned {
+                arena_max: true,
+                mmap_threshold: true
+            }
+        );
+        // mallopt takes a C int: a value past it is not applied (nor wrapped to a negative).
+        let too_big = MallocTuning {
+            arena_max: Some(u32::MAX),
+            mmap_threshold: Some(u32::MAX),
+        };
+        assert_eq!(tune_malloc(too_big), MallocTuned::default());
+    }
+
     use super::*;
     use std::process::Stdio;
 

@@ -359,10 +359,10 @@ key_env = "BENCH_KEY"
 "#,
         base = fake.base_url()
     );
-    let bridge = BridgeProcess::start(
-        &config,
-        &[("AGENTBOX_BRIDGE_TOKEN", TOKEN), ("BENCH_KEY", "sk-bench")],
-    )?;
+    let extra = daemon_env();
+    let mut env = vec![("AGENTBOX_BRIDGE_TOKEN", TOKEN), ("BENCH_KEY", "sk-bench")];
+    env.extend(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let bridge = BridgeProcess::start(&config, &env)?;
     let client = clients()?;
 
     let mut rows = Vec::new();
@@ -417,6 +417,18 @@ key_env = "BENCH_KEY"
     Ok(())
 }
 
+/// Extra environment for the bridge and the gateway under test, from `BENCH_DAEMON_ENV`
+/// (`K=V` pairs separated by spaces): how a lever such as `MALLOC_ARENA_MAX=2` is measured
+/// without rebuilding (the harness otherwise starts the daemons in an empty environment).
+fn daemon_env() -> Vec<(String, String)> {
+    std::env::var("BENCH_DAEMON_ENV")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
 fn clients() -> Result<Clients> {
     let tcp = reqwest::Client::builder()
         .tcp_nodelay(true)
@@ -433,7 +445,12 @@ async fn bench_gateway(plan: Plan) -> Result<()> {
         "[gateway]\nollama_url = \"{}\"\nmax_connections_per_task = 1024\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
         fake.base_url()
     );
-    let gw = GatewayProcess::start(&config, &[])?;
+    let extra = daemon_env();
+    let env: Vec<(&str, &str)> = extra
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let gw = GatewayProcess::start(&config, &env)?;
     let token = "bench-task-token-0123456789";
     gw.client()
         .open_task(&OpenTask {
