@@ -188,11 +188,12 @@ fn the_readme_main_command_fixes_the_failing_test_and_shows_the_budget() {
     );
     assert!(stderr.contains("Claude Code runs in the sandbox"), "{diag}");
     // Progress is sampled (the launcher is polled), so which of the agent's actions a line
-    // shows depends on timing; at least one of them does.
+    // shows depends on timing (a run of under two seconds may show none of its tool calls);
+    // the line at exit always shows the last one, its closing words.
     assert!(
-        ["Read: ", "Edit: ", "Bash: "]
-            .iter()
-            .any(|a| stderr.lines().any(|l| l.contains(&format!("· {a}")))),
+        stderr.lines().any(|l| l.starts_with('[')
+            && l.contains(" exited · ")
+            && l.contains(" left · Fixed: ")),
         "{diag}"
     );
 
