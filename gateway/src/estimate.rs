@@ -15,7 +15,7 @@
 //! provider fetches; a wrong guess here is bounded by the ledger (it costs at most what that
 //! one request bills beyond its reservation, see [`crate::ledger`]).
 
-use agentbox_policy::sanitize::raw::EstimateRules;
+use agentbox_policy::sanitize::raw::{ByteCounter, EstimateRules};
 use serde_json::Value;
 
 /// Tokens charged per image block.
@@ -51,7 +51,7 @@ impl Tally {
     }
 
     fn json(&mut self, v: &Value) {
-        let mut w = CountingWriter(0);
+        let mut w = ByteCounter(0);
         // Writing into a counter cannot fail.
         let _ = serde_json::to_writer(&mut w, v);
         self.bytes += w.0;
@@ -140,18 +140,6 @@ pub fn chat_input_tokens(req: &Value) -> u64 {
         }
     }
     input_tokens(req).saturating_add(t.bytes.div_ceil(BYTES_PER_TOKEN))
-}
-
-struct CountingWriter(u64);
-
-impl std::io::Write for CountingWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! the auth and the options; the engine does the HTTP, the capped reads, the error mapping and
 //! the body.
 //!
-//! - [`Upstream::anthropic`]: passthrough to an Anthropic `/v1/messages` endpoint.
+//! - [`Upstream::anthropic_bytes`]: passthrough to an Anthropic `/v1/messages` endpoint.
 //! - [`Upstream::anthropic_via_chat`]: Anthropic → OpenAI chat completions → Anthropic,
 //!   streamed through [`ChatToAnthropic`] or translated whole.
 //!
@@ -94,24 +94,8 @@ pub struct ChatTarget<'a> {
 
 impl Upstream {
     /// Passes a request to an Anthropic endpoint and its answer back, streamed or not. The
-    /// request is written out and freed before the call.
-    pub async fn anthropic(
-        &self,
-        target: AnthropicTarget<'_>,
-        body: Value,
-    ) -> Result<Answer, LlmError> {
-        let headers = [("anthropic-version", target.version)];
-        let pass = PassTarget {
-            url: target.url,
-            auth: target.auth,
-            headers: &headers,
-            size_hint: target.size_hint,
-        };
-        self.passthrough(pass, body, Protocol::Anthropic).await
-    }
-
-    /// [`Upstream::anthropic`] for a body already written (the sanitizer's output, which
-    /// copies the client's members as they came): sent as it is.
+    /// body is the one already written (the sanitizer's output, which copies the client's
+    /// members as they came) and is sent as it is.
     pub async fn anthropic_bytes(
         &self,
         target: AnthropicTarget<'_>,

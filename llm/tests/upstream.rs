@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use agentbox_llm::{AnthropicTarget, Auth, ClientOptions, LlmError, Upstream};
 use axum::http::StatusCode;
-use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -46,7 +45,10 @@ async fn call(up: &Upstream, url: &str) -> LlmError {
         version: "2023-06-01",
         size_hint: 0,
     };
-    match up.anthropic(target, json!({"model": "m"})).await {
+    match up
+        .anthropic_bytes(target, br#"{"model":"m"}"#.to_vec())
+        .await
+    {
         Ok(a) => panic!("expected an error, got {}", a.status),
         Err(e) => e,
     }

@@ -24,7 +24,7 @@ use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::chat::ChatResponse;
 use agentbox_wire::responses::ResponsesRequest;
 use agentbox_wire::translate::{
-    ChatOptions, ChatStreamTranslator, MaxTokensField, ResponseOptions, ResponsesOptions,
+    ChatOptions, ChatStreamTranslator, ResponseOptions, ResponsesOptions,
     ResponsesStreamTranslator, anthropic_into_chat, chat_to_anthropic_response,
     chat_to_responses_response, responses_into_chat,
 };
@@ -134,18 +134,6 @@ fn fixtures(client: &str) -> Vec<Fixture> {
         .collect()
 }
 
-/// The proxy's chat options for translated calls (`blackbox/src/proxy/routes.rs`).
-fn chat_options() -> ChatOptions {
-    ChatOptions {
-        max_tokens_field: MaxTokensField::MaxTokens,
-        include_usage: true,
-        forward_top_k: true,
-        // The router is the operator's own: it keeps the agent's session ids.
-        forward_user: true,
-        ..ChatOptions::default()
-    }
-}
-
 /// The chat body the proxy sends the router for a model call, with `ROUTER_MODEL` as its
 /// `model_override` (its policy: the model replaced, `stream_options.include_usage` on streams
 /// and dropped otherwise; no default temperature).
@@ -153,11 +141,11 @@ fn upstream_of(f: &Fixture) -> Value {
     let mut chat = match f.api().unwrap() {
         Api::Anthropic => {
             let req: MessagesRequest = serde_json::from_value(f.body().clone()).unwrap();
-            anthropic_into_chat(req, &chat_options()).unwrap()
+            anthropic_into_chat(req, &ChatOptions::router()).unwrap()
         }
         Api::Responses => {
             let req: ResponsesRequest = serde_json::from_value(f.body().clone()).unwrap();
-            responses_into_chat(req, &chat_options()).unwrap()
+            responses_into_chat(req, &ChatOptions::router()).unwrap()
         }
     };
     chat.model = ROUTER_MODEL.to_owned();

@@ -16,7 +16,7 @@ use agentbox_llm::{ErrorReply, LlmError, Protocol};
 use agentbox_wire::anthropic::ErrorType;
 use agentbox_wire::chat::{ChatRequest, ChatResponse};
 use agentbox_wire::translate::{
-    AnthropicBody, ChatOptions, MaxTokensField, ResponseOptions, ResponsesOptions, TranslateError,
+    AnthropicBody, ChatOptions, ResponseOptions, ResponsesOptions, TranslateError,
     anthropic_into_chat, chat_to_anthropic_response, chat_to_responses_response,
     responses_into_chat,
 };
@@ -200,19 +200,6 @@ enum Back {
     Responses(Box<ResponsesOptions>),
 }
 
-/// The chat options of the protocol translations: the router reads `max_tokens`, keeps
-/// `top_k`, and sees the conversation as the agent sent it (reasoning passed back).
-fn chat_options() -> ChatOptions {
-    ChatOptions {
-        max_tokens_field: MaxTokensField::MaxTokens,
-        include_usage: true,
-        forward_top_k: true,
-        // The router is the operator's own: it keeps the agent's session ids.
-        forward_user: true,
-        ..ChatOptions::default()
-    }
-}
-
 /// The upstream chat body and how to answer, from the client's body.
 fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), CallError> {
     let policy = &core.settings.policy;
@@ -267,9 +254,9 @@ fn borrowed_to_chat(
     let body = AnthropicBody::parse(std::str::from_utf8(bytes).ok()?)?;
     let opts = ChatOptions {
         model: policy.model_override.clone(),
-        ..chat_options()
+        ..ChatOptions::router()
     };
-    // `stream_options` needs nothing more: `chat_options` asks for usage on streams, and a
+    // `stream_options` needs nothing more: `ChatOptions::router` asks for usage on streams, and a
     // translated body that does not stream has none.
     let temperature = policy.default_temperature.and_then(Number::from_f64);
     let chat = body.write_chat(&opts, temperature.as_ref());
@@ -293,7 +280,7 @@ fn to_chat<R: DeserializeOwned, O>(
     })?;
     let opts = answer_options(&req);
     let mut chat =
-        into_chat(req, &chat_options()).map_err(|e| CallError::Invalid(e.to_string()))?;
+        into_chat(req, &ChatOptions::router()).map_err(|e| CallError::Invalid(e.to_string()))?;
     rewrite::apply_typed(&mut chat, policy);
     let stream = chat.stream == Some(true);
     let body = serde_json::to_vec(&chat).map_err(|e| CallError::Invalid(e.to_string()))?;

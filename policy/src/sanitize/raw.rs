@@ -825,7 +825,7 @@ impl<'de> Visitor<'de> for Walk<'_, 'de> {
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Walked<'de>, E> {
         // serde_json's own float writer, so the length is the one it writes.
-        let mut w = Counter(0);
+        let mut w = ByteCounter(0);
         serde_json::to_writer(&mut w, &v).map_err(E::custom)?;
         Ok(self.scalar(Kind::Number, w.0))
     }
@@ -1063,10 +1063,12 @@ fn block_tally(rules: &EstimateRules, ty: Option<&str>, parts: &BlockParts, len:
     t
 }
 
-/// Counts what is written into it.
-struct Counter(u64);
+/// An `io::Write` that keeps only the number of bytes written into it: the length of what
+/// serde_json would write, without a buffer (the estimates count JSON text this way).
+#[derive(Debug, Default)]
+pub struct ByteCounter(pub u64);
 
-impl std::io::Write for Counter {
+impl std::io::Write for ByteCounter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0 += buf.len() as u64;
         Ok(buf.len())

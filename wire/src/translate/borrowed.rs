@@ -35,7 +35,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Number, Value};
 
 use super::tool_names::upstream_tool_name;
-use super::{ChatOptions, MaxTokensField, ResponseOptions, ToolNames};
+use super::{ChatOptions, ResponseOptions, ToolNames};
 use crate::anthropic::{Metadata, Role, ThinkingConfig, ToolChoice};
 use crate::chat::{ChatToolChoice, StreamOptions};
 use crate::normalize::BILLING_HEADER_PREFIX;
@@ -542,15 +542,7 @@ impl Writer {
         self.raw("]");
 
         let mut first = false;
-        let limit = match (req.max_tokens, opts.max_output_tokens) {
-            (Some(asked), Some(cap)) => Some(asked.min(cap)),
-            (asked, cap) => asked.or(cap),
-        };
-        let (max_tokens, max_completion_tokens) = match opts.max_tokens_field {
-            MaxTokensField::MaxCompletionTokens => (None, limit),
-            MaxTokensField::MaxTokens => (limit, None),
-            MaxTokensField::Both => (limit, limit),
-        };
+        let (max_tokens, max_completion_tokens) = opts.anthropic_output_limit(req.max_tokens);
         if let Some(n) = max_tokens {
             self.key(&mut first, "max_tokens");
             let _ = write!(self.out, "{n}");
@@ -961,6 +953,7 @@ fn is_canonical(raw: &str) -> bool {
 mod tests {
     use super::*;
     use crate::anthropic::MessagesRequest;
+    use crate::translate::MaxTokensField;
     use crate::translate::anthropic_into_chat;
     use serde_json::json;
 

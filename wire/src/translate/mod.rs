@@ -84,6 +84,17 @@ pub enum MaxTokensField {
     Both,
 }
 
+impl MaxTokensField {
+    /// `(max_tokens, max_completion_tokens)` carrying `limit` in the field(s) this names.
+    pub(crate) fn carry(self, limit: Option<u64>) -> (Option<u64>, Option<u64>) {
+        match self {
+            MaxTokensField::MaxCompletionTokens => (None, limit),
+            MaxTokensField::MaxTokens => (limit, None),
+            MaxTokensField::Both => (limit, limit),
+        }
+    }
+}
+
 /// What to do with mid-conversation `role: "system"` messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum InlineSystem {
@@ -143,6 +154,34 @@ pub enum ReasoningField {
     ReasoningEffort,
     /// `"reasoning": {"effort": "<effort>"}`: OpenRouter and servers in its shape.
     Reasoning,
+}
+
+impl ChatOptions {
+    /// The options for a rollout router (blackbox-server's proxy): the router reads
+    /// `max_tokens`, keeps `top_k`, and sees the conversation as the agent sent it
+    /// (reasoning passed back). The router is the operator's own, so it keeps the agent's
+    /// session ids (`forward_user`).
+    #[must_use]
+    pub fn router() -> Self {
+        ChatOptions {
+            max_tokens_field: MaxTokensField::MaxTokens,
+            include_usage: true,
+            forward_top_k: true,
+            forward_user: true,
+            ..ChatOptions::default()
+        }
+    }
+
+    /// The chat request's output limit fields for an Anthropic `max_tokens`: the client's
+    /// ask clamped to [`ChatOptions::max_output_tokens`], or that cap when it asked none
+    /// (chat servers default to their own, often far larger, limit).
+    pub(crate) fn anthropic_output_limit(&self, asked: Option<u64>) -> (Option<u64>, Option<u64>) {
+        let limit = match (asked, self.max_output_tokens) {
+            (Some(asked), Some(cap)) => Some(asked.min(cap)),
+            (asked, cap) => asked.or(cap),
+        };
+        self.max_tokens_field.carry(limit)
+    }
 }
 
 impl Default for ChatOptions {

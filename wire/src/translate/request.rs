@@ -4,7 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::tool_names::upstream_tool_name;
-use super::{ChatOptions, InlineSystem, MaxTokensField, TranslateError};
+use super::{ChatOptions, InlineSystem, TranslateError};
 use crate::anthropic::{
     ContentBlock, DocumentSource, ImageSource, Message, MessageContent, MessagesRequest, Role,
     ThinkingConfig, Tool, ToolChoice,
@@ -89,15 +89,7 @@ pub fn anthropic_into_chat(
         other => other,
     };
 
-    let limit = match (max_tokens, opts.max_output_tokens) {
-        (Some(asked), Some(cap)) => Some(asked.min(cap)),
-        (asked, cap) => asked.or(cap),
-    };
-    let (max_tokens, max_completion_tokens) = match opts.max_tokens_field {
-        MaxTokensField::MaxCompletionTokens => (None, limit),
-        MaxTokensField::MaxTokens => (limit, None),
-        MaxTokensField::Both => (limit, limit),
-    };
+    let (max_tokens, max_completion_tokens) = opts.anthropic_output_limit(max_tokens);
 
     let streaming = stream == Some(true);
     let mut chat_extra = Extra::new();

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{ChatOptions, MaxTokensField, TranslateError};
+use super::{ChatOptions, TranslateError};
 use crate::chat::{
     ChatContent, ChatMessage, ChatRequest, ChatTool, ChatToolChoice, ContentPart as ChatPart,
     Extra, FunctionCall, FunctionDef, ImageUrl, NamedFunction, NamedToolChoice, StreamOptions,
@@ -54,11 +54,7 @@ pub fn responses_into_chat(
         (Some(asked), Some(cap)) => Some(asked.min(cap)),
         (asked, _) => asked,
     };
-    let (max_tokens, max_completion_tokens) = match opts.max_tokens_field {
-        MaxTokensField::MaxCompletionTokens => (None, limit),
-        MaxTokensField::MaxTokens => (limit, None),
-        MaxTokensField::Both => (limit, limit),
-    };
+    let (max_tokens, max_completion_tokens) = opts.max_tokens_field.carry(limit);
     let streaming = req.stream == Some(true);
     let (reasoning_effort, reasoning) =
         super::reasoning_fields(opts.reasoning, req.reasoning.and_then(|r| r.effort));
