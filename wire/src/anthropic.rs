@@ -23,31 +23,21 @@ pub type Extra = Map<String, Value>;
 
 /// `POST /v1/messages` request body (also the shape of `count_tokens`, which omits
 /// `max_tokens`).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct MessagesRequest {
     pub model: String,
     pub messages: Vec<Message>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system: Option<System>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_sequences: Option<Vec<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<Tool>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ToolChoice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<ThinkingConfig>,
     /// `output_config`, `context_management`, `service_tier`, ... and anything newer.
     #[serde(flatten)]
@@ -91,6 +81,7 @@ pub enum Role {
 }
 
 /// One content block of a message, of the system prompt or of a tool result.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
@@ -123,16 +114,13 @@ pub enum ContentBlock {
     },
     ToolResult {
         tool_use_id: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         content: Option<TextOrList<ContentBlock>>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         is_error: Option<bool>,
         #[serde(flatten)]
         extra: Extra,
     },
     Thinking {
         thinking: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         signature: Option<String>,
         #[serde(flatten)]
         extra: Extra,
@@ -194,6 +182,7 @@ pub enum ImageSource {
 }
 
 /// Where a document block's content comes from.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum DocumentSource {
@@ -204,7 +193,6 @@ pub enum DocumentSource {
         extra: Extra,
     },
     Text {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         media_type: Option<String>,
         data: String,
         #[serde(flatten)]
@@ -221,9 +209,9 @@ pub enum DocumentSource {
 }
 
 /// `metadata` of a request.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Metadata {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_id: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -259,24 +247,22 @@ impl Tool {
 }
 
 /// `tool_choice` of a request.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ToolChoice {
     Auto {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         disable_parallel_tool_use: Option<bool>,
         #[serde(flatten)]
         extra: Extra,
     },
     Any {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         disable_parallel_tool_use: Option<bool>,
         #[serde(flatten)]
         extra: Extra,
     },
     Tool {
         name: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         disable_parallel_tool_use: Option<bool>,
         #[serde(flatten)]
         extra: Extra,
@@ -290,11 +276,11 @@ pub enum ToolChoice {
 }
 
 /// `thinking` of a request.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ThinkingConfig {
     Enabled {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         budget_tokens: Option<u64>,
         #[serde(flatten)]
         extra: Extra,
@@ -377,13 +363,12 @@ pub enum StopReason {
 
 /// Token usage of a response or a `message_start`. Anthropic's `input_tokens` excludes cache
 /// reads and cache writes; the total input is the sum of the three.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Usage {
     #[serde(default)]
     pub input_tokens: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_creation_input_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read_input_tokens: Option<u64>,
     #[serde(default)]
     pub output_tokens: u64,
@@ -394,13 +379,11 @@ pub struct Usage {
 
 /// The `usage` of a `message_delta`: cumulative for the whole message so far. Newer API
 /// versions (and Ollama, vLLM) also put the input and cache counts here.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct DeltaUsage {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_creation_input_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read_input_tokens: Option<u64>,
     #[serde(default)]
     pub output_tokens: u64,
@@ -562,12 +545,12 @@ impl StreamEvent {
 }
 
 /// An error response body: `{"type":"error","error":{"type":...,"message":...}}`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorBody {
     #[serde(rename = "type")]
     pub kind: ErrorTag,
     pub error: ErrorDetail,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,

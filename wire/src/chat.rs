@@ -19,40 +19,27 @@ pub type Extra = Map<String, Value>;
 pub type ChatContent = TextOrList<ContentPart>;
 
 /// `POST /v1/chat/completions` request body.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ChatRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
     /// Deprecated by OpenAI for reasoning models (which reject it) but the only limit some
     /// compatible servers read; see `translate::MaxTokensField`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<TextOrList<String>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ChatTool>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<ChatToolChoice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_effort: Option<String>,
     /// OpenRouter's reasoning settings (`{"effort": ...}`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_format: Option<Value>,
     /// `n`, `seed`, `top_k` (vLLM/SGLang/Ollama), `chat_template_kwargs`, ...
     #[serde(flatten)]
@@ -60,19 +47,19 @@ pub struct ChatRequest {
 }
 
 /// `reasoning` of a request (OpenRouter's shape: `effort`, or `max_tokens`, `exclude`, ...).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ReasoningConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effort: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// `stream_options` of a request.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct StreamOptions {
     /// Ask for a final chunk with `choices: []` and the whole `usage`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_usage: Option<bool>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -161,10 +148,10 @@ impl ContentPart {
 }
 
 /// `image_url` of an image part: an `https:` URL or a `data:` URL.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ImageUrl {
     pub url: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -262,6 +249,7 @@ pub struct NamedFunction {
 }
 
 /// A non-streamed response.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ChatResponse {
     #[serde(default)]
@@ -270,7 +258,6 @@ pub struct ChatResponse {
     pub model: String,
     #[serde(default)]
     pub choices: Vec<Choice>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ChatUsage>,
     /// `object`, `created`, `system_fingerprint`, ...
     #[serde(flatten)]
@@ -349,15 +336,14 @@ pub enum FinishReason {
 
 /// Token usage. `prompt_tokens` *includes* `prompt_tokens_details.cached_tokens`, unlike
 /// Anthropic's `input_tokens`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ChatUsage {
     #[serde(default)]
     pub prompt_tokens: u64,
     #[serde(default)]
     pub completion_tokens: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
     /// `completion_tokens_details`, DeepSeek's `prompt_cache_hit_tokens`, ...
     #[serde(flatten)]
@@ -383,9 +369,9 @@ impl ChatUsage {
 }
 
 /// `prompt_tokens_details` of a usage.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct PromptTokensDetails {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_tokens: Option<u64>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -393,6 +379,7 @@ pub struct PromptTokensDetails {
 
 /// One streamed chunk (`data:` of a `chat.completion.chunk` event). A chunk with an `error`
 /// object instead of choices is how some servers report a failure mid-stream.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ChatChunk {
     #[serde(default)]
@@ -403,9 +390,7 @@ pub struct ChatChunk {
     pub choices: Vec<ChunkChoice>,
     /// Present (non-null) on the final chunk when `stream_options.include_usage` was set, and on
     /// every chunk with vLLM's `continuous_usage_stats`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ChatUsage>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Value>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -432,19 +417,14 @@ impl ChunkChoice {
 }
 
 /// The `delta` of a chunk choice.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ChunkDelta {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<ChatContent>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -461,27 +441,24 @@ impl ChunkDelta {
 
 /// A piece of a streamed tool call. The first piece for an `index` normally carries `id` and
 /// `function.name`; later pieces carry slices of `function.arguments`.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ToolCallDelta {
     /// Missing from a few servers' chunks; see `translate::ChatStreamTranslator`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub index: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub function: Option<FunctionDelta>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// The function part of a [`ToolCallDelta`].
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FunctionDelta {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -498,15 +475,14 @@ pub struct ChatErrorBody {
 }
 
 /// The `error` object of a [`ChatErrorBody`].
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ChatErrorDetail {
     #[serde(default)]
     pub message: String,
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub param: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<Value>,
     #[serde(flatten)]
     pub extra: Extra,

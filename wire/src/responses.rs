@@ -18,33 +18,22 @@ pub use crate::serde_util::{RawJson, TextOrList};
 pub type Extra = Map<String, Value>;
 
 /// `POST /v1/responses` request body.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ResponsesRequest {
     pub model: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<TextOrList<InputItem>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<ResponsesTool>>,
     /// `"auto"`, `"none"`, `"required"` or an object naming a tool.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_choice: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parallel_tool_calls: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_output_tokens: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_p: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_response_id: Option<String>,
     /// `text`, `include`, `prompt_cache_key`, `metadata`, ...
     #[serde(flatten)]
@@ -52,11 +41,10 @@ pub struct ResponsesRequest {
 }
 
 /// `reasoning` of a request.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ReasoningConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effort: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -218,37 +206,35 @@ impl<'de> Deserialize<'de> for InputItem {
 
 /// A message item, in input (`role` user, assistant, system or developer) or output (always
 /// assistant).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct MessageItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub role: String,
     pub content: TextOrList<ContentPart>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// A function call the model made.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FunctionCallItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
     pub name: String,
     #[serde(default)]
     pub arguments: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// The result of a function call, sent back by the client.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct FunctionCallOutputItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     pub call_id: String,
     pub output: TextOrList<ContentPart>,
@@ -258,21 +244,20 @@ pub struct FunctionCallOutputItem {
 
 /// A reasoning item: summaries and, with `include: ["reasoning.encrypted_content"]`, the opaque
 /// reasoning to pass back.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct ReasoningItem {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default)]
     pub summary: Vec<ContentPart>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<Vec<ContentPart>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encrypted_content: Option<String>,
     #[serde(flatten)]
     pub extra: Extra,
 }
 
 /// A content part of a message, a function output or a reasoning item.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentPart {
@@ -289,9 +274,7 @@ pub enum ContentPart {
         extra: Extra,
     },
     InputImage {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         image_url: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         detail: Option<String>,
         #[serde(flatten)]
         extra: Extra,
@@ -333,24 +316,20 @@ const_tag!(
 );
 
 /// A response object: the non-streamed body, and the `response` of lifecycle events.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Response {
     pub id: String,
     #[serde(default)]
     pub object: ResponseObjectTag,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<Number>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ResponseStatus>,
     #[serde(default)]
     pub model: String,
     #[serde(default)]
     pub output: Vec<OutputItem>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ResponsesUsage>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incomplete_details: Option<Value>,
     #[serde(flatten)]
     pub extra: Extra,
@@ -371,15 +350,14 @@ pub enum ResponseStatus {
 }
 
 /// Token usage of a response. Like chat completions, `input_tokens` includes cached tokens.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ResponsesUsage {
     #[serde(default)]
     pub input_tokens: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_tokens_details: Option<InputTokensDetails>,
     #[serde(default)]
     pub output_tokens: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_tokens_details: Option<OutputTokensDetails>,
     #[serde(default)]
     pub total_tokens: u64,
@@ -407,6 +385,7 @@ pub struct OutputTokensDetails {
 
 /// One streamed event. Each carries `sequence_number` (kept in `extra`); the SSE `event:` line
 /// equals [`ResponseStreamEvent::event_name`].
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum ResponseStreamEvent {
@@ -553,11 +532,9 @@ pub enum ResponseStreamEvent {
     },
     #[serde(rename = "error")]
     Error {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
         #[serde(default)]
         message: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
         param: Option<String>,
         #[serde(flatten)]
         extra: Extra,
