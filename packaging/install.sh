@@ -8,7 +8,8 @@
 # (scripts/install-clients.sh, cached) to /opt/agentbox/clients, the default
 # `launcher.clients_dir`, and with --start enables agentbox-pool as well.
 #
-# --bin-dir uses already built binaries instead of `cargo build --release`. Without --destdir it
+# --bin-dir uses already built binaries instead of `cargo build --release` (and of the static
+# blackbox-server of scripts/build-blackbox-static.sh). Without --destdir it
 # must run as root; it then creates the users and the data dir for real, reloads systemd when
 # systemd is running, and with --start enables and starts the three services. An existing
 # /etc/agentbox/agentbox.toml or *.env is never overwritten.
@@ -36,6 +37,8 @@ bins=(agentbox agentbox-launcher agentbox-gateway agentbox-bridge agentbox-pool 
 if [ -z "$bindir" ]; then
   (cd "$top" && cargo build --release --locked -p agentbox-cli -p agentbox-launcher -p agentbox-gateway -p agentbox-bridge -p agentbox-pool -p agentbox-blackbox --bin blackbox-server)
   bindir="$top/target/release"
+  # The rollout server statically linked (scripts/build-blackbox-static.sh says why).
+  blackbox_bin="$("$top/scripts/build-blackbox-static.sh")"
 fi
 for b in "${bins[@]}"; do
   [ -x "$bindir/$b" ] || { echo "install.sh: $bindir/$b is missing" >&2; exit 1; }
@@ -47,6 +50,9 @@ install -d -m 0755 "$root$prefix/bin" "$root/etc/systemd/system" "$root/usr/lib/
 for b in "${bins[@]}"; do
   install -m 0755 "$bindir/$b" "$root$prefix/bin/$b"
 done
+if [ -n "${blackbox_bin:-}" ]; then
+  install -m 0755 "$blackbox_bin" "$root$prefix/bin/blackbox-server"
+fi
 for unit in "$here"/systemd/*.service; do
   sed "s|/usr/local/bin/|$prefix/bin/|g; s|/usr/local/share/|$prefix/share/|g" "$unit" \
     > "$root/etc/systemd/system/$(basename "$unit")"

@@ -1079,9 +1079,16 @@ async fn run_launcher_bench(
 /// `/health` (the Python reference: 0.63–0.95 s), the idle RSS a second later (reference: 55
 /// MiB), and the server's RSS once a registration started opencode behind it (opencode's own
 /// shown apart: it is the agent, not the server).
+///
+/// `BENCH_BLACKBOX_BIN` measures another build of the server instead of the workspace's, e.g.
+/// the static one packaging installs (`scripts/build-blackbox-static.sh` prints its path).
 async fn bench_server(runs: usize) -> Result<()> {
     use std::io::BufRead;
-    let bin = workspace_bin("agentbox-blackbox", "blackbox-server")?;
+    let bin = match std::env::var_os("BENCH_BLACKBOX_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => workspace_bin("agentbox-blackbox", "blackbox-server")?,
+    };
+    eprintln!("bench: server binary {}", bin.display());
     let runtime = tempfile::tempdir()?;
     let http = reqwest::Client::new();
     let mut starts = Vec::new();
