@@ -25,9 +25,9 @@ use agentbox_policy::secret::{Secret, presented_token};
 use agentbox_wire::anthropic::MessagesRequest;
 use agentbox_wire::translate::{AnthropicBody, ChatOptions, ReasoningField, ResponseOptions};
 
-use crate::{Bridge, RemoteModel};
 use crate::check::check as probe;
 use crate::error::BridgeError;
+use crate::{Bridge, RemoteModel};
 
 /// The bridge's router; state is the shared [`Bridge`].
 pub fn router(bridge: Arc<Bridge>) -> Router {

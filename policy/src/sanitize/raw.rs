@@ -263,10 +263,7 @@ pub fn parse(body: &[u8]) -> Result<Request<'_>, SanitizeError> {
         .map_err(|e| keyed_error(e, dup))?;
     de.end()?;
     match top {
-        Top::Object(members) => Ok(Request {
-            members,
-            body,
-        }),
+        Top::Object(members) => Ok(Request { members, body }),
         Top::Other(found) => Err(SanitizeError::NotAnObject { found }),
     }
 }
@@ -618,9 +615,7 @@ fn finish<S: Sink>(
         }
     }
     let input_tokens = match opts.estimate {
-        Some(rules) => {
-            (tally.bytes.div_ceil(rules.bytes_per_token.max(1)) + tally.fixed).max(1)
-        }
+        Some(rules) => (tally.bytes.div_ceil(rules.bytes_per_token.max(1)) + tally.fixed).max(1),
         None => 0,
     };
 
@@ -1483,8 +1478,24 @@ mod tests {
             br#"{"system":[{"source":{"type":"url"}}],"tools":{}}"#,
             br#"{"n":1e999,"messages":[{"a":1,"a":2}]}"#,
         ] {
-            assert!(one_pass(bad, &Options { allow_url_sources: false, ..opts("up") }).is_none());
-            new_path(bad, &Options { allow_url_sources: false, ..opts("up") }).unwrap_err();
+            assert!(
+                one_pass(
+                    bad,
+                    &Options {
+                        allow_url_sources: false,
+                        ..opts("up")
+                    }
+                )
+                .is_none()
+            );
+            new_path(
+                bad,
+                &Options {
+                    allow_url_sources: false,
+                    ..opts("up")
+                },
+            )
+            .unwrap_err();
         }
         new_path(br#"{"a\"b":1,"model":"m"}"#, &opts("up")).unwrap();
         new_path(b"{}", &opts("up")).unwrap();

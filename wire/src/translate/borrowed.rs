@@ -1128,7 +1128,8 @@ mod tests {
             assert!(AnthropicBody::parse_unique_keys(&body).is_none(), "{body}");
         }
         // Unknown members once each, escaped keys, whitespace: taken, as `parse` takes them.
-        let body = format!(r#" {{ "model" : "m\u0031" , {msgs}, "x":[1,{{"x":2}}], "y\u0031" : 1 }} "#);
+        let body =
+            format!(r#" {{ "model" : "m\u0031" , {msgs}, "x":[1,{{"x":2}}], "y\u0031" : 1 }} "#);
         let b = AnthropicBody::parse_unique_keys(&body).expect("taken");
         assert_eq!(b.model(), "m1");
         assert!(AnthropicBody::parse_unique_keys("[1]").is_none());
