@@ -1448,7 +1448,7 @@ mod tests {
     fn one_scan_finds_the_members_raw_text() {
         let body = br#" { "model" : "a" ,"messages":[ {"role":"user", "content":"h\u0069"} ]
             , "n":-1.5e3,"t":true , "s" : "x\"y" , "o": { "k" : [ 1 , 2 ] } } "#;
-        let got = one_pass(body, &opts("up")).expect("taken in one scan");
+        let got = one_pass(body, &opts("up"), Vec::new()).expect("taken in one scan");
         assert_eq!(
             String::from_utf8(got.body).unwrap(),
             r#"{"model":"up","messages":[ {"role":"user", "content":"h\u0069"} ],"n":-1.5e3,"t":true,"s":"x\"y","o":{ "k" : [ 1 , 2 ] }}"#
@@ -1466,7 +1466,7 @@ mod tests {
         assert_eq!(pieces, sanitize_to_pieces(body, &opts("up")).unwrap().body);
         // A top-level key with escapes is not lent by the body: the two steps take it.
         let escaped = br#"{"mo\u0064el":"a","x":1}"#;
-        assert!(one_pass(escaped, &opts("up")).is_none());
+        assert!(one_pass(escaped, &opts("up"), Vec::new()).is_none());
         assert_eq!(
             new_path(escaped, &opts("up")).unwrap().body,
             br#"{"model":"up","x":1}"#
@@ -1484,7 +1484,8 @@ mod tests {
                     &Options {
                         allow_url_sources: false,
                         ..opts("up")
-                    }
+                    },
+                    Vec::new()
                 )
                 .is_none()
             );
