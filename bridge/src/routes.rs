@@ -18,16 +18,16 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use agentbox_llm::adapter::anthropic_version;
-use agentbox_llm::{AnthropicTarget, Auth, ChatTarget};
+use agentbox_llm::{AnthropicTarget, Auth, ChatTarget, Parts};
 use agentbox_policy::config::{Provider, Reasoning};
 use agentbox_policy::sanitize::{SanitizeError, raw};
-use agentbox_policy::secret::presented_token;
+use agentbox_policy::secret::{Secret, presented_token};
 use agentbox_wire::anthropic::MessagesRequest;
-use agentbox_wire::translate::{AnthropicBody, ChatOptions, ReasoningField};
+use agentbox_wire::translate::{AnthropicBody, ChatOptions, ReasoningField, ResponseOptions};
 
-use crate::Bridge;
 use crate::check::check as probe;
 use crate::error::BridgeError;
+use crate::{Bridge, RemoteModel};
 
 /// The bridge's router; state is the shared [`Bridge`].
 pub fn router(bridge: Arc<Bridge>) -> Router {
@@ -109,13 +109,25 @@ async fn check(State(bridge): State<Arc<Bridge>>, Path(model): Path<String>) -> 
 /// fields) has no place in a chat request anyway. An `anthropic` model's request is passed
 /// through `policy::sanitize::raw`: every member walked once (duplicate keys refused at any
 /// depth, URL sources unless allowed), the sanitizer's edits and `metadata.user_id` written
-/// anew, everything else sent as the client's bytes.
+/// anew, everything else sent as the client's bytes. The common `openai` body (its model named
+/// first, taken by the borrowed translation) skips the split: [`translated_at_once`].
 async fn messages(
     State(bridge): State<Arc<Bridge>>,
     req: Request,
 ) -> Result<Response, BridgeError> {
     let (parts, body) = req.into_parts();
     let bytes = read_body(&bridge, &parts.headers, body).await?;
+    if let Some((model, key, chat, resp_opts, stream)) = translated_at_once(&bridge, &bytes) {
+        let url = format!("{}/chat/completions", model.base_url);
+        tracing::debug!(model = %model.id, provider = model.provider.as_str(), stream, bytes = bytes.len(), "messages");
+        let target = chat_target(model, key, &url, bytes.len());
+        drop(bytes);
+        let answer = bridge
+            .upstream
+            .chat_for_anthropic(target, chat, resp_opts, stream)
+            .await?;
+        return Ok(answer.into_response());
+    }
     let request = raw::parse(&bytes).map_err(refusal)?;
     let model_id = match small(request.member("model"))? {
         Some(Value::String(s)) => s,
@@ -147,7 +159,7 @@ async fn messages(
     let answer = match model.provider {
         Provider::Anthropic => {
             let sanitized = request
-                .sanitize(&raw::Options {
+                .sanitize_to_pieces(&raw::Options {
                     model: &model.upstream_model,
                     allow_url_sources: model.allow_url_sources,
                     max_tokens_cap: None,
@@ -158,40 +170,21 @@ async fn messages(
                 })
                 .map_err(refusal)?;
             drop(request);
+            // The client's members go upstream as they came (shared, not copied).
+            let body = Parts::from_pieces(&bytes, sanitized.body)?;
             drop(bytes);
             let target = AnthropicTarget {
                 url: &format!("{}/v1/messages", model.base_url),
                 auth: Auth::ApiKey(key),
                 version: anthropic_version(&parts.headers),
-                size_hint: sanitized.body.len(),
+                size_hint: usize::try_from(body.len()).unwrap_or(usize::MAX),
             };
-            bridge
-                .upstream
-                .anthropic_bytes(target, sanitized.body)
-                .await?
+            bridge.upstream.anthropic_parts(target, body).await?
         }
         Provider::Openai => {
             drop(request);
-            // A rough count (4 bytes a token) until the provider's usage arrives.
-            let input_tokens_estimate = (bytes.len() / 4) as u64;
-            let target = ChatTarget {
-                url: &format!("{}/chat/completions", model.base_url),
-                auth: Auth::Bearer(key),
-                chat: ChatOptions {
-                    model: Some(model.upstream_model.clone()),
-                    max_output_tokens: model.max_output_tokens,
-                    reasoning: match model.reasoning {
-                        Reasoning::None => ReasoningField::None,
-                        Reasoning::ReasoningEffort => ReasoningField::ReasoningEffort,
-                        Reasoning::Reasoning => ReasoningField::Reasoning,
-                    },
-                    forward_user: model.forward_user_id,
-                    ..ChatOptions::default()
-                },
-                // Report the model the client asked for, not the provider's name for it.
-                reported_model: model.id.clone(),
-                input_tokens_estimate,
-            };
+            let url = format!("{}/chat/completions", model.base_url);
+            let target = chat_target(model, key, &url, bytes.len());
             // The borrowed translation where it takes the body and no URL source can be in it
             // (else the typed request, whose walk applies the rule), all before the body is
             // freed.
@@ -228,6 +221,88 @@ async fn messages(
         }
     };
     Ok(answer.into_response())
+}
+
+/// How an `openai` model's translated request is sent to `url` with `key`; `body_len` is the
+/// client's body's.
+fn chat_target<'a>(
+    model: &'a RemoteModel,
+    key: &'a Secret,
+    url: &'a str,
+    body_len: usize,
+) -> ChatTarget<'a> {
+    ChatTarget {
+        url,
+        auth: Auth::Bearer(key),
+        chat: chat_options(model),
+        // Report the model the client asked for, not the provider's name for it.
+        reported_model: model.id.clone(),
+        // A rough count (4 bytes a token) until the provider's usage arrives.
+        input_tokens_estimate: (body_len / 4) as u64,
+    }
+}
+
+/// How an `openai` model's request is translated.
+fn chat_options(model: &RemoteModel) -> ChatOptions {
+    ChatOptions {
+        model: Some(model.upstream_model.clone()),
+        max_output_tokens: model.max_output_tokens,
+        reasoning: match model.reasoning {
+            Reasoning::None => ReasoningField::None,
+            Reasoning::ReasoningEffort => ReasoningField::ReasoningEffort,
+            Reasoning::Reasoning => ReasoningField::Reasoning,
+        },
+        forward_user: model.forward_user_id,
+        ..ChatOptions::default()
+    }
+}
+
+/// The common case in one parse: a body whose first member names an `openai` model with a
+/// key, taken whole by the borrowed translation ([`AnthropicBody::parse_unique_keys`]: valid
+/// JSON, an object, no top-level key twice) and clear of URL sources. For such a body the steps
+/// of [`messages`] (the top-level split, `model`, `stream`, the model and its key, then the
+/// borrowed translation) all pass and give this translation, so they are skipped; `None`
+/// sends every other body through them, errors included.
+fn translated_at_once<'b>(
+    bridge: &'b Bridge,
+    bytes: &[u8],
+) -> Option<(&'b RemoteModel, &'b Secret, Vec<u8>, ResponseOptions, bool)> {
+    let model = bridge.models.get(first_model(bytes)?)?;
+    let key = model.key.as_ref()?;
+    if !matches!(model.provider, Provider::Openai) {
+        return None;
+    }
+    let text = std::str::from_utf8(bytes).ok()?;
+    if !model.allow_url_sources && crate::typed::may_hold_url_source(text) {
+        return None;
+    }
+    let body = AnthropicBody::parse_unique_keys(text)?;
+    if body.model() != model.id {
+        return None;
+    }
+    let chat = body.write_chat(&chat_options(model), None);
+    Some((model, key, chat, body.response_options(), body.stream()))
+}
+
+/// The `model` of a body whose first member it is, as a string without escapes (how Claude Code
+/// sends it); `None` otherwise. Only a hint: the body is parsed in full afterwards.
+fn first_model(bytes: &[u8]) -> Option<&str> {
+    let space = |b: &u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let skip = |s: &[u8]| -> usize { s.iter().take_while(|b| space(b)).count() };
+    let mut rest = bytes;
+    rest = &rest[skip(rest)..];
+    rest = rest.strip_prefix(b"{")?;
+    rest = &rest[skip(rest)..];
+    rest = rest.strip_prefix(b"\"model\"")?;
+    rest = &rest[skip(rest)..];
+    rest = rest.strip_prefix(b":")?;
+    rest = &rest[skip(rest)..];
+    rest = rest.strip_prefix(b"\"")?;
+    let end = rest.iter().position(|b| matches!(b, b'"' | b'\\'))?;
+    if rest[end] != b'"' {
+        return None;
+    }
+    std::str::from_utf8(&rest[..end]).ok()
 }
 
 /// A top-level member read before the provider is known (`model`, `stream`: small values).
@@ -270,4 +345,26 @@ async fn read_body(bridge: &Bridge, headers: &HeaderMap, body: Body) -> Result<B
             BodyError::Timeout(t) => BridgeError::BodyTimeout(t.as_secs()),
             BodyError::Read(m) => BridgeError::BodyRead(m),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_model;
+
+    #[test]
+    fn first_model_reads_only_a_plain_first_member() {
+        assert_eq!(first_model(br#"{"model":"gpt","x":1}"#), Some("gpt"));
+        assert_eq!(first_model(b" {\n \"model\" : \"g p\" , }"), Some("g p"));
+        // Not first, escaped, not a string, unterminated: left to the full split.
+        for body in [
+            &br#"{"x":1,"model":"gpt"}"#[..],
+            br#"{"model":"g\u0070t"}"#,
+            br#"{"model":7}"#,
+            br#"{"model":"gpt"#,
+            br#"["model","gpt"]"#,
+            b"",
+        ] {
+            assert_eq!(first_model(body), None, "{}", String::from_utf8_lossy(body));
+        }
+    }
 }

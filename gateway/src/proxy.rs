@@ -22,7 +22,8 @@
 //! duplicate key at any depth, sanitized by `policy::sanitize::raw` (model rewritten to the
 //! destination's name, server-side tools, `mcp_servers`, `container` and `context_management`
 //! removed, `max_tokens` clamped to the catalogue's cap, the input estimate counted, all in one
-//! walk and without a `Value` tree; untouched members are sent as the client's bytes),
+//! scan of the body and without a `Value` tree; untouched members are sent as the client's
+//! bytes, shared with the body read, not copied),
 //! admitted against the budget with a reservation (403 before any upstream call when spent),
 //! and forwarded through `agentbox-llm` with only `anthropic-version`. The response streams
 //! back as it arrives, metered.
@@ -33,7 +34,7 @@ use std::time::Duration;
 use agentbox_http::loopback::LoopbackGuard;
 use agentbox_http::{BodyBudgets, BodyCharge, BodyError, BudgetedBodyError, read_body_within};
 use agentbox_llm::adapter::anthropic_version;
-use agentbox_llm::{Answer, AnthropicTarget, Auth, LlmError, Upstream};
+use agentbox_llm::{Answer, AnthropicTarget, Auth, LlmError, Parts, Upstream};
 use agentbox_policy::config::{Backend, Model};
 use agentbox_policy::id::Tid;
 use agentbox_policy::sanitize::{SanitizeError, raw};
@@ -237,29 +238,40 @@ async fn count_tokens(State(ctx): State<TaskCtx>, req: Request) -> Result<Respon
 /// `POST /v1/messages`.
 async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, ProxyError> {
     let (headers, bytes, _charge) = read_bytes(&ctx, req).await?;
-    let request = raw::parse(&bytes).map_err(refusal)?;
-    let model = ctx.account.model()?;
-    let dest = ctx.cfg.destination(&model).ok_or_else(|| {
-        ProxyError::NotFound(format!(
-            "POST /v1/messages: model {} is a rollout router, which serves POST /v1/chat/completions",
-            model.id
-        ))
-    })?;
+    // The destination is known before the body is parsed, so the body is parsed, checked,
+    // edited and counted in one scan. A body's own fault is reported before the task's (a
+    // closed task, a router model), as when the body was parsed first.
+    let model = ctx.account.model();
+    let dest = model.as_ref().ok().and_then(|m| ctx.cfg.destination(m));
+    let (model, dest) = match (model, dest) {
+        (Ok(model), Some(dest)) => (model, dest),
+        (model, _) => {
+            raw::parse(&bytes).map_err(refusal)?;
+            let model = model?;
+            return Err(ProxyError::NotFound(format!(
+                "POST /v1/messages: model {} is a rollout router, which serves POST /v1/chat/completions",
+                model.id
+            )));
+        }
+    };
     // Before any reservation or upstream call: a URL the provider fetches could carry workspace
     // data out, and its cost is invisible here. One walk checks, edits (the catalogue's output
     // limit bounds both what the model may generate and what a request reserves) and counts
     // the estimate; untouched members go upstream as the client's bytes.
-    let sanitized = request
-        .sanitize(&raw::Options {
+    let sanitized = raw::sanitize_to_pieces(
+        &bytes,
+        &raw::Options {
             model: &dest.model,
             allow_url_sources: model.allow_url_sources,
             max_tokens_cap: model.max_output_tokens,
             strip_metadata_user_id: false,
             estimate: Some(estimate::RULES),
-        })
-        .map_err(refusal)?;
-    drop(request);
-    // The body sent replaces the client's under the same charge.
+        },
+    )
+    .map_err(refusal)?;
+    // The body sent is the client's members as they came (shared, not copied) and the few
+    // bytes written anew, under the client's charge.
+    let body = Parts::from_pieces(&bytes, sanitized.body)?;
     drop(bytes);
     let max_tokens = match sanitized.max_tokens {
         raw::MaxTokens::Value(n) => n,
@@ -303,7 +315,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         dest,
         bridge_token,
         version: anthropic_version(&headers).to_owned(),
-        body: sanitized.body,
+        body,
     };
     let cfg = ctx.cfg.clone();
     detached(&cfg, ctx.account.tid().clone(), call.forward(admission)).await
@@ -355,7 +367,7 @@ struct Call {
     bridge_token: Option<Secret>,
     version: String,
     /// The sanitized body, as it is sent.
-    body: Vec<u8>,
+    body: Parts,
 }
 
 impl Call {
@@ -370,10 +382,10 @@ impl Call {
             url: &self.dest.url,
             auth,
             version: &self.version,
-            size_hint: self.body.len(),
+            size_hint: usize::try_from(self.body.len()).unwrap_or(usize::MAX),
         };
         admission.sent();
-        match self.cfg.upstream.anthropic_bytes(target, self.body).await {
+        match self.cfg.upstream.anthropic_parts(target, self.body).await {
             Ok(answer) => {
                 let tid = self.tid;
                 Ok(answer.metered(move |report| {

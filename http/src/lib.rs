@@ -277,6 +277,11 @@ pub enum BodyError {
     Read(String),
 }
 
+/// The most of a declared `content-length` reserved up front for a body read without budgets
+/// ([`read_body`]): a body of a typical model request (~100 KB) is read into one buffer
+/// allocated once, not one grown by doubling and copied on the way.
+pub const UNCHARGED_RESERVE: usize = 1 << 20;
+
 /// How much of an over-limit body is read and discarded so the client, still sending, gets to
 /// read our 413 instead of a broken pipe. Past this the connection is simply closed.
 pub const DRAIN_MAX: u64 = 64 << 20;
@@ -445,15 +450,20 @@ async fn read_counted(
     }
     let mut held = None;
     let mut buf = bytes::BytesMut::new();
-    if let Some(n) = declared.and_then(|n| usize::try_from(n).ok())
-        && let Some(b) = budgets
-    {
-        if let Err(e) = charge(b, &mut held, n) {
-            discard(body, deadline).await;
-            return Err(e);
+    if let Some(n) = declared.and_then(|n| usize::try_from(n).ok()) {
+        match budgets {
+            Some(b) => {
+                if let Err(e) = charge(b, &mut held, n) {
+                    discard(body, deadline).await;
+                    return Err(e);
+                }
+                // Charged already: the buffer is allocated once, at its final size.
+                buf.reserve(n);
+            }
+            // Uncharged, the declared length is trusted only up to a small size (a body
+            // that never comes must not hold a large buffer); past it the buffer grows.
+            None => buf.reserve(n.min(UNCHARGED_RESERVE)),
         }
-        // Charged already: the buffer is allocated once, at its final size.
-        buf.reserve(n);
     }
     let mut body = body.into_data_stream();
     loop {

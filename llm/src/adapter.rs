@@ -26,7 +26,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::body::{Answer, ChatToAnthropic, LlmBody, upstream_stream};
-use crate::client::{Auth, MAX_ANSWER_BODY, Upstream, read_capped};
+use crate::client::{Auth, MAX_ANSWER_BODY, Parts, Upstream, read_capped};
 use crate::error::{LlmError, Protocol};
 
 /// The `anthropic-version` sent when the client sent none (or an unusable one).
@@ -112,6 +112,25 @@ impl Upstream {
             .await
     }
 
+    /// [`Upstream::anthropic_bytes`] for a body given as its [`Parts`] (the sanitizer's pieces:
+    /// spans of the client's body and what it wrote anew), sent without being copied into one
+    /// buffer.
+    pub async fn anthropic_parts(
+        &self,
+        target: AnthropicTarget<'_>,
+        parts: Parts,
+    ) -> Result<Answer, LlmError> {
+        let headers = [("anthropic-version", target.version)];
+        let pass = PassTarget {
+            url: target.url,
+            auth: target.auth,
+            headers: &headers,
+            size_hint: target.size_hint,
+        };
+        self.passthrough_bytes(pass, parts, Protocol::Anthropic)
+            .await
+    }
+
     /// Passes a chat completions request to an OpenAI-compatible endpoint and its answer back,
     /// streamed or not; a stream that breaks ends with OpenAI's error frame. The request is
     /// written out and freed before the call.
@@ -146,7 +165,7 @@ impl Upstream {
     async fn passthrough_bytes(
         &self,
         target: PassTarget<'_>,
-        bytes: Vec<u8>,
+        bytes: impl Into<reqwest::Body>,
         protocol: Protocol,
     ) -> Result<Answer, LlmError> {
         let resp = self

@@ -10,11 +10,16 @@
 //! credentials (`x-api-key`, the bridge token) to whatever host the upstream names. A 3xx is
 //! an upstream error like any other non-2xx (502 to the client, see `error.rs`).
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use agentbox_policy::sanitize::raw::{Pieces, Span};
 use agentbox_policy::secret::Secret;
 use axum::http::header;
+use bytes::Bytes;
 
 use crate::error::LlmError;
 
@@ -110,13 +115,14 @@ impl Upstream {
         &self.client
     }
 
-    /// POSTs a JSON body; a non-2xx answer becomes [`LlmError::Upstream`] from its capped body.
+    /// POSTs a JSON body (a buffer, or [`Parts`]); a non-2xx answer becomes
+    /// [`LlmError::Upstream`] from its capped body.
     pub(crate) async fn post_json(
         &self,
         url: &str,
         auth: Auth<'_>,
         headers: &[(&str, &str)],
-        body: Vec<u8>,
+        body: impl Into<reqwest::Body>,
     ) -> Result<reqwest::Response, LlmError> {
         let mut req = self
             .client
@@ -163,4 +169,84 @@ pub async fn read_capped(
         }
     }
     Ok(out)
+}
+
+/// A request body sent as the pieces it is made of (a sanitized body: spans of the client's
+/// body and what was written anew), with its exact length: it goes out with the
+/// `content-length` one buffer of those bytes would have, and the same bytes, without being
+/// copied into one.
+#[derive(Debug, Default)]
+pub struct Parts {
+    parts: VecDeque<Bytes>,
+    len: u64,
+}
+
+impl Parts {
+    /// The body made of `parts`, in order.
+    pub fn new(parts: impl IntoIterator<Item = Bytes>) -> Self {
+        let parts: VecDeque<Bytes> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        let len = parts.iter().map(|p| p.len() as u64).sum();
+        Parts { parts, len }
+    }
+
+    /// The sanitizer's [`Pieces`], cut from `client` (the client's body they were made from)
+    /// and from what the sanitizer wrote. A span outside either (which the sanitizer never
+    /// makes) is refused rather than sent.
+    pub fn from_pieces(client: &Bytes, pieces: Pieces) -> Result<Self, LlmError> {
+        let (written, spans) = pieces.into_parts();
+        let written = Bytes::from(written);
+        let cut = |from: &Bytes, r: &std::ops::Range<usize>| {
+            (r.start <= r.end && r.end <= from.len())
+                .then(|| from.slice(r.clone()))
+                .ok_or_else(|| LlmError::InvalidRequest("a body piece out of range".into()))
+        };
+        let parts = spans
+            .iter()
+            .map(|s| match s {
+                Span::Body(r) => cut(client, r),
+                Span::Written(r) => cut(&written, r),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self::new(parts))
+    }
+
+    /// The body's length.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl http_body::Body for Parts {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        let next = self.parts.pop_front();
+        if let Some(part) = &next {
+            self.len -= part.len() as u64;
+        }
+        Poll::Ready(next.map(|part| Ok(http_body::Frame::data(part))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.len)
+    }
+}
+
+impl From<Parts> for reqwest::Body {
+    fn from(parts: Parts) -> Self {
+        reqwest::Body::wrap(parts)
+    }
 }

@@ -4,7 +4,7 @@
 //!
 //! # Layout
 //! - [`client`]: the one upstream client ([`Upstream`], [`ClientOptions`]), [`Auth`], capped
-//!   reads of error bodies and answers.
+//!   reads of error bodies and answers, [`Parts`] (a request body sent as its pieces).
 //! - [`adapter`]: Anthropic passthrough and Anthropic → OpenAI chat → Anthropic; the caller
 //!   gives URL, auth and options.
 //! - [`body`]: [`LlmBody`], the streaming transformer (decode, translate (chat → Anthropic,
@@ -23,5 +23,5 @@ pub mod error;
 
 pub use adapter::{AnthropicTarget, ChatPassTarget, ChatTarget};
 pub use body::{Answer, ChatToAnthropic, ChatToResponses, LlmBody, StreamTranslator};
-pub use client::{Auth, ClientError, ClientOptions, Upstream};
+pub use client::{Auth, ClientError, ClientOptions, Parts, Upstream};
 pub use error::{ErrorReply, LlmError, Protocol};

@@ -58,6 +58,20 @@ fn assert_same(name: &str, body: &Value) {
     for o in options() {
         let (want, want_report) = reference(body, &o);
         let got = raw::parse(&bytes).unwrap().sanitize(&o).unwrap();
+        // The one-scan entry point (the gateway's) gives the two steps' answer.
+        let once = raw::sanitize(&bytes, &o).unwrap();
+        assert!(once.body == got.body, "{name} with {o:?}: one scan differs");
+        let pieces = raw::sanitize_to_pieces(&bytes, &o).unwrap();
+        assert!(
+            pieces.body.to_vec(&bytes) == got.body,
+            "{name} with {o:?}: the pieces differ"
+        );
+        assert_eq!(once.report, got.report, "{name}");
+        assert_eq!(
+            (once.max_tokens, once.input_tokens),
+            (got.max_tokens, got.input_tokens),
+            "{name}"
+        );
         assert!(
             got.body == want,
             "{name} with {o:?}: the output differs from the tree-based sanitizer's\n got: {}\nwant: {}",
@@ -135,6 +149,10 @@ fn a_duplicate_the_tree_would_collapse_is_refused() {
     };
     assert!(matches!(
         raw::parse(evil.as_bytes()).unwrap().sanitize(&allow),
+        Err(SanitizeError::DuplicateKey(_))
+    ));
+    assert!(matches!(
+        raw::sanitize(evil.as_bytes(), &allow),
         Err(SanitizeError::DuplicateKey(_))
     ));
 }

@@ -11,6 +11,14 @@
 //! is written anew (the model, a capped `max_tokens`, a `tools` list that lost a server tool,
 //! `metadata` without `user_id`); every other member is copied as its raw text.
 //!
+//! [`sanitize`] does both steps in one scan for a caller that knows its [`Options`] before the
+//! body (the gateway): the members are walked while the top level is read, and each one's raw
+//! text is found from where the body lends its key; whatever it cannot take that way, and every
+//! refusal, goes through the two steps, so answers and errors are theirs. The `_to_pieces`
+//! variants give the body to send as [`Pieces`]: spans of the client's body and the few bytes
+//! written anew, which a proxy holding the client's body as shared bytes sends without copying
+//! the untouched members into a new buffer.
+//!
 //! Why duplicates are refused at every depth: a member we do not edit goes upstream as the
 //! client's bytes. A parser that keeps the first of two duplicate keys (ours keeps none: we
 //! refuse) would otherwise see a value nobody checked, say a tool whose first `type` is
@@ -25,7 +33,6 @@
 use std::borrow::Cow;
 use std::collections::HashSet;
 use std::fmt;
-use std::io::Write as _;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
@@ -73,11 +80,11 @@ pub enum MaxTokens {
     Value(u64),
 }
 
-/// A sanitized request.
+/// A sanitized request; its body written out (`Vec<u8>`) or as [`Pieces`].
 #[derive(Debug)]
-pub struct Sanitized {
+pub struct Sanitized<B = Vec<u8>> {
     /// The body to send upstream.
-    pub body: Vec<u8>,
+    pub body: B,
     /// What was removed.
     pub report: Report,
     /// The `max_tokens` sent.
@@ -86,11 +93,157 @@ pub struct Sanitized {
     pub input_tokens: u64,
 }
 
+/// A body to send as the pieces it is made of, in order: spans of the client's body (the
+/// members sent as the client wrote them) and bytes written anew (keys, separators, edited
+/// members), so a caller holding the client's body as shared bytes sends it without copying
+/// it. Every [`Span::Body`] lies within the client's body and every [`Span::Written`] within
+/// what was written anew ([`Pieces::into_parts`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pieces {
+    /// Everything written anew, one piece after the other.
+    written: Vec<u8>,
+    /// The body, in order.
+    spans: Vec<Span>,
+}
+
+/// One piece of [`Pieces`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Span {
+    /// These bytes of the client's body.
+    Body(std::ops::Range<usize>),
+    /// These bytes of what was written anew.
+    Written(std::ops::Range<usize>),
+}
+
+impl Pieces {
+    /// The body, in order.
+    pub fn spans(&self) -> &[Span] {
+        &self.spans
+    }
+
+    /// What was written anew (the bytes [`Span::Written`] points into) and the spans.
+    pub fn into_parts(self) -> (Vec<u8>, Vec<Span>) {
+        (self.written, self.spans)
+    }
+
+    /// The body's length.
+    pub fn len(&self) -> usize {
+        self.spans
+            .iter()
+            .map(|s| match s {
+                Span::Body(r) | Span::Written(r) => r.len(),
+            })
+            .sum()
+    }
+
+    /// Whether the body is empty (never, for a sanitized request).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The body written out, `client` being the client's body the pieces were cut from.
+    pub fn to_vec(&self, client: &[u8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        for s in &self.spans {
+            let piece = match s {
+                Span::Body(r) => client.get(r.clone()),
+                Span::Written(r) => self.written.get(r.clone()),
+            };
+            out.extend_from_slice(piece.unwrap_or_default());
+        }
+        out
+    }
+}
+
+/// Where the body to send is written: [`finish`] writes the new bytes and hands over the
+/// client's members to copy.
+trait Sink {
+    /// Bytes written anew.
+    fn put(&mut self, bytes: &[u8]);
+    /// A raw text of the client's body, sent as it is.
+    fn copy(&mut self, raw: &str);
+}
+
+impl Sink for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+    fn copy(&mut self, raw: &str) {
+        self.extend_from_slice(raw.as_bytes());
+    }
+}
+
+/// Builds [`Pieces`] cut from the client's body at `base` (its address), `len` bytes long.
+struct PieceSink {
+    base: usize,
+    len: usize,
+    pieces: Pieces,
+}
+
+impl PieceSink {
+    fn new(body: &[u8]) -> Self {
+        PieceSink {
+            base: body.as_ptr().addr(),
+            len: body.len(),
+            pieces: Pieces {
+                written: Vec::with_capacity(256),
+                spans: Vec::with_capacity(48),
+            },
+        }
+    }
+}
+
+impl Sink for PieceSink {
+    fn put(&mut self, bytes: &[u8]) {
+        let w = &mut self.pieces.written;
+        let (from, to) = (w.len(), w.len() + bytes.len());
+        w.extend_from_slice(bytes);
+        match self.pieces.spans.last_mut() {
+            Some(Span::Written(r)) if r.end == from => r.end = to,
+            Some(Span::Written(_) | Span::Body(_)) | None => {
+                self.pieces.spans.push(Span::Written(from..to));
+            }
+        }
+    }
+    fn copy(&mut self, raw: &str) {
+        // The raw texts [`finish`] copies are slices of the client's body; anything else
+        // (there is nothing else) would be written out.
+        let at = raw
+            .as_ptr()
+            .addr()
+            .checked_sub(self.base)
+            .filter(|at| at + raw.len() <= self.len);
+        let Some(at) = at else {
+            return self.put(raw.as_bytes());
+        };
+        let end = at + raw.len();
+        match self.pieces.spans.last_mut() {
+            Some(Span::Body(r)) if r.end == at => r.end = end,
+            Some(Span::Body(_) | Span::Written(_)) | None => {
+                self.pieces.spans.push(Span::Body(at..end));
+            }
+        }
+    }
+}
+
+/// `io::Write` over a [`Sink`], for serde_json's writers (writing into memory cannot fail).
+struct Put<'s, S>(&'s mut S);
+
+impl<S: Sink> std::io::Write for Put<'_, S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.put(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A request body split at its top level: each member's key and raw text, in order.
 #[derive(Debug)]
 pub struct Request<'a> {
     members: Vec<(Cow<'a, str>, &'a RawValue)>,
-    len: usize,
+    body: &'a [u8],
 }
 
 /// Splits a body into its top-level members. Refuses what is not JSON, what is not an object
@@ -110,10 +263,7 @@ pub fn parse(body: &[u8]) -> Result<Request<'_>, SanitizeError> {
         .map_err(|e| keyed_error(e, dup))?;
     de.end()?;
     match top {
-        Top::Object(members) => Ok(Request {
-            members,
-            len: body.len(),
-        }),
+        Top::Object(members) => Ok(Request { members, body }),
         Top::Other(found) => Err(SanitizeError::NotAnObject { found }),
     }
 }
@@ -139,259 +289,407 @@ impl<'a> Request<'a> {
     /// the sanitizer's edits and writes the body to send. Errors leave nothing half-written
     /// behind: the body is built only once everything passed.
     pub fn sanitize(&self, opts: &Options<'_>) -> Result<Sanitized, SanitizeError> {
-        let mut ctx = Ctx {
-            keys: Vec::new(),
-            tools: Vec::new(),
-            rules: opts.estimate.unwrap_or_default(),
-            duplicate: false,
-        };
+        let out = Vec::with_capacity(self.body.len() + opts.model.len() + 16);
+        self.sanitize_into(opts, out)
+    }
+
+    /// [`Request::sanitize`], the body given as [`Pieces`] of the parsed body and of what was
+    /// written anew.
+    pub fn sanitize_to_pieces(
+        &self,
+        opts: &Options<'_>,
+    ) -> Result<Sanitized<Pieces>, SanitizeError> {
+        self.sanitize_into(opts, PieceSink::new(self.body))
+            .map(Sanitized::into_pieces)
+    }
+
+    fn sanitize_into<S: Sink>(
+        &self,
+        opts: &Options<'_>,
+        out: S,
+    ) -> Result<Sanitized<S>, SanitizeError> {
+        let mut ctx = Ctx::new(opts);
         let check_urls = !opts.allow_url_sources;
         let mut walked = Vec::with_capacity(self.members.len());
-        let mut url_hit: Option<String> = None;
         for (key, raw) in &self.members {
-            let role = match key.as_ref() {
-                "system" => Role::Content,
-                "messages" => Role::Messages,
-                "tools" => Role::Tools,
-                _ => Role::Plain,
-            };
-            let url = check_urls && matches!(role, Role::Content | Role::Messages);
-            let mode = Mode {
-                role,
-                url,
-                keep_str: key == "model",
-            };
             let mut de = serde_json::Deserializer::from_str(raw.get());
             let w = de
                 .deserialize_any(Walk {
                     ctx: &mut ctx,
-                    mode,
+                    mode: Mode::member(key, check_urls),
                 })
                 .map_err(|e| keyed_error(e, ctx.duplicate))?;
             de.end()?;
-            // The first URL source in body order, as the tree walk reports it.
-            if url_hit.is_none()
-                && let Some(hit) = &w.url
-            {
-                url_hit = Some(hit.path(key));
-            }
             walked.push(w);
         }
-        if let Some(path) = url_hit {
-            return Err(SanitizeError::UrlSource { path });
-        }
-
-        let mut report = Report::default();
-        let mut tools_at = None;
-        let mut choice_at = None;
-        let mut max_tokens = MaxTokens::Missing;
-        let mut has_model = false;
-        for (i, ((key, _), w)) in self.members.iter().zip(&walked).enumerate() {
-            match key.as_ref() {
-                "model" => {
-                    has_model = true;
-                    if w.kind == Kind::String {
-                        report.requested_model = w.text.as_deref().map(str::to_owned);
-                    }
-                }
-                "tools" => {
-                    if w.kind != Kind::Array {
-                        return Err(SanitizeError::ToolsNotArray {
-                            found: w.kind.name(),
-                        });
-                    }
-                    if let Some((index, tool)) = ctx
-                        .tools
-                        .iter()
-                        .enumerate()
-                        .find(|(_, t)| t.kind != Kind::Object)
-                    {
-                        return Err(SanitizeError::ToolNotObject {
-                            index,
-                            found: tool.kind.name(),
-                        });
-                    }
-                    tools_at = Some(i);
-                }
-                "tool_choice" => choice_at = Some(i),
-                "max_tokens" => {
-                    max_tokens = match w.uint {
-                        Some(n) if n > 0 => MaxTokens::Value(n),
-                        Some(_) | None => MaxTokens::Invalid,
-                    };
-                }
-                _ => {}
-            }
-        }
-
-        // Server tools: a `type` other than "custom".
-        let removed: Vec<usize> = ctx
-            .tools
+        let members: Vec<(&str, &str)> = self
+            .members
             .iter()
-            .enumerate()
-            .filter(|(_, t)| match &t.type_ {
-                Field::Absent => false,
-                Field::Str(s) => s != "custom",
-                Field::Other => true,
-            })
-            .map(|(i, _)| i)
+            .map(|(k, raw)| (k.as_ref(), raw.get()))
             .collect();
-        let tool_raws: Option<Vec<&RawValue>> = match (tools_at, removed.is_empty()) {
-            (Some(i), false) => Some(serde_json::from_str(self.members[i].1.get())?),
-            (Some(_) | None, true) | (None, false) => None,
-        };
-        for &i in &removed {
-            let tool = &ctx.tools[i];
-            let tool_type = match &tool.type_ {
-                Field::Str(s) => s.as_ref().to_owned(),
-                // Compact JSON of a type that was not a string (rare: only for the log).
-                Field::Other | Field::Absent => tool_raws
-                    .as_ref()
-                    .and_then(|raws| raws.get(i))
-                    .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
-                    .and_then(|v| v.get("type").map(serde_json::Value::to_string))
-                    .unwrap_or_default(),
-            };
-            report.removed_tools.push(RemovedTool {
-                name: tool.name.as_deref().map(str::to_owned),
-                tool_type,
-            });
-        }
-        let kept = |i: &usize| !removed.contains(i);
-        let tools_key_removed = !ctx.tools.is_empty() && removed.len() == ctx.tools.len();
-        let mut drop_choice = false;
-        if tools_key_removed {
-            report.tools_key_removed = true;
-            drop_choice = choice_at.is_some();
-        } else if let Some(c) = choice_at {
-            let choice = &walked[c];
-            if choice.kind == Kind::Object
-                && matches!(&choice.type_, Field::Str(t) if t == "tool")
-                && let Some(name) = choice.name.as_deref()
-            {
-                let still_present = (0..ctx.tools.len())
-                    .filter(kept)
-                    .any(|i| ctx.tools[i].name.as_deref() == Some(name));
-                drop_choice = !still_present
-                    && report
-                        .removed_tools
-                        .iter()
-                        .any(|r| r.name.as_deref() == Some(name));
-            }
-        }
-        report.tool_choice_removed = drop_choice;
-        for field in REMOVED_FIELDS {
-            if self.member(field).is_some() {
-                report.removed_fields.push(field);
-            }
-        }
-        let capped = match (max_tokens, opts.max_tokens_cap) {
-            (MaxTokens::Value(n), Some(cap)) if n > cap => {
-                max_tokens = MaxTokens::Value(cap);
-                Some(cap)
-            }
-            (MaxTokens::Value(_) | MaxTokens::Missing | MaxTokens::Invalid, _) => None,
-        };
-
-        // The estimate of what is sent: system, messages, the kept tools, a kept tool_choice.
-        let mut tally = Tally::default();
-        for ((key, _), w) in self.members.iter().zip(&walked) {
-            match key.as_ref() {
-                "system" | "messages" => tally.add(w.tally),
-                "tool_choice" if !drop_choice => tally.bytes += w.len,
-                _ => {}
-            }
-        }
-        if tools_at.is_some() {
-            for (i, tool) in ctx.tools.iter().enumerate() {
-                if kept(&i) {
-                    tally.bytes += tool.len;
-                }
-            }
-        }
-        let input_tokens = match opts.estimate {
-            Some(rules) => {
-                (tally.bytes.div_ceil(rules.bytes_per_token.max(1)) + tally.fixed).max(1)
-            }
-            None => 0,
-        };
-
-        let mut out = Vec::with_capacity(self.len + opts.model.len() + 16);
-        out.push(b'{');
-        let mut first = true;
-        for (i, ((key, raw), w)) in self.members.iter().zip(&walked).enumerate() {
-            let k = key.as_ref();
-            if REMOVED_FIELDS.contains(&k)
-                || (k == "tools" && tools_key_removed)
-                || (k == "tool_choice" && drop_choice)
-            {
-                continue;
-            }
-            if !first {
-                out.push(b',');
-            }
-            first = false;
-            serde_json::to_writer(&mut out, k)?;
-            out.push(b':');
-            match k {
-                "model" => serde_json::to_writer(&mut out, opts.model)?,
-                "max_tokens" if let Some(cap) = capped => {
-                    // Writing into a Vec cannot fail.
-                    let _ = write!(out, "{cap}");
-                }
-                "tools" if tools_at == Some(i) && !removed.is_empty() => {
-                    out.push(b'[');
-                    let raws = tool_raws.as_deref().unwrap_or_default();
-                    let mut first_tool = true;
-                    for (t, raw) in raws.iter().enumerate() {
-                        if kept(&t) {
-                            if !first_tool {
-                                out.push(b',');
-                            }
-                            first_tool = false;
-                            out.extend_from_slice(raw.get().as_bytes());
-                        }
-                    }
-                    out.push(b']');
-                }
-                "metadata" if opts.strip_metadata_user_id && w.kind == Kind::Object => {
-                    write_without(&mut out, raw.get(), "user_id")?;
-                }
-                _ => out.extend_from_slice(raw.get().as_bytes()),
-            }
-        }
-        if !has_model {
-            if !first {
-                out.push(b',');
-            }
-            out.extend_from_slice(b"\"model\":");
-            serde_json::to_writer(&mut out, opts.model)?;
-        }
-        out.push(b'}');
-        Ok(Sanitized {
-            body: out,
-            report,
-            max_tokens,
-            input_tokens,
-        })
+        finish(&members, &walked, &ctx, opts, out)
     }
 }
 
+/// [`parse`] and [`Request::sanitize`] in one scan of the body, with the same answer: every
+/// member is walked while the top level is read, and its raw text is located from where the
+/// body lends its keys. A body this cannot take that way (a top-level key with escapes, which
+/// the body cannot lend) or any refusal goes through the two steps instead, so errors are
+/// exactly theirs (which fault is reported first included).
+pub fn sanitize(body: &[u8], opts: &Options<'_>) -> Result<Sanitized, SanitizeError> {
+    let out = || Vec::with_capacity(body.len() + opts.model.len() + 16);
+    match one_pass(body, opts, out()) {
+        Some(done) => Ok(done),
+        None => parse(body)?.sanitize_into(opts, out()),
+    }
+}
+
+/// [`sanitize`], the body given as [`Pieces`] of `body` and of what was written anew.
+pub fn sanitize_to_pieces(
+    body: &[u8],
+    opts: &Options<'_>,
+) -> Result<Sanitized<Pieces>, SanitizeError> {
+    match one_pass(body, opts, PieceSink::new(body)) {
+        Some(done) => Ok(done.into_pieces()),
+        None => parse(body)?.sanitize_to_pieces(opts),
+    }
+}
+
+impl Sanitized<PieceSink> {
+    fn into_pieces(self) -> Sanitized<Pieces> {
+        Sanitized {
+            body: self.body.pieces,
+            report: self.report,
+            max_tokens: self.max_tokens,
+            input_tokens: self.input_tokens,
+        }
+    }
+}
+
+fn one_pass<S: Sink>(body: &[u8], opts: &Options<'_>, out: S) -> Option<Sanitized<S>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let mut ctx = Ctx::new(opts);
+    let mut de = serde_json::Deserializer::from_str(text);
+    let top = de
+        .deserialize_any(OnePass {
+            ctx: &mut ctx,
+            check_urls: !opts.allow_url_sources,
+        })
+        .ok()?;
+    de.end().ok()?;
+    let members = member_texts(text, top.iter().map(|(k, _)| *k))?;
+    let walked: Vec<Walked<'_>> = top.into_iter().map(|(_, w)| w).collect();
+    finish(&members, &walked, &ctx, opts, out).ok()
+}
+
+/// JSON's whitespace.
+const JSON_SPACE: [char; 4] = [' ', '\t', '\n', '\r'];
+
+/// Each top-level member's raw text (what `&RawValue` would hold: the value without the
+/// whitespace around it), found from where each key, borrowed from `text`, sits in it: after a
+/// key come its closing quote, a colon and the value; the value ends before the comma that
+/// precedes the next key (or before the closing brace). `text` must already have parsed as an
+/// object with exactly these keys, in order; `None` if a key does not point into it.
+fn member_texts<'a>(
+    text: &'a str,
+    keys: impl ExactSizeIterator<Item = &'a str>,
+) -> Option<Vec<(&'a str, &'a str)>> {
+    let base = text.as_ptr().addr();
+    let n = keys.len();
+    let starts: Vec<(&'a str, usize)> = keys
+        .map(|k| {
+            let at = k.as_ptr().addr().checked_sub(base)?;
+            (text.get(at..at + k.len()) == Some(k) && text.get(at.checked_sub(1)?..at)? == "\"")
+                .then_some((k, at))
+        })
+        .collect::<Option<_>>()?;
+    let close = text.trim_end_matches(JSON_SPACE).strip_suffix('}')?.len();
+    let mut out = Vec::with_capacity(n);
+    for (i, &(key, at)) in starts.iter().enumerate() {
+        let after = text
+            .get(at + key.len()..)?
+            .strip_prefix('"')?
+            .trim_start_matches(JSON_SPACE)
+            .strip_prefix(':')?
+            .trim_start_matches(JSON_SPACE);
+        let from = text.len() - after.len();
+        let value = match starts.get(i + 1) {
+            // The next key's opening quote, then back over the comma between.
+            Some(&(_, next)) => text
+                .get(from..next.checked_sub(1)?)?
+                .trim_end_matches(JSON_SPACE)
+                .strip_suffix(',')?
+                .trim_end_matches(JSON_SPACE),
+            None => text.get(from..close)?.trim_end_matches(JSON_SPACE),
+        };
+        if value.is_empty() {
+            return None;
+        }
+        out.push((key, value));
+    }
+    Some(out)
+}
+
+/// The top level of [`one_pass`]: each member's key (borrowed from the body) and walk.
+struct OnePass<'c, 'de> {
+    ctx: &'c mut Ctx<'de>,
+    check_urls: bool,
+}
+
+impl<'de> Visitor<'de> for OnePass<'_, 'de> {
+    type Value = Vec<(&'de str, Walked<'de>)>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut members: Vec<(&'de str, Walked<'de>)> = Vec::with_capacity(16);
+        let mut keys: Vec<Cow<'de, str>> = Vec::with_capacity(16);
+        let mut seen = Seen::default();
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            let k: &'de str = match &key {
+                Cow::Borrowed(k) => k,
+                // Not lent by the body: [`parse`] takes it.
+                Cow::Owned(_) => return Err(de::Error::custom("a top-level key with escapes")),
+            };
+            if seen.repeated(&key, keys.iter()) {
+                return Err(duplicate(k));
+            }
+            let w = map.next_value_seed(Walk {
+                ctx: &mut *self.ctx,
+                mode: Mode::member(k, self.check_urls),
+            })?;
+            keys.push(key);
+            members.push((k, w));
+        }
+        Ok(members)
+    }
+}
+
+/// What [`Request::sanitize`] does once every member is walked: the refusals found in the walk,
+/// the edits, the estimate and the body to send. `members` are the top-level keys and raw
+/// texts, in order, `walked` their walks.
+fn finish<S: Sink>(
+    members: &[(&str, &str)],
+    walked: &[Walked<'_>],
+    ctx: &Ctx<'_>,
+    opts: &Options<'_>,
+    mut out: S,
+) -> Result<Sanitized<S>, SanitizeError> {
+    // The first URL source in body order, as the tree walk reports it.
+    if let Some(path) = members
+        .iter()
+        .zip(walked)
+        .find_map(|((key, _), w)| w.url.as_ref().map(|hit| hit.path(key)))
+    {
+        return Err(SanitizeError::UrlSource { path });
+    }
+
+    let mut report = Report::default();
+    let mut tools_at = None;
+    let mut choice_at = None;
+    let mut max_tokens = MaxTokens::Missing;
+    let mut has_model = false;
+    for (i, ((key, _), w)) in members.iter().zip(walked).enumerate() {
+        match *key {
+            "model" => {
+                has_model = true;
+                if w.kind == Kind::String {
+                    report.requested_model = w.text.as_deref().map(str::to_owned);
+                }
+            }
+            "tools" => {
+                if w.kind != Kind::Array {
+                    return Err(SanitizeError::ToolsNotArray {
+                        found: w.kind.name(),
+                    });
+                }
+                if let Some((index, tool)) = ctx
+                    .tools
+                    .iter()
+                    .enumerate()
+                    .find(|(_, t)| t.kind != Kind::Object)
+                {
+                    return Err(SanitizeError::ToolNotObject {
+                        index,
+                        found: tool.kind.name(),
+                    });
+                }
+                tools_at = Some(i);
+            }
+            "tool_choice" => choice_at = Some(i),
+            "max_tokens" => {
+                max_tokens = match w.uint {
+                    Some(n) if n > 0 => MaxTokens::Value(n),
+                    Some(_) | None => MaxTokens::Invalid,
+                };
+            }
+            _ => {}
+        }
+    }
+
+    // Server tools: a `type` other than "custom".
+    let removed: Vec<usize> = ctx
+        .tools
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| match &t.type_ {
+            Field::Absent => false,
+            Field::Str(s) => s != "custom",
+            Field::Other => true,
+        })
+        .map(|(i, _)| i)
+        .collect();
+    let tool_raws: Option<Vec<&RawValue>> = match (tools_at, removed.is_empty()) {
+        (Some(i), false) => Some(serde_json::from_str(members[i].1)?),
+        (Some(_) | None, true) | (None, false) => None,
+    };
+    for &i in &removed {
+        let tool = &ctx.tools[i];
+        let tool_type = match &tool.type_ {
+            Field::Str(s) => s.as_ref().to_owned(),
+            // Compact JSON of a type that was not a string (rare: only for the log).
+            Field::Other | Field::Absent => tool_raws
+                .as_ref()
+                .and_then(|raws| raws.get(i))
+                .and_then(|raw| serde_json::from_str::<serde_json::Value>(raw.get()).ok())
+                .and_then(|v| v.get("type").map(serde_json::Value::to_string))
+                .unwrap_or_default(),
+        };
+        report.removed_tools.push(RemovedTool {
+            name: tool.name.as_deref().map(str::to_owned),
+            tool_type,
+        });
+    }
+    let kept = |i: &usize| !removed.contains(i);
+    let tools_key_removed = !ctx.tools.is_empty() && removed.len() == ctx.tools.len();
+    let mut drop_choice = false;
+    if tools_key_removed {
+        report.tools_key_removed = true;
+        drop_choice = choice_at.is_some();
+    } else if let Some(c) = choice_at {
+        let choice = &walked[c];
+        if choice.kind == Kind::Object
+            && matches!(&choice.type_, Field::Str(t) if t == "tool")
+            && let Some(name) = choice.name.as_deref()
+        {
+            let still_present = (0..ctx.tools.len())
+                .filter(kept)
+                .any(|i| ctx.tools[i].name.as_deref() == Some(name));
+            drop_choice = !still_present
+                && report
+                    .removed_tools
+                    .iter()
+                    .any(|r| r.name.as_deref() == Some(name));
+        }
+    }
+    report.tool_choice_removed = drop_choice;
+    for field in REMOVED_FIELDS {
+        if members.iter().any(|(k, _)| *k == field) {
+            report.removed_fields.push(field);
+        }
+    }
+    let capped = match (max_tokens, opts.max_tokens_cap) {
+        (MaxTokens::Value(n), Some(cap)) if n > cap => {
+            max_tokens = MaxTokens::Value(cap);
+            Some(cap)
+        }
+        (MaxTokens::Value(_) | MaxTokens::Missing | MaxTokens::Invalid, _) => None,
+    };
+
+    // The estimate of what is sent: system, messages, the kept tools, a kept tool_choice.
+    let mut tally = Tally::default();
+    for ((key, _), w) in members.iter().zip(walked) {
+        match *key {
+            "system" | "messages" => tally.add(w.tally),
+            "tool_choice" if !drop_choice => tally.bytes += w.len,
+            _ => {}
+        }
+    }
+    if tools_at.is_some() {
+        for (i, tool) in ctx.tools.iter().enumerate() {
+            if kept(&i) {
+                tally.bytes += tool.len;
+            }
+        }
+    }
+    let input_tokens = match opts.estimate {
+        Some(rules) => (tally.bytes.div_ceil(rules.bytes_per_token.max(1)) + tally.fixed).max(1),
+        None => 0,
+    };
+
+    out.put(b"{");
+    let mut first = true;
+    for (i, ((key, raw), w)) in members.iter().zip(walked).enumerate() {
+        let k = *key;
+        if REMOVED_FIELDS.contains(&k)
+            || (k == "tools" && tools_key_removed)
+            || (k == "tool_choice" && drop_choice)
+        {
+            continue;
+        }
+        if !first {
+            out.put(b",");
+        }
+        first = false;
+        serde_json::to_writer(Put(&mut out), k)?;
+        out.put(b":");
+        match k {
+            "model" => serde_json::to_writer(Put(&mut out), opts.model)?,
+            "max_tokens" if let Some(cap) = capped => out.put(cap.to_string().as_bytes()),
+            "tools" if tools_at == Some(i) && !removed.is_empty() => {
+                out.put(b"[");
+                let raws = tool_raws.as_deref().unwrap_or_default();
+                let mut first_tool = true;
+                for (t, raw) in raws.iter().enumerate() {
+                    if kept(&t) {
+                        if !first_tool {
+                            out.put(b",");
+                        }
+                        first_tool = false;
+                        out.copy(raw.get());
+                    }
+                }
+                out.put(b"]");
+            }
+            "metadata" if opts.strip_metadata_user_id && w.kind == Kind::Object => {
+                write_without(&mut out, raw, "user_id")?;
+            }
+            _ => out.copy(raw),
+        }
+    }
+    if !has_model {
+        if !first {
+            out.put(b",");
+        }
+        out.put(b"\"model\":");
+        serde_json::to_writer(Put(&mut out), opts.model)?;
+    }
+    out.put(b"}");
+    Ok(Sanitized {
+        body: out,
+        report,
+        max_tokens,
+        input_tokens,
+    })
+}
+
 /// Writes the object `raw` (already checked) without the member `key`, the others as raw text.
-fn write_without(out: &mut Vec<u8>, raw: &str, key: &str) -> Result<(), SanitizeError> {
+fn write_without<S: Sink>(out: &mut S, raw: &str, key: &str) -> Result<(), SanitizeError> {
     let Request { members, .. } = parse(raw.as_bytes())?;
-    out.push(b'{');
+    out.put(b"{");
     let mut first = true;
     for (k, v) in members.iter().filter(|(k, _)| k != key) {
         if !first {
-            out.push(b',');
+            out.put(b",");
         }
         first = false;
-        serde_json::to_writer(&mut *out, k.as_ref())?;
-        out.push(b':');
-        out.extend_from_slice(v.get().as_bytes());
+        serde_json::to_writer(Put(&mut *out), k.as_ref())?;
+        out.put(b":");
+        out.copy(v.get());
     }
-    out.push(b'}');
+    out.put(b"}");
     Ok(())
 }
 
@@ -531,6 +829,17 @@ struct Ctx<'de> {
     duplicate: bool,
 }
 
+impl Ctx<'_> {
+    fn new(opts: &Options<'_>) -> Self {
+        Ctx {
+            keys: Vec::new(),
+            tools: Vec::new(),
+            rules: opts.estimate.unwrap_or_default(),
+            duplicate: false,
+        }
+    }
+}
+
 struct ToolInfo<'de> {
     kind: Kind,
     len: u64,
@@ -618,6 +927,23 @@ struct Mode {
     url: bool,
     /// Keep a string's text (`type`, `name`, `model`).
     keep_str: bool,
+}
+
+impl Mode {
+    /// How a top-level member is walked.
+    fn member(key: &str, check_urls: bool) -> Mode {
+        let role = match key {
+            "system" => Role::Content,
+            "messages" => Role::Messages,
+            "tools" => Role::Tools,
+            _ => Role::Plain,
+        };
+        Mode {
+            role,
+            url: check_urls && matches!(role, Role::Content | Role::Messages),
+            keep_str: key == "model",
+        }
+    }
 }
 
 /// Where a URL source was found, innermost step first.
@@ -1095,8 +1421,88 @@ mod tests {
         }
     }
 
+    /// The two steps' answer, checked to be the one-scan [`sanitize`]'s too.
     fn new_path(body: &[u8], o: &Options<'_>) -> Result<Sanitized, SanitizeError> {
-        parse(body)?.sanitize(o)
+        let two = parse(body).and_then(|r| r.sanitize(o));
+        match (&two, sanitize_to_pieces(body, o)) {
+            (Ok(want), Ok(got)) => {
+                assert_eq!(got.body.to_vec(body), want.body);
+                assert_eq!(got.body.len(), want.body.len());
+                assert_eq!(got.report, want.report);
+            }
+            (Err(want), Err(got)) => assert_eq!(got.to_string(), want.to_string()),
+            (want, got) => panic!("two steps: {want:?}, pieces: {got:?}"),
+        }
+        match (&two, sanitize(body, o)) {
+            (Ok(want), Ok(got)) => {
+                assert_eq!(got.body, want.body);
+                assert_eq!(got.report, want.report);
+                assert_eq!(got.max_tokens, want.max_tokens);
+                assert_eq!(got.input_tokens, want.input_tokens);
+            }
+            (Err(want), Err(got)) => assert_eq!(got.to_string(), want.to_string()),
+            (want, got) => panic!("two steps: {want:?}, one scan: {got:?}"),
+        }
+        two
+    }
+
+    #[test]
+    fn one_scan_finds_the_members_raw_text() {
+        let body = br#" { "model" : "a" ,"messages":[ {"role":"user", "content":"h\u0069"} ]
+            , "n":-1.5e3,"t":true , "s" : "x\"y" , "o": { "k" : [ 1 , 2 ] } } "#;
+        let got = one_pass(body, &opts("up"), Vec::new()).expect("taken in one scan");
+        assert_eq!(
+            String::from_utf8(got.body).unwrap(),
+            r#"{"model":"up","messages":[ {"role":"user", "content":"h\u0069"} ],"n":-1.5e3,"t":true,"s":"x\"y","o":{ "k" : [ 1 , 2 ] }}"#
+        );
+        new_path(body, &opts("up")).unwrap();
+        // Untouched members are spans of the client's body, whatever way the body is taken.
+        let pieces = sanitize_to_pieces(body, &opts("up")).unwrap().body;
+        let spans = pieces.spans.iter().filter(|s| matches!(s, Span::Body(_)));
+        assert_eq!(spans.count(), 5, "{pieces:?}");
+        let pieces = parse(body)
+            .unwrap()
+            .sanitize_to_pieces(&opts("up"))
+            .unwrap()
+            .body;
+        assert_eq!(pieces, sanitize_to_pieces(body, &opts("up")).unwrap().body);
+        // A top-level key with escapes is not lent by the body: the two steps take it.
+        let escaped = br#"{"mo\u0064el":"a","x":1}"#;
+        assert!(one_pass(escaped, &opts("up"), Vec::new()).is_none());
+        assert_eq!(
+            new_path(escaped, &opts("up")).unwrap().body,
+            br#"{"model":"up","x":1}"#
+        );
+        // Refusals are the two steps' own, whichever fault comes first in the body.
+        for bad in [
+            &br#"{"messages":[{"a":1,"a":2}],"x":}"#[..],
+            br#"{"messages":[{"a":1,"a":2}],"model":"a","model":"b"}"#,
+            br#"{"system":[{"source":{"type":"url"}}],"tools":{}}"#,
+            br#"{"n":1e999,"messages":[{"a":1,"a":2}]}"#,
+        ] {
+            assert!(
+                one_pass(
+                    bad,
+                    &Options {
+                        allow_url_sources: false,
+                        ..opts("up")
+                    },
+                    Vec::new()
+                )
+                .is_none()
+            );
+            new_path(
+                bad,
+                &Options {
+                    allow_url_sources: false,
+                    ..opts("up")
+                },
+            )
+            .unwrap_err();
+        }
+        new_path(br#"{"a\"b":1,"model":"m"}"#, &opts("up")).unwrap();
+        new_path(b"{}", &opts("up")).unwrap();
+        new_path(b" {\n}\n", &opts("up")).unwrap();
     }
 
     /// The tree-based sanitizer's bytes and report for `v`, and this one's, for a compact body.

@@ -26,6 +26,7 @@
 //! surrogates, but not for numbers beyond `f64`'s range, which the owned path's `Value` refuses.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::fmt;
 use std::fmt::Write as _;
 
@@ -274,6 +275,89 @@ struct Req<'a> {
     output_format: Option<&'a RawValue>,
 }
 
+/// The top level of [`AnthropicBody::parse_unique_keys`]: [`Req`]'s own deserializer, fed the
+/// object's members through [`UniqueMembers`], which refuses a key seen before.
+struct UniqueKeys;
+
+impl<'de> Visitor<'de> for UniqueKeys {
+    type Value = Req<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Req<'de>, A::Error> {
+        Req::deserialize(de::value::MapAccessDeserializer::new(UniqueMembers {
+            map,
+            seen: HashSet::with_capacity(32),
+        }))
+    }
+}
+
+/// An object's members as they come, each key checked against the keys before it.
+struct UniqueMembers<'de, A> {
+    map: A,
+    seen: HashSet<Cow<'de, str>>,
+}
+
+impl<'de, A: de::MapAccess<'de>> de::MapAccess<'de> for UniqueMembers<'de, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        let Some(key) = self.map.next_key_seed(KeyText)? else {
+            return Ok(None);
+        };
+        // The key is handed on as the text it is, borrowed or unescaped.
+        let value = match &key {
+            Cow::Borrowed(k) => {
+                seed.deserialize(de::value::BorrowedStrDeserializer::<A::Error>::new(k))?
+            }
+            Cow::Owned(k) => seed.deserialize(de::value::StrDeserializer::<A::Error>::new(k))?,
+        };
+        if !self.seen.insert(key) {
+            return Err(de::Error::custom("a top-level key appears twice"));
+        }
+        Ok(Some(value))
+    }
+
+    fn next_value_seed<V: de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        self.map.size_hint()
+    }
+}
+
+/// A key, borrowed from the body when it has no escapes.
+struct KeyText;
+
+impl<'de> de::DeserializeSeed<'de> for KeyText {
+    type Value = Cow<'de, str>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Cow<'de, str>, D::Error> {
+        d.deserialize_str(KeyText)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyText {
+    type Value = Cow<'de, str>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string key")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Borrowed(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Cow<'de, str>, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+}
+
 /// An Anthropic request body parsed with its strings borrowed, checked to be one the owned
 /// path would translate without error (see the module docs for what is left to that path).
 #[derive(Debug)]
@@ -287,10 +371,30 @@ pub struct AnthropicBody<'a> {
 impl<'a> AnthropicBody<'a> {
     /// Parses and checks `body`; `None` when the owned path must take it.
     pub fn parse(body: &'a str) -> Option<Self> {
+        Self::parse_with(body, false)
+    }
+
+    /// [`AnthropicBody::parse`], and `None` as well for a body whose top level holds a key
+    /// twice (in any spelling: keys are compared unescaped). A caller that refuses such bodies
+    /// before translating (the bridge splits the top level with `policy::sanitize::raw::parse`
+    /// first) can take a body this accepts without that step: it is a JSON object with unique
+    /// top-level keys.
+    pub fn parse_unique_keys(body: &'a str) -> Option<Self> {
+        Self::parse_with(body, true)
+    }
+
+    fn parse_with(body: &'a str, unique_keys: bool) -> Option<Self> {
         if has_lone_surrogate(body.as_bytes()) {
             return None;
         }
-        let req: Req<'a> = serde_json::from_str(body).ok()?;
+        let req: Req<'a> = if unique_keys {
+            let mut de = serde_json::Deserializer::from_str(body);
+            let req = de.deserialize_map(UniqueKeys).ok()?;
+            de.end().ok()?;
+            req
+        } else {
+            serde_json::from_str(body).ok()?
+        };
         let model = unescape(escaped(req.model)?)?.into_owned();
         let mut extra = Map::new();
         for (key, raw) in [
@@ -321,6 +425,11 @@ impl<'a> AnthropicBody<'a> {
             }
         }
         Some(Self { req, model, extra })
+    }
+
+    /// The `model` the client asked for (unescaped).
+    pub fn model(&self) -> &str {
+        &self.model
     }
 
     /// Whether the client asked for a stream.
@@ -966,7 +1075,14 @@ mod tests {
 
     /// The borrowed path's chat body for `body`, parsed back, when it takes the body.
     fn borrowed(body: &str, opts: &ChatOptions) -> Option<Value> {
-        let parsed = AnthropicBody::parse(body)?;
+        let unique = AnthropicBody::parse_unique_keys(body).map(|b| b.write_chat(opts, None));
+        let parsed = AnthropicBody::parse(body);
+        assert_eq!(
+            unique,
+            parsed.as_ref().map(|b| b.write_chat(opts, None)),
+            "{body}"
+        );
+        let parsed = parsed?;
         let bytes = parsed.write_chat(opts, None);
         Some(serde_json::from_slice(&bytes).expect("the borrowed path writes JSON"))
     }
@@ -992,6 +1108,24 @@ mod tests {
                 ..ChatOptions::default()
             },
         ]
+    }
+
+    #[test]
+    fn unique_keys_refuses_a_repeated_top_level_key() {
+        let msgs = r#""messages":[{"role":"user","content":"hi"}]"#;
+        for body in [
+            format!(r#"{{"model":"m",{msgs},"x":1,"x":2}}"#),
+            format!(r#"{{"model":"m",{msgs},"mo\u0064el":"n"}}"#),
+            format!(r#"{{"model":"m",{msgs},"z\u0031":1,"z1":2}}"#),
+        ] {
+            assert!(AnthropicBody::parse_unique_keys(&body).is_none(), "{body}");
+        }
+        // Unknown members once each, escaped keys, whitespace: taken, as `parse` takes them.
+        let body =
+            format!(r#" {{ "model" : "m\u0031" , {msgs}, "x":[1,{{"x":2}}], "y\u0031" : 1 }} "#);
+        let b = AnthropicBody::parse_unique_keys(&body).expect("taken");
+        assert_eq!(b.model(), "m1");
+        assert!(AnthropicBody::parse_unique_keys("[1]").is_none());
     }
 
     /// Requests of the shapes the borrowed path takes, with the corners of each rule.
