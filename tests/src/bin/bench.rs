@@ -677,10 +677,12 @@ async fn bench_proxy(plan: Plan) -> Result<()> {
 
 // === launcher ===
 
-/// The service uid the benchmark's launcher is given (`--service-uid`); the agent uid is the
-/// config default, 64000.
+/// The service uid the benchmark's launcher is given (`--service-uid`).
 const BENCH_SERVICE_UID: u32 = 64010;
+/// The floor's sandboxes run as this uid.
 const AGENT_UID: u32 = 64000;
+/// The first of the launcher's agent uids (one per concurrent run).
+const LAUNCHER_AGENT_UID: u32 = 64100;
 
 #[derive(Debug, Clone, Copy)]
 struct StartPlan {
@@ -865,9 +867,13 @@ async fn bench_launcher(plan: StartPlan) -> Result<()> {
     let stamp = bin_dir.path().join("agent-stamp");
     std::fs::copy(workspace_bin("agentbox-tests", "agent-stamp")?, &stamp)?;
     std::fs::set_permissions(&stamp, std::fs::Permissions::from_mode(0o755))?;
+    // One agent uid per run of the burst (each run takes its own), clear of the service uid and
+    // of the floor's uid.
     let config = format!(
-        "[launcher]\nclaude_bin = {stamp:?}\nvenv_root = \"/nonexistent/venvs\"\n\
-         [models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\n"
+        "agent_uid = {LAUNCHER_AGENT_UID}\nagent_gid = {LAUNCHER_AGENT_UID}\nagent_uid_count = {n}\n\
+         [launcher]\nclaude_bin = {stamp:?}\nvenv_root = \"/nonexistent/venvs\"\n\
+         [models.m]\nbackend = \"ollama\"\nupstream_model = \"x\"\n",
+        n = plan.burst.max(1)
     );
     let l = Arc::new(LauncherProcess::start(&config, BENCH_SERVICE_UID)?);
     // The limits and tmpfs sizes the launcher applies under this config.
