@@ -779,16 +779,19 @@ impl Floor {
             None
         };
         let procs = cgroup.as_ref().map(|c| c.join_files()).unwrap_or_default();
-        let child = sandbox::spawn(
+        let sandbox = sandbox::spawn(
             &self.plan,
             &mounts,
             &procs,
             run_as,
             Path::new(sandbox::BWRAP),
             None,
-        )?
-        .child;
+        )?;
+        // The status pipe's read end stays open until bwrap is gone: bwrap writes its records
+        // there, and a closed pipe would kill it with SIGPIPE (as the launcher keeps it).
+        let (child, status) = (sandbox.child, sandbox.status);
         let out = child.wait_with_output().await?;
+        drop(status);
         if let Some(cg) = cgroup {
             cg.kill_all().await?;
             cg.remove()?;
