@@ -562,11 +562,9 @@ pub fn spawn(
         Some(data) => Some(memfd("localtime", &data)?),
         None => None,
     };
-    let main = memfd("seccomp", &seccomp::to_bytes(&seccomp::main_filter()?))?;
-    let enosys = memfd(
-        "seccomp-enosys",
-        &seccomp::to_bytes(&seccomp::enosys_filter()?),
-    )?;
+    let (main_bytes, enosys_bytes) = seccomp::program_bytes()?;
+    let main = memfd("seccomp", main_bytes)?;
+    let enosys = memfd("seccomp-enosys", enosys_bytes)?;
     let numbers = FdNumbers {
         workspace: mounts.workspace.as_raw_fd(),
         venv: mounts.venv.as_ref().map(AsRawFd::as_raw_fd),

@@ -54,7 +54,7 @@ compile_error!(
 );
 
 /// Why a filter could not be built (a bug: the lists are fixed).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("cannot build the seccomp filter: {0}")]
 pub struct SeccompError(String);
 
@@ -642,6 +642,19 @@ pub fn apply_to_current_thread() -> Result<(), SeccompError> {
     Ok(())
 }
 
+/// Both programs as the bytes bwrap reads (`--add-seccomp-fd`, main first), built once per
+/// process: the lists are fixed at compile time, and building them (seccompiler's rule tree
+/// over the whole allowlist, then the BPF) was work every sandbox start repeated. A build that
+/// failed fails every later call the same way.
+pub fn program_bytes() -> Result<&'static (Vec<u8>, Vec<u8>), SeccompError> {
+    static PROGRAMS: std::sync::OnceLock<Result<(Vec<u8>, Vec<u8>), SeccompError>> =
+        std::sync::OnceLock::new();
+    PROGRAMS
+        .get_or_init(|| Ok((to_bytes(&main_filter()?), to_bytes(&enosys_filter()?))))
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
 /// A program as the bytes the kernel (and bwrap) read: `struct sock_filter` in native order.
 pub fn to_bytes(program: &[sock_filter]) -> Vec<u8> {
     let mut out = Vec::with_capacity(program.len() * 8);
@@ -940,5 +953,16 @@ mod tests {
         let p = main_filter().unwrap();
         assert_eq!(to_bytes(&p).len(), p.len() * 8);
         assert!(p.len() < 4096, "the kernel's limit: {}", p.len());
+    }
+
+    #[test]
+    fn the_cached_programs_are_the_built_ones() {
+        let (main, enosys) = program_bytes().unwrap();
+        assert_eq!(*main, to_bytes(&main_filter().unwrap()));
+        assert_eq!(*enosys, to_bytes(&enosys_filter().unwrap()));
+        assert!(std::ptr::eq(
+            program_bytes().unwrap(),
+            program_bytes().unwrap()
+        ));
     }
 }
