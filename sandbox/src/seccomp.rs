@@ -642,12 +642,15 @@ pub fn apply_to_current_thread() -> Result<(), SeccompError> {
     Ok(())
 }
 
+/// The main and the `ENOSYS` program, as bytes.
+pub type ProgramBytes = (Vec<u8>, Vec<u8>);
+
 /// Both programs as the bytes bwrap reads (`--add-seccomp-fd`, main first), built once per
 /// process: the lists are fixed at compile time, and building them (seccompiler's rule tree
 /// over the whole allowlist, then the BPF) was work every sandbox start repeated. A build that
 /// failed fails every later call the same way.
-pub fn program_bytes() -> Result<&'static (Vec<u8>, Vec<u8>), SeccompError> {
-    static PROGRAMS: std::sync::OnceLock<Result<(Vec<u8>, Vec<u8>), SeccompError>> =
+pub fn program_bytes() -> Result<&'static ProgramBytes, SeccompError> {
+    static PROGRAMS: std::sync::OnceLock<Result<ProgramBytes, SeccompError>> =
         std::sync::OnceLock::new();
     PROGRAMS
         .get_or_init(|| Ok((to_bytes(&main_filter()?), to_bytes(&enosys_filter()?))))
