@@ -78,6 +78,9 @@ pub struct Staged {
 #[derive(Debug)]
 struct StagedDir {
     path: PathBuf,
+    /// The mount points created below it (each mounted on, unless staging failed there): what
+    /// a release undoes, rather than every name a run could have.
+    created: Vec<&'static str>,
     released: bool,
 }
 
@@ -126,18 +129,30 @@ impl Staging {
     /// [`Staging::stage`] under `mnt/<name>`, for a run that is not named by a tid alone (a
     /// rollout slot's command runs next to its server as `<tid>.exec`, a name no tid can have).
     pub fn stage_named(&self, tid: &str, sources: Sources<'_>) -> Result<Staged, StageError> {
-        self.clean(tid);
-        fs::mkdirat(&self.fd, tid, Mode::from_raw_mode(0o711))
-            .map_err(io(format!("mkdir mnt/{tid}")))?;
-        let dir = StagedDir {
+        // A leftover of an earlier run (one whose release failed) is cleaned up first; the
+        // usual case, no leftover, costs one `mkdir` rather than a clean-up of every name.
+        match fs::mkdirat(&self.fd, tid, Mode::from_raw_mode(0o711)) {
+            Ok(()) => {}
+            Err(Errno::EXIST) => {
+                self.clean(tid);
+                fs::mkdirat(&self.fd, tid, Mode::from_raw_mode(0o711))
+                    .map_err(io(format!("mkdir mnt/{tid}")))?;
+            }
+            Err(e) => return Err(io(format!("mkdir mnt/{tid}"))(e)),
+        }
+        let mut dir = StagedDir {
             path: self.path.join(tid),
+            created: Vec::new(),
             released: false,
         };
         let tid_dir = fs::openat(&self.fd, tid, dir_flags(), Mode::empty())
             .map_err(io(format!("open mnt/{tid}")))?;
         // The umask must not take the agent uid's search permission away.
         chmod_fd(&tid_dir, 0o711).map_err(io(format!("chmod mnt/{tid}")))?;
-        let mount = |name: &str, source| mount_one(&tid_dir, &dir.path, name, source);
+        let mut mount = |name: &'static str, source| {
+            dir.created.push(name);
+            mount_one(&tid_dir, &dir.path, name, source)
+        };
         let mounts = Mounts {
             workspace: mount(WORKSPACE, sources.workspace)?,
             gateway: sources.gateway.map(|g| mount(GATEWAY, g)).transpose()?,
@@ -249,7 +264,8 @@ impl StagedDir {
             return Ok(());
         }
         self.released = true;
-        let mut errors: Vec<String> = ALL
+        let mut errors: Vec<String> = self
+            .created
             .iter()
             .filter_map(|name| unmount_and_remove(&self.path, name))
             .collect();
