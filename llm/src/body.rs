@@ -9,13 +9,22 @@
 //! what was metered up to then. Dropping the body drops the upstream stream, which closes the
 //! connection and cancels the generation.
 //!
+//! A translated stream whose answer is complete (the translator wrote its last event) still
+//! reads what the upstream sends after it (its `[DONE]` and the end of the body), for at most
+//! [`DRAIN_WAIT`] and [`DRAIN_LIMIT`] bytes, before the client's body ends: an upstream body
+//! read to its end lets its connection go back to the pool, one dropped early closes it, and the
+//! next call would pay a new connection (measured: a TCP connect and five more syscalls a call).
+//! The meter settles as soon as the last event goes out, not after the drain.
+//!
 //! A broken event stream is ended with the client protocol's error frame (never a silent
 //! truncation); a broken non-stream body cannot be repaired, so the response is aborted with an
 //! io error. What the client sees of a break is generic; the detail is logged.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use agentbox_wire::anthropic::{ErrorType, StreamEvent};
 use agentbox_wire::responses::ResponseStreamEvent;
@@ -48,6 +57,15 @@ pub type Settle = Box<dyn FnOnce(MeterReport) + Send>;
 
 /// What a client is told when its stream breaks.
 const BROKEN_STREAM: &str = "upstream failed mid-stream";
+
+/// How long a complete translated answer waits for the rest of the upstream's body (see the
+/// module doc). Real servers send `[DONE]` with or right after the last chunk; a slower one costs
+/// its connection, never the client more than this.
+pub const DRAIN_WAIT: Duration = Duration::from_millis(250);
+
+/// How many bytes after the last translated event are read and dropped before giving up on the
+/// upstream's connection.
+pub const DRAIN_LIMIT: usize = 64 * 1024;
 
 /// Turns the `data` of the upstream's SSE events into the client protocol's frames.
 pub trait StreamTranslator: Send {
@@ -232,6 +250,45 @@ pub struct LlmBody {
     done: bool,
     /// Data steps computed but not yet handed out (a translated chunk and its end).
     queued: VecDeque<Step>,
+    /// The client has its whole answer; the rest of the upstream's body is being read.
+    drain: Option<Drain>,
+}
+
+/// Reading what an upstream sends after the answer it streamed is complete.
+struct Drain {
+    read: usize,
+    /// Set on the first wait, inside the runtime.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Drain {
+    /// Ready (always `Step::End`) once the upstream ended, broke, sent more than
+    /// [`DRAIN_LIMIT`] or kept the body open past [`DRAIN_WAIT`].
+    fn poll(&mut self, upstream: &mut Option<UpstreamStream>, cx: &mut Context<'_>) -> Poll<Step> {
+        loop {
+            let Some(up) = upstream.as_mut() else {
+                return Poll::Ready(Step::End);
+            };
+            match up.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(bytes))) => {
+                    self.read = self.read.saturating_add(bytes.len());
+                    if self.read > DRAIN_LIMIT {
+                        return Poll::Ready(Step::End);
+                    }
+                }
+                Poll::Ready(None | Some(Err(_))) => return Poll::Ready(Step::End),
+                Poll::Pending => {
+                    let deadline = self
+                        .deadline
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(DRAIN_WAIT)));
+                    return match deadline.as_mut().poll(cx) {
+                        Poll::Ready(()) => Poll::Ready(Step::End),
+                        Poll::Pending => Poll::Pending,
+                    };
+                }
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for LlmBody {
@@ -281,6 +338,7 @@ impl LlmBody {
             meter: None,
             done: false,
             queued: VecDeque::new(),
+            drain: None,
         }
     }
 
@@ -300,6 +358,9 @@ impl LlmBody {
     fn next_step(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
         if let Some(step) = self.queued.pop_front() {
             return Poll::Ready(step);
+        }
+        if let Some(drain) = &mut self.drain {
+            return drain.poll(&mut self.upstream, cx);
         }
         let upstream = &mut self.upstream;
         let meter = self.meter.as_ref().map(|(m, _)| m);
@@ -390,6 +451,8 @@ impl LlmBody {
                         }
                         Poll::Ready(None) => {
                             translator.finish(&mut out);
+                            // Nothing is left to drain, and a finished stream is not polled again.
+                            *upstream = None;
                             true
                         }
                     };
@@ -447,7 +510,17 @@ impl Stream for LlmBody {
                     meter.feed(&bytes);
                 }
                 if last {
-                    this.queued.push_back(Step::End);
+                    // The client has the whole answer: bill it now; the upstream's leftovers are
+                    // read (or given up on) before the body ends.
+                    this.settle();
+                    if this.upstream.is_some() {
+                        this.drain = Some(Drain {
+                            read: 0,
+                            deadline: None,
+                        });
+                    } else {
+                        this.queued.push_back(Step::End);
+                    }
                 }
                 Poll::Ready(Some(Ok(bytes)))
             }
@@ -756,6 +829,80 @@ mod tests {
             "{out}"
         );
         drop(body);
+        assert_eq!(reports.lock().unwrap().len(), 1);
+    }
+
+    const CHAT_USAGE: &str = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3,\"total_tokens\":10}}\n\n";
+
+    /// An upstream that says when it was read to its end (the condition for its connection to
+    /// go back to the pool).
+    fn watched(
+        items: Vec<&'static str>,
+        then_stall: bool,
+    ) -> (UpstreamStream, Arc<std::sync::atomic::AtomicBool>) {
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = ended.clone();
+        let items = futures_util::stream::iter(
+            items
+                .into_iter()
+                .map(|s| Ok::<_, BodyError>(Bytes::from_static(s.as_bytes()))),
+        );
+        let tail: UpstreamStream = if then_stall {
+            Box::pin(futures_util::stream::pending())
+        } else {
+            Box::pin(futures_util::stream::poll_fn(move |_| {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                Poll::Ready(None)
+            }))
+        };
+        (Box::pin(items.chain(tail)), ended)
+    }
+
+    /// Found by `bench proxy` (strace: a socket, a connect and a close per call): a translated
+    /// stream ended the client's body as soon as its last event was written and dropped the
+    /// upstream before its `[DONE]`, so every streamed call closed its upstream connection
+    /// and the next opened a new one. The rest of the upstream is now read first.
+    #[tokio::test]
+    async fn a_complete_translated_stream_reads_the_upstream_to_its_end() {
+        let (up, ended) = watched(vec![CHAT_1, CHAT_USAGE, "data: [DONE]\n\n"], false);
+        let (mut body, reports) =
+            metered(LlmBody::translated(up, translator()), BodyKind::EventStream);
+        let (out, err) = collect(&mut body).await;
+        assert!(err.is_none());
+        assert!(
+            out.ends_with("data: {\"type\":\"message_stop\"}\n\n"),
+            "{out}"
+        );
+        assert!(
+            ended.load(std::sync::atomic::Ordering::SeqCst),
+            "the upstream body was dropped before its end"
+        );
+        assert_eq!(reports.lock().unwrap().len(), 1);
+    }
+
+    /// An upstream that keeps its body open after the answer costs its connection, not the
+    /// client: the body ends after `DRAIN_WAIT`, and the meter settled when the last event went
+    /// out, before that wait.
+    #[tokio::test]
+    async fn a_stalled_upstream_after_the_answer_does_not_hold_the_client() {
+        let (up, _) = watched(vec![CHAT_1, CHAT_USAGE], true);
+        let (mut body, reports) =
+            metered(LlmBody::translated(up, translator()), BodyKind::EventStream);
+        let mut out = String::new();
+        while !out.contains("message_stop") {
+            let chunk = body.next().await.unwrap().unwrap();
+            out.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        assert_eq!(
+            reports.lock().unwrap().len(),
+            1,
+            "not settled at the last event"
+        );
+        let rest = tokio::time::timeout(std::time::Duration::from_secs(30), collect(&mut body))
+            .await
+            .expect("the body never ended");
+        assert_eq!(rest.0, "");
+        assert!(rest.1.is_none());
         assert_eq!(reports.lock().unwrap().len(), 1);
     }
 
