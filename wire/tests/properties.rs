@@ -643,6 +643,58 @@ proptest! {
         prop_assert_eq!(streamed, whole);
     }
 
+    /// The translators read a chunk's `data:` text through a lean view (only the members they
+    /// use) rather than the full [`ChatChunk`] with its extras: the events are the same, whatever
+    /// unknown members the upstream adds at any level, with `created` and `stop_reason` (extras
+    /// they do read) given, and `stop_reason` present, null or absent.
+    #[test]
+    fn events_from_data_text_equal_events_from_the_parsed_chunk(
+        c in completion(),
+        top in unknown(),
+        choice in unknown(),
+        delta in unknown(),
+        created in 0u64..2_000_000_000,
+        stop in option::of(prop_oneof![Just(Value::Null), Just(json!("END")), Just(json!(7))]),
+    ) {
+        let mut values = Vec::new();
+        for chunk in stream_chunks(&c, &[7, 99, 200], false, false) {
+            let mut v = serde_json::to_value(&chunk).unwrap();
+            let o = v.as_object_mut().unwrap();
+            o.extend(top.clone());
+            o.insert("created".into(), created.into());
+            if let Some(ch) = v["choices"].get_mut(0).and_then(Value::as_object_mut) {
+                ch.extend(choice.clone());
+                if let Some(stop) = &stop {
+                    ch.insert("stop_reason".into(), stop.clone());
+                }
+                if let Some(d) = ch.get_mut("delta").and_then(Value::as_object_mut) {
+                    d.extend(delta.clone());
+                }
+            }
+            values.push(v);
+        }
+        let parsed = || values.iter().map(|v| serde_json::from_value::<ChatChunk>(v.clone()).unwrap());
+
+        // A stop sequence the upstream may name, so `stop_reason` matters to the answer.
+        let opts = || ResponseOptions { stop_sequences: vec!["END".into()], ..ResponseOptions::default() };
+        let mut direct = ChatStreamTranslator::new(opts());
+        let mut expected: Vec<StreamEvent> = parsed().flat_map(|c| direct.push_chunk(c)).collect();
+        expected.extend(direct.finish());
+        let mut t = ChatStreamTranslator::new(opts());
+        let mut got: Vec<StreamEvent> = values.iter().flat_map(|v| t.push_data(&v.to_string())).collect();
+        got.extend(t.finish());
+        prop_assert_eq!(&got, &expected);
+
+        // No `created_at` of ours, so the upstream's `created` is the one reported.
+        let mut direct = ResponsesStreamTranslator::new(ResponsesOptions::default());
+        let mut expected: Vec<ResponseStreamEvent> = parsed().flat_map(|c| direct.push_chunk(c)).collect();
+        expected.extend(direct.finish());
+        let mut t = ResponsesStreamTranslator::new(ResponsesOptions::default());
+        let mut got: Vec<ResponseStreamEvent> = values.iter().flat_map(|v| t.push_data(&v.to_string())).collect();
+        got.extend(t.finish());
+        prop_assert_eq!(&got, &expected);
+    }
+
     #[test]
     fn responses_events_are_the_same_for_any_byte_split_of_the_upstream_sse(
         c in completion(),

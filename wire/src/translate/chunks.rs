@@ -234,9 +234,141 @@ fn read_data(data: &str) -> Data {
     if data == "[DONE]" {
         return Data::Done;
     }
-    match serde_json::from_str::<ChatChunk>(data) {
-        Ok(chunk) => Data::Chunk(Box::new(chunk)),
+    match serde_json::from_str::<view::Chunk>(data) {
+        Ok(chunk) => Data::Chunk(Box::new(chunk.into())),
         Err(e) => Data::Unreadable(format!("upstream sent an unreadable stream chunk: {e}")),
+    }
+}
+
+/// A streamed chunk as the translator reads it: [`ChatChunk`]'s fields with the same rules,
+/// but only the members a translation uses; the rest are skipped, not collected. `ChatChunk`
+/// keeps every member in `#[serde(flatten)]` maps at four levels, and serde reads a flattened
+/// struct by buffering all of it first: that was half of a streamed call's translation work.
+mod view {
+    use serde::Deserialize;
+    use serde_json::Value;
+
+    use crate::chat::{
+        self, ChatContent, ChatUsage, ChunkChoice, ChunkDelta, Extra, FinishReason, FunctionDelta,
+        ToolCallDelta,
+    };
+
+    #[derive(Deserialize)]
+    pub(super) struct Chunk {
+        #[serde(default)]
+        id: String,
+        #[serde(default)]
+        model: String,
+        #[serde(default)]
+        choices: Vec<Choice>,
+        usage: Option<ChatUsage>,
+        error: Option<Value>,
+        /// The one member of the chunk's extras a translation reads ([`super::Head::created`]).
+        created: Option<Value>,
+    }
+
+    #[derive(Deserialize)]
+    struct Choice {
+        #[serde(default)]
+        index: u32,
+        #[serde(default)]
+        delta: Delta,
+        #[serde(default)]
+        finish_reason: Option<FinishReason>,
+        /// The members [`ChunkChoice::matched_stop`] reads.
+        stop_reason: Option<Value>,
+        matched_stop: Option<Value>,
+    }
+
+    #[derive(Deserialize, Default)]
+    struct Delta {
+        role: Option<String>,
+        content: Option<ChatContent>,
+        reasoning_content: Option<String>,
+        reasoning: Option<String>,
+        tool_calls: Option<Vec<ToolCall>>,
+        refusal: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    struct ToolCall {
+        index: Option<u32>,
+        id: Option<String>,
+        #[serde(rename = "type", default)]
+        kind: Option<String>,
+        function: Option<Function>,
+    }
+
+    #[derive(Deserialize)]
+    struct Function {
+        name: Option<String>,
+        arguments: Option<String>,
+    }
+
+    /// The extras holding `members` that were present (JSON `null` included, as a flattened
+    /// map holds it).
+    fn extra<const N: usize>(members: [(&str, Option<Value>); N]) -> Extra {
+        let mut extra = Extra::new();
+        for (key, value) in members {
+            if let Some(v) = value {
+                extra.insert(key.to_owned(), v);
+            }
+        }
+        extra
+    }
+
+    impl From<Chunk> for chat::ChatChunk {
+        fn from(c: Chunk) -> Self {
+            chat::ChatChunk {
+                id: c.id,
+                model: c.model,
+                choices: c.choices.into_iter().map(Into::into).collect(),
+                usage: c.usage,
+                error: c.error,
+                extra: extra([("created", c.created)]),
+            }
+        }
+    }
+
+    impl From<Choice> for ChunkChoice {
+        fn from(c: Choice) -> Self {
+            let d = c.delta;
+            ChunkChoice {
+                index: c.index,
+                delta: ChunkDelta {
+                    role: d.role,
+                    content: d.content,
+                    reasoning_content: d.reasoning_content,
+                    reasoning: d.reasoning,
+                    tool_calls: d
+                        .tool_calls
+                        .map(|calls| calls.into_iter().map(Into::into).collect()),
+                    refusal: d.refusal,
+                    extra: Extra::new(),
+                },
+                finish_reason: c.finish_reason,
+                extra: extra([
+                    ("stop_reason", c.stop_reason),
+                    ("matched_stop", c.matched_stop),
+                ]),
+            }
+        }
+    }
+
+    impl From<ToolCall> for ToolCallDelta {
+        fn from(t: ToolCall) -> Self {
+            ToolCallDelta {
+                index: t.index,
+                id: t.id,
+                kind: t.kind,
+                function: t.function.map(|f| FunctionDelta {
+                    name: f.name,
+                    arguments: f.arguments,
+                    extra: Extra::new(),
+                }),
+                extra: Extra::new(),
+            }
+        }
     }
 }
 
