@@ -538,9 +538,72 @@ impl StreamEvent {
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(self.event_name().as_bytes());
         out.extend_from_slice(b"\ndata: ");
-        serde_json::to_writer(&mut *out, self)?;
+        if !self.write_plain(out)? {
+            serde_json::to_writer(&mut *out, self)?;
+        }
         out.extend_from_slice(b"\n\n");
         Ok(())
+    }
+
+    /// Writes the JSON of the events a translated stream sends most (deltas, block stops, the
+    /// stop, pings; with no extra members) exactly as serde writes them, without serde's
+    /// tagged-enum machinery (a map serializer per level, for a few dozen bytes): `false` when
+    /// the event is not one of them and nothing was written.
+    fn write_plain(&self, out: &mut Vec<u8>) -> Result<bool, serde_json::Error> {
+        use std::io::Write as _;
+        match self {
+            StreamEvent::ContentBlockDelta {
+                index,
+                delta,
+                extra,
+            } if extra.is_empty() => {
+                let (kind, field, text) = match delta {
+                    BlockDelta::TextDelta { text, extra } if extra.is_empty() => {
+                        ("text_delta", "text", text)
+                    }
+                    BlockDelta::InputJsonDelta {
+                        partial_json,
+                        extra,
+                    } if extra.is_empty() => ("input_json_delta", "partial_json", partial_json),
+                    BlockDelta::ThinkingDelta { thinking, extra } if extra.is_empty() => {
+                        ("thinking_delta", "thinking", thinking)
+                    }
+                    BlockDelta::TextDelta { .. }
+                    | BlockDelta::InputJsonDelta { .. }
+                    | BlockDelta::ThinkingDelta { .. }
+                    | BlockDelta::SignatureDelta { .. }
+                    | BlockDelta::CitationsDelta { .. }
+                    | BlockDelta::Other(_) => return Ok(false),
+                };
+                write!(
+                    out,
+                    "{{\"type\":\"content_block_delta\",\"index\":{index},\"delta\":{{\"type\":\"{kind}\",\"{field}\":"
+                )
+                .map_err(serde_json::Error::io)?;
+                serde_json::to_writer(&mut *out, text)?;
+                out.extend_from_slice(b"}}");
+            }
+            StreamEvent::ContentBlockStop { index, extra } if extra.is_empty() => {
+                write!(out, "{{\"type\":\"content_block_stop\",\"index\":{index}}}")
+                    .map_err(serde_json::Error::io)?;
+            }
+            StreamEvent::MessageStop { extra } if extra.is_empty() => {
+                out.extend_from_slice(br#"{"type":"message_stop"}"#);
+            }
+            StreamEvent::Ping { extra } if extra.is_empty() => {
+                out.extend_from_slice(br#"{"type":"ping"}"#);
+            }
+            StreamEvent::MessageStart { .. }
+            | StreamEvent::ContentBlockStart { .. }
+            | StreamEvent::ContentBlockDelta { .. }
+            | StreamEvent::ContentBlockStop { .. }
+            | StreamEvent::MessageDelta { .. }
+            | StreamEvent::MessageStop { .. }
+            | StreamEvent::Ping { .. }
+            | StreamEvent::Error { .. }
+            | StreamEvent::Other(_) => return Ok(false),
+        }
+        Ok(true)
     }
 }
 
@@ -891,5 +954,90 @@ mod tests {
         let v = json!({"model":"m","messages":[],"temperature":1,"top_p":0.5});
         let r: MessagesRequest = serde_json::from_value(v.clone()).unwrap();
         assert_eq!(serde_json::to_value(&r).unwrap(), v);
+    }
+
+    /// The plain writer writes what serde writes, byte for byte, for every event it takes
+    /// (texts with quotes, escapes, controls, non-ASCII) and leaves the rest to serde.
+    #[test]
+    fn plain_event_json_is_serde_json() {
+        let texts = [
+            "",
+            "hi",
+            "a \"quoted\" \\ back\nslash\t\r\u{1}\u{1f}\u{7f}",
+            "é😀\u{2028}",
+            "{\"a\": [1, 2]}",
+        ];
+        let mut extra = Extra::new();
+        extra.insert("x".into(), Value::from(1));
+        let mut events = vec![
+            StreamEvent::ping(),
+            StreamEvent::MessageStop {
+                extra: Extra::new(),
+            },
+            StreamEvent::MessageStop {
+                extra: extra.clone(),
+            },
+            StreamEvent::ContentBlockStop {
+                index: 0,
+                extra: Extra::new(),
+            },
+            StreamEvent::ContentBlockStop {
+                index: u32::MAX,
+                extra: extra.clone(),
+            },
+            StreamEvent::error(ErrorType::ApiError, "x"),
+        ];
+        for (i, t) in texts.iter().enumerate() {
+            let t = (*t).to_owned();
+            let index = u32::try_from(i).unwrap_or(0) * 1000;
+            for delta in [
+                BlockDelta::TextDelta {
+                    text: t.clone(),
+                    extra: Extra::new(),
+                },
+                BlockDelta::InputJsonDelta {
+                    partial_json: t.clone(),
+                    extra: Extra::new(),
+                },
+                BlockDelta::ThinkingDelta {
+                    thinking: t.clone(),
+                    extra: Extra::new(),
+                },
+                BlockDelta::TextDelta {
+                    text: t.clone(),
+                    extra: extra.clone(),
+                },
+                BlockDelta::SignatureDelta {
+                    signature: t.clone(),
+                    extra: Extra::new(),
+                },
+            ] {
+                events.push(StreamEvent::ContentBlockDelta {
+                    index,
+                    delta: delta.clone(),
+                    extra: Extra::new(),
+                });
+                events.push(StreamEvent::ContentBlockDelta {
+                    index,
+                    delta,
+                    extra: extra.clone(),
+                });
+            }
+        }
+        let mut plain = 0;
+        for e in &events {
+            let mut fast = Vec::new();
+            let wrote = e.write_plain(&mut fast).unwrap();
+            if wrote {
+                plain += 1;
+                assert_eq!(
+                    String::from_utf8(fast).unwrap(),
+                    serde_json::to_string(e).unwrap()
+                );
+            } else {
+                assert!(fast.is_empty());
+            }
+        }
+        assert_eq!(plain, 3 + 3 * texts.len());
     }
 }
