@@ -154,6 +154,16 @@ impl ChatMeter {
     }
 }
 
+/// Whether a chunk's text may hold something counted: a `usage` or `tool_calls` member, named
+/// plainly or with `\u` escapes. Inside a JSON string a quote is always escaped, so a model's
+/// text cannot hide a member from this; it can only cause a parse that finds nothing.
+fn may_count(data: &str) -> bool {
+    let d = data.as_bytes();
+    [b"\"usage\"".as_slice(), b"\"tool_calls\"", b"\\u"]
+        .iter()
+        .any(|m| memchr::memmem::find(d, m).is_some())
+}
+
 /// The upstream stream, counted; see the module doc.
 pub struct Metered {
     inner: UpstreamStream,
@@ -189,9 +199,12 @@ impl Stream for Metered {
         match this.inner.as_mut().poll_next(cx) {
             Poll::Ready(Some(Ok(chunk))) => {
                 let meter = &mut this.meter;
+                let strict = this.strict;
                 let mut garbage = false;
                 let framed = this.decoder.feed_with(&chunk, |ev| {
-                    if !meter.push_data(ev.data) {
+                    // Only a strict meter needs every payload parsed (to refuse garbage); a
+                    // lenient one skips those that cannot count.
+                    if (strict || may_count(ev.data)) && !meter.push_data(ev.data) {
                         garbage = true;
                     }
                 });
@@ -249,6 +262,20 @@ mod tests {
             }
         );
         assert!(!m.push_data("not json"));
+    }
+
+    #[test]
+    fn only_chunks_that_cannot_count_are_skipped() {
+        assert!(!may_count(
+            r#"{"choices":[{"index":0,"delta":{"content":"the \"usage\" of tool_calls"}}]}"#
+        ));
+        assert!(may_count(r#"{"choices":[],"usage":{"prompt_tokens":1}}"#));
+        assert!(may_count(
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#
+        ));
+        assert!(may_count(
+            r#"{"choices":[],"\u0075sage":{"prompt_tokens":1}}"#
+        ));
     }
 
     #[test]

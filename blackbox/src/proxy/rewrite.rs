@@ -119,11 +119,18 @@ pub fn peek(bytes: &[u8], policy: &Policy) -> Result<Peeked, String> {
 }
 
 /// Adds `members` to the JSON object `body` (which lacks them) right after its opening brace.
+#[cfg(test)]
 pub fn splice(body: &[u8], members: &[(&'static str, Value)]) -> Vec<u8> {
+    let (at, added) = insertion(body, members);
+    [&body[..at], &added, &body[at..]].concat()
+}
+
+/// Where [`splice`] adds `members` to `body` and the text it adds there: the body then goes
+/// upstream as three pieces (before, added, after), never copied whole.
+pub fn insertion(body: &[u8], members: &[(&'static str, Value)]) -> (usize, Vec<u8>) {
     let open = body.iter().position(|&b| b == b'{').map_or(0, |i| i + 1);
     let empty = body[open..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-    let mut out = Vec::with_capacity(body.len() + 64);
-    out.extend_from_slice(&body[..open]);
+    let mut out = Vec::with_capacity(64);
     for (i, (key, value)) in members.iter().enumerate() {
         if i > 0 {
             out.push(b',');
@@ -136,8 +143,7 @@ pub fn splice(body: &[u8], members: &[(&'static str, Value)]) -> Vec<u8> {
     if !empty && !members.is_empty() {
         out.push(b',');
     }
-    out.extend_from_slice(&body[open..]);
-    out
+    (open, out)
 }
 
 /// [`apply`] on a translated chat request (where `model` always exists).

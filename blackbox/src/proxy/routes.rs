@@ -11,7 +11,7 @@ use agentbox_http::BodyError;
 use agentbox_llm::body::{
     ChatToAnthropic, ChatToResponses, LlmBody, StreamTranslator, UpstreamStream, upstream_stream,
 };
-use agentbox_llm::client::{MAX_ANSWER_BODY, MAX_ERROR_BODY, read_capped};
+use agentbox_llm::client::{MAX_ANSWER_BODY, MAX_ERROR_BODY, Parts, read_capped};
 use agentbox_llm::{ErrorReply, LlmError, Protocol};
 use agentbox_wire::anthropic::ErrorType;
 use agentbox_wire::chat::{ChatRequest, ChatResponse};
@@ -201,28 +201,32 @@ enum Back {
 }
 
 /// The upstream chat body and how to answer, from the client's body.
-fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), CallError> {
+fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Parts, Back, bool), CallError> {
     let policy = &core.settings.policy;
     match api {
         Api::Chat => {
             let peeked = rewrite::peek(&bytes, policy).map_err(CallError::NotJson)?;
-            // A complying body goes as the client sent it: no parse, no re-serializing.
+            // A complying body goes as the client sent it: no parse, no re-serializing; one
+            // missing members gets them between two slices of it, not in a copy.
             let out = match &peeked.edit {
-                Edit::None => bytes,
-                Edit::Add(members) => Bytes::from(rewrite::splice(&bytes, members)),
+                Edit::None => Parts::new([bytes]),
+                Edit::Add(members) => {
+                    let (at, added) = rewrite::insertion(&bytes, members);
+                    Parts::new([bytes.slice(..at), Bytes::from(added), bytes.slice(at..)])
+                }
                 Edit::Rewrite => {
                     let Ok(Value::Object(mut map)) = serde_json::from_slice::<Value>(&bytes) else {
                         return Err(CallError::NotJson("expected an object".into()));
                     };
                     rewrite::apply(&mut map, policy);
-                    Bytes::from(Value::Object(map).to_string())
+                    Parts::new([Bytes::from(Value::Object(map).to_string())])
                 }
             };
             Ok((out, Back::Chat, peeked.stream))
         }
         Api::Anthropic => {
             if let Some((body, opts, stream)) = borrowed_to_chat(&bytes, policy) {
-                return Ok((body, Back::Anthropic(Box::new(opts)), stream));
+                return Ok((Parts::new([body]), Back::Anthropic(Box::new(opts)), stream));
             }
             let (body, opts, stream) = to_chat(
                 &bytes,
@@ -230,7 +234,7 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
                 ResponseOptions::for_request,
                 anthropic_into_chat,
             )?;
-            Ok((body, Back::Anthropic(Box::new(opts)), stream))
+            Ok((Parts::new([body]), Back::Anthropic(Box::new(opts)), stream))
         }
         Api::Responses => {
             let (body, opts, stream) = to_chat(
@@ -239,7 +243,7 @@ fn prepare(core: &Core, api: Api, bytes: Bytes) -> Result<(Bytes, Back, bool), C
                 ResponsesOptions::for_request,
                 responses_into_chat,
             )?;
-            Ok((body, Back::Responses(Box::new(opts)), stream))
+            Ok((Parts::new([body]), Back::Responses(Box::new(opts)), stream))
         }
     }
 }
