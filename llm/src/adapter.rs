@@ -101,15 +101,7 @@ impl Upstream {
         target: AnthropicTarget<'_>,
         bytes: Vec<u8>,
     ) -> Result<Answer, LlmError> {
-        let headers = [("anthropic-version", target.version)];
-        let pass = PassTarget {
-            url: target.url,
-            auth: target.auth,
-            headers: &headers,
-            size_hint: target.size_hint,
-        };
-        self.passthrough_bytes(pass, bytes, Protocol::Anthropic)
-            .await
+        self.anthropic_body(target, bytes).await
     }
 
     /// [`Upstream::anthropic_bytes`] for a body given as its [`Parts`] (the sanitizer's pieces:
@@ -120,6 +112,16 @@ impl Upstream {
         target: AnthropicTarget<'_>,
         parts: Parts,
     ) -> Result<Answer, LlmError> {
+        self.anthropic_body(target, parts).await
+    }
+
+    /// The Anthropic passthrough for a body however it is held: only the body's type differs
+    /// between [`Upstream::anthropic_bytes`] and [`Upstream::anthropic_parts`].
+    async fn anthropic_body(
+        &self,
+        target: AnthropicTarget<'_>,
+        body: impl Into<reqwest::Body>,
+    ) -> Result<Answer, LlmError> {
         let headers = [("anthropic-version", target.version)];
         let pass = PassTarget {
             url: target.url,
@@ -127,7 +129,7 @@ impl Upstream {
             headers: &headers,
             size_hint: target.size_hint,
         };
-        self.passthrough_bytes(pass, parts, Protocol::Anthropic)
+        self.passthrough_bytes(pass, body, Protocol::Anthropic)
             .await
     }
 

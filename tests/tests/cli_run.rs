@@ -105,18 +105,8 @@ async fn sigint_mid_run_stops_everything_and_closes_the_task() {
     // The second turn hangs in the model for two minutes: the agent is mid-run when Ctrl-C
     // comes, having already written a file as its agent uid.
     let stack = Stack::start(&write_script("half.txt", "half", 120_000), "", 64510);
-    let repo = stack.repo.display().to_string();
     let mut child = stack
-        .cli(&[
-            "run",
-            "--repo",
-            &repo,
-            "--model",
-            "gpt",
-            "--tid",
-            "cli-int",
-            "Write half.txt.",
-        ])
+        .run_command(&["--tid", "cli-int", "Write half.txt."])
         .spawn()
         .unwrap();
     let stderr = child.stderr.take().unwrap();

@@ -96,16 +96,7 @@ async fn status_logs_check_deliver_stop_and_backends() {
 
     // logs --follow on a run in progress: prints as it goes and ends with the run.
     let mut running = stack
-        .cli(&[
-            "run",
-            "--repo",
-            &repo,
-            "--model",
-            "gpt",
-            "--tid",
-            "cli-f",
-            "Write slow.txt.",
-        ])
+        .run_command(&["--tid", "cli-f", "Write slow.txt."])
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -74,20 +74,7 @@ async fn open(gw: &GatewayProcess, tid: &str, model: &str, budget: Value) {
 }
 
 async fn send(sock: &Path, body: &Value) -> UnixResponse {
-    let auth = format!("Bearer {TOKEN}");
-    unix_request(
-        sock,
-        "POST",
-        "/v1/messages",
-        &[
-            ("content-type", "application/json"),
-            ("anthropic-version", "2023-06-01"),
-            ("authorization", auth.as_str()),
-        ],
-        body.to_string(),
-    )
-    .await
-    .unwrap()
+    send_text(sock, body.to_string()).await
 }
 
 fn error_type(body: &[u8]) -> String {
@@ -292,6 +279,7 @@ async fn url_sources_are_refused_before_any_upstream_call() {
 
 // ---- duplicate keys ------------------------------------------------------------------------
 
+/// `POST /v1/messages` with the task token, the body as written (a duplicate key stays one).
 async fn send_text(sock: &Path, body: String) -> UnixResponse {
     let auth = format!("Bearer {TOKEN}");
     unix_request(
@@ -300,6 +288,7 @@ async fn send_text(sock: &Path, body: String) -> UnixResponse {
         "/v1/messages",
         &[
             ("content-type", "application/json"),
+            ("anthropic-version", "2023-06-01"),
             ("authorization", auth.as_str()),
         ],
         body,

@@ -78,26 +78,53 @@ pub(crate) trait Lifecycle: Send + Sync {
     fn stop(&self, grace: Duration) -> impl Future<Output = ()> + Send;
 }
 
-/// An agent that runs one process per turn (Claude Code, Codex): aborting ends the turn's
-/// process, health is its [`TurnProcess::healthy`], and stopping also waits for its logs.
-pub(crate) trait PerTurn: Send + Sync {
+/// The options of an agent that runs one process per turn (Claude Code, Codex): what makes a
+/// [`PerTurn`] backend of them.
+pub(crate) trait TurnOptions: Send + Sync {
     /// How its files, logs and errors name it.
     const CLI: Cli;
-    /// The running turn's process.
-    fn process(&self) -> &TurnProcess;
+    /// Everything a turn needs, fixed at start.
+    type Setup: Send;
 }
 
-impl<T: PerTurn> Lifecycle for T {
+/// An agent that runs one process per turn (Claude Code, Codex), over its options: aborting
+/// ends the turn's process, health is its [`TurnProcess::healthy`], and stopping also waits
+/// for its logs. A backend adds only its own start and turn (its [`Agent`]).
+#[derive(Debug)]
+pub(crate) struct PerTurn<O: TurnOptions> {
+    /// The checked `backend_options`.
+    pub(crate) options: O,
+    /// Set at start.
+    pub(crate) setup: Mutex<Option<O::Setup>>,
+    /// The running turn's process.
+    pub(crate) process: TurnProcess,
+    /// The agent's own session id, once a turn gave it one (each backend says when).
+    pub(crate) session: Mutex<Option<String>>,
+}
+
+impl<O: TurnOptions> PerTurn<O> {
+    /// A backend for checked `options` (nothing starts until `initialize`).
+    pub(crate) fn new(options: O) -> Self {
+        PerTurn {
+            options,
+            setup: Mutex::new(None),
+            process: TurnProcess::default(),
+            session: Mutex::new(None),
+        }
+    }
+}
+
+impl<O: TurnOptions> Lifecycle for PerTurn<O> {
     async fn abort(&self) -> bool {
-        self.process().end(T::CLI.name).await
+        self.process.end(O::CLI.name).await
     }
 
     async fn healthy(&self) -> bool {
-        self.process().healthy()
+        self.process.healthy()
     }
 
     async fn stop(&self, _grace: Duration) {
-        self.process().close(T::CLI.name).await;
+        self.process.close(O::CLI.name).await;
     }
 }
 

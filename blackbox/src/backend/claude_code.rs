@@ -16,13 +16,12 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Digest;
 
-use super::agent::{self, Agent, Cli, PerTurn, TurnProcess, lock, quote, value_text};
+use super::agent::{self, Agent, Cli, PerTurn, TurnOptions, lock, quote, value_text};
 use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, FunctionCall, Message, Object, ProxyOptions, Role, Timestamp, ToolCall,
@@ -326,6 +325,11 @@ impl Options {
     }
 }
 
+impl TurnOptions for Options {
+    const CLI: Cli = CLI;
+    type Setup = Setup;
+}
+
 /// The `settings.json` Claude Code reads (`--settings`).
 fn settings(options: &Options) -> Value {
     let mut env = serde_json::Map::new();
@@ -388,7 +392,7 @@ pub fn session_uuid(bound_instance_id: &str, bound_session_id: &str) -> String {
 
 /// Everything a turn needs, fixed at initialize.
 #[derive(Debug, Clone)]
-struct Setup {
+pub(crate) struct Setup {
     bin: String,
     runtime_dir: PathBuf,
     home: PathBuf,
@@ -402,39 +406,10 @@ struct Setup {
     session_uuid: String,
 }
 
-/// The Claude Code backend.
-#[derive(Debug)]
-pub struct ClaudeCode {
-    options: Options,
-    setup: Mutex<Option<Setup>>,
-    /// The running turn's process.
-    process: TurnProcess,
-    /// Set once a turn ran with the session id.
-    session_id: Mutex<Option<String>>,
-}
-
-impl PerTurn for ClaudeCode {
-    const CLI: Cli = CLI;
-
-    fn process(&self) -> &TurnProcess {
-        &self.process
-    }
-}
+/// The Claude Code backend; its session id is set once a turn ran with it.
+pub(crate) type ClaudeCode = PerTurn<Options>;
 
 impl ClaudeCode {
-    /// A backend for `backend_options` (checked now; nothing starts until `initialize`).
-    ///
-    /// # Errors
-    /// When the options do not fit.
-    pub fn new(backend_options: &Object) -> Result<ClaudeCode, BackendError> {
-        Ok(ClaudeCode {
-            options: Options::parse(backend_options)?,
-            setup: Mutex::new(None),
-            process: TurnProcess::default(),
-            session_id: Mutex::new(None),
-        })
-    }
-
     /// Whether Claude Code has stored session `id` (a turn ran with it, even one that failed
     /// after it started): then it must be resumed, as `--session-id` would be refused.
     fn session_stored(config_dir: &Path, id: &str) -> bool {
@@ -734,7 +709,7 @@ pub fn convert_events(
 
 impl Agent for ClaudeCode {
     fn session_id(&self) -> Option<String> {
-        lock(&self.session_id).clone()
+        lock(&self.session).clone()
     }
 
     async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
@@ -808,7 +783,7 @@ impl Agent for ClaudeCode {
                 s.bin
             )));
         }
-        *lock(&self.session_id) = Some(s.session_uuid.clone());
+        *lock(&self.session) = Some(s.session_uuid.clone());
         let events = self
             .process
             .run(

@@ -12,12 +12,11 @@
 //! behind our back.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::agent::{self, Agent, Cli, PerTurn, TurnProcess, lock, quote};
+use super::agent::{self, Agent, Cli, PerTurn, TurnOptions, lock, quote};
 use super::{BackendError, InitContext, TurnInput};
 use crate::model::{
     AdapterResponse, Message, Object, ProxyOptions, Role, Timestamp, TraceEvent, TurnUsage,
@@ -210,6 +209,11 @@ impl Options {
             .clone()
             .unwrap_or_else(|| bins.codex.clone())
     }
+}
+
+impl TurnOptions for Options {
+    const CLI: Cli = CLI;
+    type Setup = Setup;
 }
 
 /// A TOML basic string (JSON's escapes are TOML's).
@@ -452,46 +456,18 @@ pub fn convert_events(turn_id: &str, events: &[Value]) -> Result<Converted, Back
 
 /// Set at initialize.
 #[derive(Debug, Clone)]
-struct Setup {
+pub(crate) struct Setup {
     bin: String,
     runtime_dir: PathBuf,
     home: PathBuf,
     proxy: LlmProxy,
 }
 
-/// The codex backend.
-#[derive(Debug)]
-pub struct Codex {
-    options: Options,
-    setup: Mutex<Option<Setup>>,
-    /// The committed thread (set when a turn that started it commits).
-    thread: Mutex<Option<String>>,
-    /// The running turn's process.
-    process: TurnProcess,
-}
-
-impl PerTurn for Codex {
-    const CLI: Cli = CLI;
-
-    fn process(&self) -> &TurnProcess {
-        &self.process
-    }
-}
+/// The codex backend; its session id is the committed thread (set when a turn that started
+/// it commits).
+pub(crate) type Codex = PerTurn<Options>;
 
 impl Codex {
-    /// A backend for `backend_options` (checked now; nothing starts until `initialize`).
-    ///
-    /// # Errors
-    /// When the options do not fit.
-    pub fn new(backend_options: &Object) -> Result<Codex, BackendError> {
-        Ok(Codex {
-            options: Options::parse(backend_options)?,
-            setup: Mutex::new(None),
-            thread: Mutex::new(None),
-            process: TurnProcess::default(),
-        })
-    }
-
     /// `codex exec` for one turn, in an environment without inherited Codex/OpenAI settings.
     fn command(
         &self,
@@ -519,7 +495,7 @@ impl Codex {
 
 impl Agent for Codex {
     fn session_id(&self) -> Option<String> {
-        lock(&self.thread).clone()
+        lock(&self.session).clone()
     }
 
     async fn start(&self, ctx: &InitContext) -> Result<(), BackendError> {
@@ -568,7 +544,7 @@ impl Agent for Codex {
             ));
         }
         let prompt = agent::single_prompt(turn.messages, "codex")?;
-        let thread = lock(&self.thread).clone();
+        let thread = lock(&self.session).clone();
         let proxy = setup.proxy.clone();
         let ran = self
             .process
@@ -614,7 +590,7 @@ impl Agent for Codex {
         // Codex has exited; the proxy may still be finishing the last call's bookkeeping.
         setup.proxy.drain_turn(None).await;
         agent::proxy_errors(&setup.proxy).await?;
-        *lock(&self.thread) = Some(session_id.clone());
+        *lock(&self.session) = Some(session_id.clone());
         Ok(AdapterResponse {
             outputs: converted.outputs,
             trace_events: converted.trace_events,

@@ -197,8 +197,10 @@ pub fn create(blackbox_type: &str, backend_options: &Object) -> Result<Box<dyn B
     let backend = match blackbox_type {
         "opencode" => boxed(opencode::Opencode::new(backend_options)),
         "openclaw" => boxed(openclaw::OpenClaw::new(backend_options)),
-        "claude_code" => boxed(claude_code::ClaudeCode::new(backend_options)),
-        "codex" => boxed(codex::Codex::new(backend_options)),
+        "claude_code" => {
+            boxed(claude_code::Options::parse(backend_options).map(claude_code::ClaudeCode::new))
+        }
+        "codex" => boxed(codex::Options::parse(backend_options).map(codex::Codex::new)),
         other => {
             let why = if KNOWN_BACKENDS.contains(&other) {
                 format!("blackbox_type {other} is not implemented by this server")

@@ -130,13 +130,18 @@ impl Stack {
         cli_with(&self.config, args)
     }
 
-    /// `agentbox run --repo <ours> --model gpt ARGS...` (the prompt last in `args`) to its end;
-    /// the output and [`Stack::describe`] of it.
-    pub fn run(&self, args: &[&str]) -> (Output, String) {
+    /// `agentbox run --repo <ours> --model gpt ARGS...` (the prompt last in `args`), ready to
+    /// run as [`Stack::cli`] is.
+    pub fn run_command(&self, args: &[&str]) -> Command {
         let repo = self.repo.display().to_string();
         let mut all = vec!["run", "--repo", &repo, "--model", "gpt"];
         all.extend_from_slice(args);
-        let out = self.cli(&all).output().unwrap();
+        self.cli(&all)
+    }
+
+    /// [`Stack::run_command`] to its end; the output and [`Stack::describe`] of it.
+    pub fn run(&self, args: &[&str]) -> (Output, String) {
+        let out = self.run_command(args).output().unwrap();
         let diag = self.describe(&out);
         (out, diag)
     }
