@@ -24,10 +24,11 @@ fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
-    let runtime = match agentbox_http::runtime("agentbox-bridge") {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
+    let runtime =
+        match agentbox_http::runtime_with_threads("agentbox-bridge", config.bridge.threads) {
+            Ok(r) => r,
+            Err(code) => return code,
+        };
     runtime.block_on(async move {
         let listener = match tokio::net::TcpListener::bind(config.bridge.listen).await {
             Ok(l) => l,

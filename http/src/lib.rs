@@ -583,6 +583,25 @@ pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, std::process::E
     })
 }
 
+/// The runtime of a daemon with a configured thread count: [`current_thread_runtime`] for 1,
+/// else a multi-threaded one with `threads` workers. Errors as for [`runtime`].
+pub fn runtime_with_threads(
+    program: &str,
+    threads: usize,
+) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    if threads <= 1 {
+        return current_thread_runtime(program);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("{program}: cannot start the runtime: {e}");
+            std::process::ExitCode::FAILURE
+        })
+}
+
 /// Runs a daemon's `main` future on [`runtime`] to its exit code (the runtime's own failure
 /// is reported as there).
 pub fn block_on(
