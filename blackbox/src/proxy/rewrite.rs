@@ -118,8 +118,9 @@ pub fn peek(bytes: &[u8], policy: &Policy) -> Result<Peeked, String> {
     Ok(Peeked { stream, edit })
 }
 
-/// Adds `members` to the JSON object `body` (which lacks them) right after its opening brace.
-#[cfg(test)]
+/// Adds `members` to the JSON object `body` (which lacks them) right after its opening brace,
+/// in one buffer: what the proxy sends as [`insertion`]'s three pieces (the tests and the
+/// `blackbox_request` fuzz target check the bytes through this).
 pub fn splice(body: &[u8], members: &[(&'static str, Value)]) -> Vec<u8> {
     let (at, added) = insertion(body, members);
     [&body[..at], &added, &body[at..]].concat()
