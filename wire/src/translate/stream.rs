@@ -40,6 +40,8 @@ use crate::error::stream_error_from_openai;
 #[derive(Debug, Default, Clone, Copy)]
 struct JsonProgress {
     depth: u32,
+    /// Anything arrived, white space included.
+    fed: bool,
     started: bool,
     in_string: bool,
     escaped: bool,
@@ -50,6 +52,7 @@ struct JsonProgress {
 
 impl JsonProgress {
     fn feed(&mut self, s: &str) {
+        self.fed |= !s.is_empty();
         for b in s.bytes() {
             if self.in_string {
                 if self.escaped {
@@ -241,8 +244,10 @@ impl Render for ToAnthropic {
         // which Anthropic's own streams end the same way.
         if !matches!(end.finish, Some(FinishReason::Length))
             && let Some(slot) = self.tools.iter().find(|s| {
+                // Arguments of white space only hold no value either: `"\n"` is as cut as
+                // `{"a": `. Nothing at all is an empty input, as in Anthropic's own streams.
                 let json = &s.state.json;
-                s.state.index.is_some() && !s.state.closed && json.started && !json.complete()
+                s.state.index.is_some() && !s.state.closed && json.fed && !json.complete()
             })
         {
             return Err(format!(
@@ -413,6 +418,40 @@ mod tests {
         assert!(
             matches!(max.last(), Some(StreamEvent::MessageStop { .. })),
             "{max:#?}"
+        );
+    }
+
+    /// Found by the `chat_stream_events` fuzz target: a tool call whose arguments were only
+    /// white space (`"\n"`) was closed as if whole, so the client got a `tool_use` whose input
+    /// does not parse; it is now an error, like arguments cut mid-value. No arguments at all
+    /// still close as an empty input.
+    #[test]
+    fn a_tool_call_with_only_white_space_arguments_is_an_error() {
+        let chunk = |delta: serde_json::Value, finish: Option<&str>| {
+            let c = serde_json::json!({"id": "c1", "model": "m",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+            serde_json::from_value::<crate::chat::ChatChunk>(c).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let run = |args: &str| {
+            let mut t = ChatStreamTranslator::new(ResponseOptions::default());
+            let mut events = t.push_chunk(chunk(serde_json::json!({}), Some("")));
+            events.extend(t.push_chunk(chunk(
+                serde_json::json!({"tool_calls": [{"index": 97, "type": "function",
+                    "function": {"name": "d", "arguments": args}}]}),
+                None,
+            )));
+            events.extend(t.finish());
+            events
+        };
+        let white = run("\n");
+        assert!(
+            matches!(white.last(), Some(StreamEvent::Error { .. })),
+            "{white:#?}"
+        );
+        let empty = run("");
+        assert!(
+            matches!(empty.last(), Some(StreamEvent::MessageStop { .. })),
+            "{empty:#?}"
         );
     }
 }
