@@ -577,7 +577,15 @@ pub fn start_daemon(
 /// The multi-threaded runtime a daemon's `main` runs on. A runtime that cannot start is
 /// reported on stderr as `<program>: cannot start the runtime: <error>` and becomes exit code 1.
 pub fn runtime(program: &str) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
-    tokio::runtime::Runtime::new().map_err(|e| {
+    started(program, tokio::runtime::Runtime::new())
+}
+
+/// A runtime that was built, or its failure reported as [`runtime`] says.
+fn started(
+    program: &str,
+    built: std::io::Result<tokio::runtime::Runtime>,
+) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
+    built.map_err(|e| {
         eprintln!("{program}: cannot start the runtime: {e}");
         std::process::ExitCode::FAILURE
     })
@@ -592,14 +600,13 @@ pub fn runtime_with_threads(
     if threads <= 1 {
         return current_thread_runtime(program);
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("{program}: cannot start the runtime: {e}");
-            std::process::ExitCode::FAILURE
-        })
+    started(
+        program,
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build(),
+    )
 }
 
 /// Runs a daemon's `main` future on [`runtime`] to its exit code (the runtime's own failure
@@ -622,13 +629,12 @@ pub fn block_on(
 pub fn current_thread_runtime(
     program: &str,
 ) -> Result<tokio::runtime::Runtime, std::process::ExitCode> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| {
-            eprintln!("{program}: cannot start the runtime: {e}");
-            std::process::ExitCode::FAILURE
-        })
+    started(
+        program,
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    )
 }
 
 /// Prints `listening on <address>` on stdout and flushes it: the line the tests and the
