@@ -154,14 +154,9 @@ impl ChatMeter {
     }
 }
 
-/// Whether a chunk's text may hold something counted: a `usage` or `tool_calls` member, named
-/// plainly or with `\u` escapes. Inside a JSON string a quote is always escaped, so a model's
-/// text cannot hide a member from this; it can only cause a parse that finds nothing.
+/// Whether a chunk's text may hold something counted: a `usage` or `tool_calls` member.
 fn may_count(data: &str) -> bool {
-    let d = data.as_bytes();
-    [b"\"usage\"".as_slice(), b"\"tool_calls\"", b"\\u"]
-        .iter()
-        .any(|m| memchr::memmem::find(d, m).is_some())
+    super::may_name(data.as_bytes(), &[b"\"usage\"", b"\"tool_calls\""])
 }
 
 /// The upstream stream, counted; see the module doc.

@@ -67,6 +67,17 @@ pub use state::PauseState;
 use headers::Tags;
 use state::{Recorded, Shared};
 
+/// Whether JSON text `data` may hold a member named by one of `members` (each given with its
+/// quotes, e.g. `"usage"`), named plainly or with `\u` escapes: the check that lets the proxy
+/// skip parsing a chunk. Inside a JSON string a quote is always escaped, so a model's text
+/// cannot hide a member from it; it can only cause a parse that finds nothing.
+fn may_name(data: &[u8], members: &[&[u8]]) -> bool {
+    members
+        .iter()
+        .chain(std::iter::once(&b"\\u".as_slice()))
+        .any(|m| memchr::memmem::find(data, m).is_some())
+}
+
 /// The sticky routing header's default name (`backend_options.proxy.sticky_header_name`).
 pub const DEFAULT_STICKY_HEADER: &str = "X-SMG-Routing-Key";
 /// The default `max_steps` per turn (the reference's `DEFAULT_PROXY_MAX_STEPS`).

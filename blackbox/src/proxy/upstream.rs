@@ -451,11 +451,9 @@ fn is_comment_only(frame: &[u8]) -> bool {
 
 /// A first frame `data: {"error": {..., "status_code": N}}` with N in 400..=599.
 fn sniff_error(frame: &[u8]) -> Option<(u16, Bytes)> {
-    // The first frame of every stream comes here: a chunk that names no `error` key (written
-    // plainly or with `\u` escapes) is not parsed into a tree.
-    if memchr::memmem::find(frame, b"\"error\"").is_none()
-        && memchr::memmem::find(frame, b"\\u").is_none()
-    {
+    // The first frame of every stream comes here: one that names no `error` member is not
+    // parsed into a tree.
+    if !super::may_name(frame, &[b"\"error\""]) {
         return None;
     }
     let text = std::str::from_utf8(frame).ok()?;
