@@ -366,6 +366,13 @@ fn json_delta(index: u32, partial_json: String) -> StreamEvent {
 mod tests {
     use super::*;
 
+    /// A chunk of choice 0 with `delta` and `finish`.
+    fn chunk(delta: serde_json::Value, finish: Option<&str>) -> crate::chat::ChatChunk {
+        let c = serde_json::json!({"id": "c1", "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        serde_json::from_value(c).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     #[test]
     fn json_progress() {
         let complete = |s: &str| {
@@ -388,11 +395,6 @@ mod tests {
     /// Cut at `max_tokens`, the block is closed as Anthropic's own streams do.
     #[test]
     fn a_tool_call_ended_mid_arguments_is_an_error_unless_cut_at_max_tokens() {
-        let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-            let c = serde_json::json!({"id": "c1", "model": "m",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-            serde_json::from_value::<crate::chat::ChatChunk>(c).unwrap_or_else(|e| panic!("{e}"))
-        };
         let run = |finish: &str| {
             let mut t = ChatStreamTranslator::new(ResponseOptions::default());
             let mut events = t.push_chunk(chunk(
@@ -427,11 +429,6 @@ mod tests {
     /// still close as an empty input.
     #[test]
     fn a_tool_call_with_only_white_space_arguments_is_an_error() {
-        let chunk = |delta: serde_json::Value, finish: Option<&str>| {
-            let c = serde_json::json!({"id": "c1", "model": "m",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-            serde_json::from_value::<crate::chat::ChatChunk>(c).unwrap_or_else(|e| panic!("{e}"))
-        };
         let run = |args: &str| {
             let mut t = ChatStreamTranslator::new(ResponseOptions::default());
             let mut events = t.push_chunk(chunk(serde_json::json!({}), Some("")));
