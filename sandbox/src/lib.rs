@@ -17,11 +17,14 @@
 //! - [`proc`]: child processes: the one `pre_exec` setup (cgroup join, identity drop,
 //!   parent-death signal, descriptor hygiene) that allocates nothing, capped output capture,
 //!   process-group termination, and the few host-process knobs a daemon needs at startup.
+//! - [`reaper`]: a supervisor's adoption of the orphans its agents leave (child subreaper),
+//!   reaping only those, and killing them when the agent stops.
 
 pub mod bwrap;
 pub mod cgroup;
 pub mod disk;
 pub mod proc;
+pub mod reaper;
 pub mod seccomp;
 pub mod stage;
 pub mod walk;

@@ -171,8 +171,7 @@ impl ChildSetup {
         unsafe {
             cmd.pre_exec(move || hook.run());
         }
-        let child = cmd
-            .spawn()
+        let child = crate::reaper::spawning(|| cmd.spawn(), tokio::process::Child::id)
             .map_err(|source| SpawnError::Spawn { program, source })?;
         // The parent's copies of the join files close here.
         drop(self.join);
@@ -330,37 +329,60 @@ pub async fn terminate_group(
     child.wait().await
 }
 
-/// Every live descendant of `pid` (its children, theirs, ...), read from `/proc`: what a
-/// process group misses when a descendant moved to a group or session of its own (an agent's
-/// tool runner does). Collect it while `pid` still runs: once it dies its children are
-/// reparented and no longer found.
-#[must_use]
-pub fn descendants(pid: u32) -> Vec<u32> {
+/// What `/proc/<pid>/stat` says of a process that the supervision code needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ProcStat {
+    pub ppid: u32,
+    pub zombie: bool,
+    /// Start time in clock ticks since boot: with the pid, it names one process (pids recur).
+    pub start: u64,
+}
+
+impl ProcStat {
+    /// Parses `pid (comm) state ppid ... starttime ...`; comm may hold spaces and parentheses.
+    fn parse(stat: &str) -> Option<ProcStat> {
+        let (_, rest) = stat.rsplit_once(") ")?;
+        let mut fields = rest.split(' ');
+        let state = fields.next()?;
+        let ppid = fields.next()?.parse().ok()?;
+        // starttime is field 22; the state was field 3 and ppid 4.
+        let start = fields.nth(17)?.parse().ok()?;
+        Some(ProcStat {
+            ppid,
+            zombie: state == "Z",
+            start,
+        })
+    }
+}
+
+/// The stat of process `pid`, if it exists.
+pub(crate) fn stat_of(pid: u32) -> Option<ProcStat> {
+    ProcStat::parse(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Every process `/proc` lists now, with its stat.
+pub(crate) fn table() -> Vec<(u32, ProcStat)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let mut parent_of = Vec::new();
-    for e in entries.flatten() {
-        let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`; comm may contain spaces and parentheses.
-        let mut rest = stat.rsplit_once(") ").map_or("", |(_, r)| r).split(' ');
-        let state = rest.next();
-        if let (Some(ppid), false) = (
-            rest.next().and_then(|p| p.parse::<u32>().ok()),
-            state == Some("Z"),
-        ) {
-            parent_of.push((child, ppid));
-        }
-    }
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<u32>().ok()?;
+            Some((pid, stat_of(pid)?))
+        })
+        .collect()
+}
+
+/// The live descendants of `pid` in `table`.
+pub(crate) fn descendants_in(table: &[(u32, ProcStat)], pid: u32) -> Vec<u32> {
     let mut found = Vec::new();
     let mut frontier = vec![pid];
     while let Some(p) = frontier.pop() {
-        for &(child, _) in parent_of.iter().filter(|(c, pp)| *pp == p && *c != pid) {
+        for &(child, _) in table
+            .iter()
+            .filter(|(c, s)| s.ppid == p && *c != pid && !s.zombie)
+        {
             if !found.contains(&child) {
                 found.push(child);
                 frontier.push(child);
@@ -368,6 +390,15 @@ pub fn descendants(pid: u32) -> Vec<u32> {
         }
     }
     found
+}
+
+/// Every live descendant of `pid` (its children, theirs, ...), read from `/proc`: what a
+/// process group misses when a descendant moved to a group or session of its own (an agent's
+/// tool runner does). Collect it while `pid` still runs: once it dies its children are
+/// reparented and no longer found (unless this process adopts them: [`crate::reaper`]).
+#[must_use]
+pub fn descendants(pid: u32) -> Vec<u32> {
+    descendants_in(&table(), pid)
 }
 
 /// Sends `signal` to each of `pids`; one that is gone is skipped.

@@ -650,3 +650,41 @@ async fn sigterm_stops_everything_within_the_shutdown_timeout() {
     );
     assert!(!runtime_dir.exists(), "runtime dir left behind");
 }
+
+/// A process that leaves every tree the server knows (a command's background job in a
+/// session of its own, its shell gone) is adopted by the server and dies with it. Without
+/// the adoption it is init's child and survives the stop.
+#[tokio::test]
+async fn a_process_that_escapes_into_its_own_session_dies_with_the_server() {
+    let marker = &format!("sleep 1618.{}", std::process::id());
+    let (_fake, mut bb, _) = setup(&json!({}), &[], &json!({})).await;
+    let r = bb
+        .execute_cmd(
+            SESSION,
+            &json!({"cmd": format!("setsid {marker} </dev/null >/dev/null 2>&1 &")}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{r}");
+    assert_eq!(r.body["returncode"], 0, "{r}");
+    let escaped = processes_with(marker);
+    assert_eq!(escaped.len(), 1, "the background job is not running");
+    let took = bb.terminate(Duration::from_secs(15)).await;
+    assert!(took < Duration::from_secs(12), "{took:?}");
+    // A SIGKILLed process takes a moment to die on a loaded machine; the job sleeps far longer.
+    let grace = Instant::now() + Duration::from_secs(2);
+    while !processes_with(marker).is_empty() && Instant::now() < grace {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left = processes_with(marker);
+    for pid in &left {
+        // Not to leak it into the rest of the run.
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(i32::try_from(*pid).unwrap()).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    }
+    assert!(
+        left.is_empty(),
+        "the escaped process survived SIGTERM: {left:?}"
+    );
+}

@@ -413,6 +413,8 @@ impl Server {
 async fn stop_binding(bound: &Bound, grace: Duration) {
     bound.monitor.cancel();
     bound.backend.shutdown(grace).await;
+    // The processes that left the agent's tree (adopted by this server) go with it.
+    agentbox_sandbox::reaper::kill_adopted(crate::ORPHAN_KILL_WAIT).await;
     bound.proxy.clone().shutdown().await;
     remove_runtime_dir(&bound.info.runtime_dir).await;
 }

@@ -389,6 +389,7 @@ impl Server {
             Ok(()) => Ok(proxy),
             Err(e) => {
                 backend.shutdown(TEARDOWN_GRACE).await;
+                agentbox_sandbox::reaper::kill_adopted(crate::ORPHAN_KILL_WAIT).await;
                 proxy.shutdown().await;
                 Err(match e {
                     BackendError::InvalidOptions(m) | BackendError::Protocol(m) => {
