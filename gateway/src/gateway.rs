@@ -426,8 +426,9 @@ impl Gateway {
         }
     }
 
-    /// Writes the state whenever usage changed, coalescing bursts, until shutdown; then
-    /// waits for the task sockets to drain and writes a final time.
+    /// Writes the state whenever usage changed, at most once per [`crate::store::SAVE_INTERVAL`]
+    /// (the settlements of that interval share one write), until shutdown; then waits for the
+    /// task sockets to drain and writes a final time.
     pub async fn run_persister(self: Arc<Self>) {
         loop {
             tokio::select! {
@@ -437,6 +438,11 @@ impl Gateway {
                         tracing::error!(error = %e, "cannot save gateway state");
                     }
                 }
+            }
+            // Settlements meanwhile leave their permit in `dirty`: the next write has them.
+            tokio::select! {
+                () = self.shutdown.cancelled() => break,
+                () = tokio::time::sleep(crate::store::SAVE_INTERVAL) => {}
             }
         }
         self.tracker.close();
