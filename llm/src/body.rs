@@ -169,10 +169,6 @@ enum Mode {
         /// Watches an Anthropic stream for its last event, so an upstream that closes
         /// cleanly before it still ends the client's stream with an error frame.
         end: EndScan,
-        /// An event stream's chunks gathered for one write (see [`Held`]).
-        held: Held,
-        /// The upstream ended while chunks were held: they went out first, the end is next.
-        eof: bool,
     },
     /// SSE decoded and translated.
     Translate {
@@ -182,67 +178,6 @@ enum Mode {
     },
     /// A body already in memory (a translated non-streamed answer).
     Ready(Option<Bytes>),
-}
-
-/// An event stream's chunks that arrived back to back, gathered so they reach the client in
-/// one write. The upstream client hands its body over one frame at a time through a channel,
-/// and the server flushes whenever the body has nothing ready, so a stream whose events the
-/// upstream sent together still cost a `writev` per event. Once a chunk is held, the body
-/// yields to the scheduler once (the upstream's connection task runs and hands over the next
-/// frame if it has one); it keeps gathering while frames keep coming and sends what it holds
-/// as soon as a yield brings nothing, or at [`COALESCE_LIMIT`]. No frame waits for the network:
-/// only for one pass of the scheduler.
-#[derive(Default)]
-struct Held {
-    chunks: Vec<Bytes>,
-    len: usize,
-    /// The yield in progress.
-    pause: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-    /// A yield happened since the last chunk arrived.
-    yielded: bool,
-}
-
-/// The most an event stream's gathered chunks hold before they go out.
-const COALESCE_LIMIT: usize = 16 * 1024;
-
-impl Held {
-    fn push(&mut self, bytes: Bytes) {
-        self.len += bytes.len();
-        self.chunks.push(bytes);
-        self.yielded = false;
-    }
-
-    /// What is held, as one buffer (the single chunk itself when there is one).
-    fn take(&mut self) -> Bytes {
-        self.len = 0;
-        if self.chunks.len() == 1 {
-            return self.chunks.pop().unwrap_or_default();
-        }
-        let mut all = bytes::BytesMut::with_capacity(self.chunks.iter().map(Bytes::len).sum());
-        for c in self.chunks.drain(..) {
-            all.extend_from_slice(&c);
-        }
-        all.freeze()
-    }
-
-    /// `Ready` when the held chunks should go out now (a yield happened and nothing more
-    /// came), `Pending` while a yield is under way.
-    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.yielded {
-            return Poll::Ready(());
-        }
-        let pause = self
-            .pause
-            .get_or_insert_with(|| Box::pin(tokio::task::yield_now()));
-        match pause.as_mut().poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(()) => {
-                self.pause = None;
-                self.yielded = true;
-                Poll::Ready(())
-            }
-        }
-    }
 }
 
 /// Whether an unmetered Anthropic event stream has shown its last event (`message_stop`, or
@@ -291,25 +226,6 @@ fn ended(meter: Option<&UsageMeter>, end: &EndScan) -> bool {
     match meter {
         Some(m) => m.report().complete || m.report().error.is_some(),
         None => end.seen,
-    }
-}
-
-/// How a passthrough stream ends once the upstream closed: an Anthropic stream that never
-/// showed its last event gets the error frame, anything else just ends.
-fn passthrough_end(
-    sse: Option<Protocol>,
-    meter: Option<&UsageMeter>,
-    end: &EndScan,
-    at_boundary: bool,
-) -> Step {
-    match sse {
-        Some(Protocol::Anthropic) if !ended(meter, end) => {
-            tracing::warn!("upstream ended an Anthropic stream before message_stop");
-            Step::Failure(Bytes::from(
-                Protocol::Anthropic.failure_frame(!at_boundary, BROKEN_STREAM),
-            ))
-        }
-        Some(Protocol::Anthropic | Protocol::OpenAi) | None => Step::End,
     }
 }
 
@@ -394,8 +310,6 @@ impl LlmBody {
                 sse,
                 at_boundary: true,
                 end: EndScan::default(),
-                held: Held::default(),
-                eof: false,
             },
         )
     }
@@ -449,7 +363,6 @@ impl LlmBody {
             return drain.poll(&mut self.upstream, cx);
         }
         let upstream = &mut self.upstream;
-        let queued = &mut self.queued;
         let meter = self.meter.as_ref().map(|(m, _)| m);
         match &mut self.mode {
             Mode::Ready(bytes) => Poll::Ready(match bytes.take() {
@@ -460,43 +373,23 @@ impl LlmBody {
                 sse,
                 at_boundary,
                 end,
-                held,
-                eof,
-            } => loop {
+            } => {
                 let Some(up) = upstream.as_mut() else {
                     return Poll::Ready(Step::End);
                 };
-                if *eof {
-                    // The held chunks went out (and were metered): now the end.
-                    return Poll::Ready(passthrough_end(*sse, meter, end, *at_boundary));
-                }
-                if held.pause.is_some() {
-                    // A yield under way: finish it before looking upstream again.
-                    if held.poll_flush(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                }
                 match up.as_mut().poll_next(cx) {
-                    Poll::Pending if held.chunks.is_empty() => return Poll::Pending,
-                    Poll::Pending => {
-                        if held.poll_flush(cx).is_pending() {
-                            return Poll::Pending;
+                    Poll::Pending => Poll::Pending,
+                    Poll::Ready(None) => Poll::Ready(match sse {
+                        Some(Protocol::Anthropic) if !ended(meter, end) => {
+                            tracing::warn!(
+                                "upstream ended an Anthropic stream before message_stop"
+                            );
+                            Step::Failure(Bytes::from(
+                                Protocol::Anthropic.failure_frame(!*at_boundary, BROKEN_STREAM),
+                            ))
                         }
-                        return Poll::Ready(Step::Data {
-                            bytes: held.take(),
-                            last: false,
-                        });
-                    }
-                    Poll::Ready(None) => {
-                        if held.chunks.is_empty() {
-                            return Poll::Ready(passthrough_end(*sse, meter, end, *at_boundary));
-                        }
-                        *eof = true;
-                        return Poll::Ready(Step::Data {
-                            bytes: held.take(),
-                            last: false,
-                        });
-                    }
+                        Some(Protocol::Anthropic | Protocol::OpenAi) | None => Step::End,
+                    }),
                     Poll::Ready(Some(Ok(bytes))) => {
                         if !bytes.is_empty() {
                             *at_boundary = sse::ends_frame(&bytes);
@@ -504,37 +397,19 @@ impl LlmBody {
                                 end.feed(&bytes);
                             }
                         }
-                        if sse.is_none() {
-                            // A whole body, not events: forwarded as it comes, never copied.
-                            return Poll::Ready(Step::Data { bytes, last: false });
-                        }
-                        held.push(bytes);
-                        if held.len >= COALESCE_LIMIT {
-                            return Poll::Ready(Step::Data {
-                                bytes: held.take(),
-                                last: false,
-                            });
-                        }
+                        Poll::Ready(Step::Data { bytes, last: false })
                     }
                     Poll::Ready(Some(Err(e))) => {
                         tracing::warn!(error = %agentbox_http::error_chain(e.as_ref()), "upstream broke mid-response");
-                        let broken = match sse {
+                        Poll::Ready(match sse {
                             Some(protocol) => Step::Failure(Bytes::from(
                                 protocol.failure_frame(!*at_boundary, BROKEN_STREAM),
                             )),
                             None => Step::Abort(std::io::Error::other(BROKEN_STREAM)),
-                        };
-                        if held.chunks.is_empty() {
-                            return Poll::Ready(broken);
-                        }
-                        queued.push_back(broken);
-                        return Poll::Ready(Step::Data {
-                            bytes: held.take(),
-                            last: false,
-                        });
+                        })
                     }
                 }
-            },
+            }
             Mode::Translate {
                 decoder,
                 translator,
@@ -800,32 +675,6 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn events_that_arrive_together_go_out_together_and_none_waits_for_the_next() {
-        // Three events ready at once: one write.
-        let up = upstream(vec![Ok(START), Ok(DELTA), Ok(DELTA), Ok(END)]);
-        let mut body = LlmBody::passthrough(up, Some(Protocol::Anthropic));
-        let first = body.next().await.unwrap().unwrap();
-        assert_eq!(first, format!("{START}{DELTA}{DELTA}{END}").as_bytes());
-        assert!(body.next().await.is_none());
-        // An event followed by silence goes out without waiting for the next one.
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<Bytes, BodyError>>();
-        let rx = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        });
-        let mut body = LlmBody::passthrough(Box::pin(rx), Some(Protocol::Anthropic));
-        tx.send(Ok(Bytes::from_static(START.as_bytes()))).unwrap();
-        let got = tokio::time::timeout(Duration::from_secs(5), body.next())
-            .await
-            .expect("the event waited for the next one");
-        assert_eq!(got.unwrap().unwrap(), START.as_bytes());
-        // A non-stream body is passed on chunk by chunk, never copied together.
-        let up = upstream(vec![Ok("{\"a\":"), Ok("1}")]);
-        let mut body = LlmBody::passthrough(up, None);
-        assert_eq!(body.next().await.unwrap().unwrap(), "{\"a\":".as_bytes());
-        drop(tx);
-    }
-
-    #[tokio::test]
     async fn settles_once_on_drop_with_what_was_metered() {
         let up: UpstreamStream =
             Box::pin(upstream(vec![Ok(START), Ok(DELTA)]).chain(futures_util::stream::pending()));
@@ -833,9 +682,8 @@ mod tests {
             LlmBody::passthrough(up, Some(Protocol::Anthropic)),
             BodyKind::EventStream,
         );
-        // Both chunks reach the client (gathered into one write: nothing came after them).
-        let sent = body.next().await.unwrap().unwrap();
-        assert_eq!(sent, format!("{START}{DELTA}").as_bytes());
+        body.next().await.unwrap().unwrap();
+        body.next().await.unwrap().unwrap();
         assert!(
             reports.lock().unwrap().is_empty(),
             "nothing settled mid-stream"
