@@ -23,10 +23,14 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     tracing::debug!(?malloc, "malloc tuning");
-    agentbox_http::block_on(
-        "agentbox-gateway",
-        run(GatewayOptions::from_config(&config, &ProcessEnv)),
-    )
+    let runtime = match config.gateway.threads {
+        Some(n) => agentbox_http::runtime_with_threads("agentbox-gateway", n),
+        None => agentbox_http::runtime("agentbox-gateway"),
+    };
+    match runtime {
+        Ok(r) => r.block_on(run(GatewayOptions::from_config(&config, &ProcessEnv))),
+        Err(code) => code,
+    }
 }
 
 async fn run(opts: GatewayOptions) -> ExitCode {

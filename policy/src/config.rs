@@ -278,6 +278,8 @@ struct RawGateway {
     body_memory_mb: u64,
     #[serde(default)]
     loopback_owner_uid: Option<u32>,
+    #[serde(default)]
+    threads: Option<u64>,
 }
 
 impl Default for RawGateway {
@@ -290,6 +292,7 @@ impl Default for RawGateway {
             max_inflight_body_mb_per_task: default_max_inflight_body_mb_per_task(),
             body_memory_mb: default_body_memory_mb(),
             loopback_owner_uid: None,
+            threads: None,
         }
     }
 }
@@ -580,6 +583,12 @@ pub struct GatewayConfig {
     /// The uid that must own the loopback listeners of the bridge and of vLLM backends before
     /// a request (and the bridge token) is sent there; `None`: the gateway's own uid.
     pub loopback_owner_uid: Option<u32>,
+    /// Threads serving the task sockets (`gateway.threads`, 1-256); `None` (the default): one
+    /// per core. 1 runs one event loop, which spends about a fifth less CPU per request
+    /// (BENCHMARKS.md), but then one task's CPU-heavy requests (a 32 MB body parsed) delay
+    /// every other task's, where with a thread per core they take one core of several; so one
+    /// thread is the operator's choice, not the default.
+    pub threads: Option<usize>,
 }
 
 /// `[bridge]`, validated.
@@ -1356,6 +1365,13 @@ fn validate_gateway(
         max_inflight_body_bytes_per_task: per_task,
         body_memory_bytes: body_memory,
         loopback_owner_uid: raw.loopback_owner_uid,
+        threads: raw
+            .threads
+            .map(|n| match usize::try_from(n) {
+                Ok(n @ 1..=256) => Ok(n),
+                Ok(_) | Err(_) => Err(invalid("gateway.threads", format!("{n} is outside 1-256"))),
+            })
+            .transpose()?,
     })
 }
 
@@ -1454,6 +1470,14 @@ mod tests {
         );
         assert_eq!(c.launcher.limits, Limits::default());
         assert_eq!(c.gateway.max_body_bytes, 32 << 20);
+        assert_eq!(c.gateway.threads, None, "one thread per core unless asked");
+        assert_eq!(
+            parse(&format!("{EXAMPLE}\n").replace("[bridge]", "threads = 1\n\n[bridge]"))
+                .unwrap()
+                .gateway
+                .threads,
+            Some(1)
+        );
         assert_eq!(c.gateway.max_connections_per_task, 64);
         assert_eq!(c.gateway.max_inflight_body_bytes_per_task, 64 << 20);
         assert_eq!(c.gateway.body_memory_bytes, 512 << 20);
@@ -1889,6 +1913,8 @@ mod tests {
                 ("[bridge]\nbody_timeout_s = 0", "bridge.body_timeout_s"),
                 ("[bridge]\nthreads = 0", "bridge.threads"),
                 ("[bridge]\nthreads = 257", "bridge.threads"),
+                ("[gateway]\nthreads = 0", "gateway.threads"),
+                ("[gateway]\nthreads = 257", "gateway.threads"),
             ],
         );
     }
