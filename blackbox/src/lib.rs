@@ -81,10 +81,9 @@ pub async fn run(listener: Listener, config: Config, stop: CancellationToken) {
         tracing::error!(error = %e, "the HTTP server task failed");
     }
     reaping.cancel();
-    if let Some(Err(e)) = match reaper {
-        Some(r) => Some(r.await),
-        None => None,
-    } {
+    if let Some(r) = reaper
+        && let Err(e) = r.await
+    {
         tracing::error!(error = %e, "the orphan reaper task failed");
     }
 }
