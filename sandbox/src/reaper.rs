@@ -107,7 +107,9 @@ pub fn reap_adopted() -> usize {
 
 /// SIGKILLs every live adopted orphan and everything below it, and reaps them. A killed
 /// process's own children are reparented here only once it has died, so this goes round
-/// again while it finds any, for up to `wait`. Returns how many processes it signalled.
+/// again while it finds any, for up to `wait`. Each round's `/proc` scans run on tokio's
+/// blocking pool, off the caller's (possibly single-threaded) runtime. Returns how many
+/// processes it signalled.
 pub async fn kill_adopted(wait: Duration) -> usize {
     if !ADOPTING.load(Ordering::SeqCst) {
         return 0;
@@ -115,32 +117,45 @@ pub async fn kill_adopted(wait: Duration) -> usize {
     let deadline = Instant::now() + wait;
     let mut signalled: Vec<u32> = Vec::new();
     loop {
-        let victims = {
-            let mut list = spawned();
-            let table = proc::table();
-            let roots: Vec<u32> = adopted_in(&table, &mut list)
-                .filter(|(_, s)| !s.zombie)
-                .map(|(pid, _)| *pid)
-                .collect();
-            let mut victims = roots.clone();
-            for root in roots {
-                victims.extend(proc::descendants_in(&table, root));
+        let victims = match tokio::task::spawn_blocking(kill_round).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "the orphan kill failed");
+                return signalled.len();
             }
-            victims
         };
-        if !victims.is_empty() {
-            tracing::warn!(processes = victims.len(), "killing orphans the agent left");
-            proc::signal_each(&victims, Signal::KILL);
-            for pid in victims.iter().copied() {
-                if !signalled.contains(&pid) {
-                    signalled.push(pid);
-                }
+        for pid in victims.iter().copied() {
+            if !signalled.contains(&pid) {
+                signalled.push(pid);
             }
         }
-        reap_adopted();
         if victims.is_empty() || Instant::now() >= deadline {
             return signalled.len();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// One round of [`kill_adopted`]: the live adopted orphans and their trees SIGKILLed, what
+/// has exited reaped; returns the processes signalled.
+fn kill_round() -> Vec<u32> {
+    let victims = {
+        let mut list = spawned();
+        let table = proc::table();
+        let roots: Vec<u32> = adopted_in(&table, &mut list)
+            .filter(|(_, s)| !s.zombie)
+            .map(|(pid, _)| *pid)
+            .collect();
+        let mut victims = roots.clone();
+        for root in roots {
+            victims.extend(proc::descendants_in(&table, root));
+        }
+        victims
+    };
+    if !victims.is_empty() {
+        tracing::warn!(processes = victims.len(), "killing orphans the agent left");
+        proc::signal_each(&victims, Signal::KILL);
+    }
+    reap_adopted();
+    victims
 }
