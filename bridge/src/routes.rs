@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use agentbox_http::BodyError;
+use agentbox_http::bufpool::BodyBuf;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -193,11 +194,9 @@ async fn messages(
                 .filter(|text| model.allow_url_sources || !crate::typed::may_hold_url_source(text))
                 .and_then(AnthropicBody::parse)
                 .map(|b| {
-                    (
-                        b.write_chat(&target.chat, None),
-                        b.response_options(),
-                        b.stream(),
-                    )
+                    let mut chat = BodyBuf::with_capacity(b.chat_size_hint());
+                    b.write_chat_into(&target.chat, None, chat.vec_mut());
+                    (chat.freeze(), b.response_options(), b.stream())
                 });
             match borrowed {
                 Some((chat, resp_opts, stream)) => {
@@ -266,7 +265,7 @@ fn chat_options(model: &RemoteModel) -> ChatOptions {
 fn translated_at_once<'b>(
     bridge: &'b Bridge,
     bytes: &[u8],
-) -> Option<(&'b RemoteModel, &'b Secret, Vec<u8>, ResponseOptions, bool)> {
+) -> Option<(&'b RemoteModel, &'b Secret, Bytes, ResponseOptions, bool)> {
     let model = bridge.models.get(first_model(bytes)?)?;
     let key = model.key.as_ref()?;
     if !matches!(model.provider, Provider::Openai) {
@@ -280,8 +279,17 @@ fn translated_at_once<'b>(
     if body.model() != model.id {
         return None;
     }
-    let chat = body.write_chat(&chat_options(model), None);
-    Some((model, key, chat, body.response_options(), body.stream()))
+    // Written into a pooled buffer (a ~100 KB body would otherwise be an mmap and a munmap of
+    // its own; see `agentbox_http::bufpool`).
+    let mut chat = BodyBuf::with_capacity(body.chat_size_hint());
+    body.write_chat_into(&chat_options(model), None, chat.vec_mut());
+    Some((
+        model,
+        key,
+        chat.freeze(),
+        body.response_options(),
+        body.stream(),
+    ))
 }
 
 /// The `model` of a body whose first member it is, as a string without escapes (how Claude Code

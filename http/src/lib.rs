@@ -17,6 +17,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod bufpool;
 pub mod control;
 pub mod loopback;
 pub mod privs;
@@ -29,6 +30,8 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderMap, header};
 use bytes::Bytes;
+
+use crate::bufpool::BodyBuf;
 use futures_util::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -46,12 +49,14 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// simply closed.
 pub const REFUSAL_HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The most a connection's read buffer grows to (hyper's default is ~400 KB). hyper doubles
-/// the buffer while reads fill it, so a ~100 KB body read off a fast socket can leave a
-/// keep-alive connection holding a buffer of up to 256 KB for as long as it stays open. At
-/// 64 KiB a large body takes a few more reads, and a request head is still allowed 64 KiB
-/// (Claude Code's are a few KB).
-pub const MAX_READ_BUFFER: usize = 64 << 10;
+/// The most a connection's read buffer grows to (hyper's default is ~400 KB), which is also the
+/// longest request head accepted (nginx's default allows 32 KB of header lines too; Claude
+/// Code's heads are a few KB). hyper doubles the buffer while reads fill it, so a ~100 KB body
+/// read off a fast socket would leave a keep-alive connection holding up to 256 KB. It stays
+/// under glibc's 64 KiB mmap threshold (`MallocTuning::PROXY`), so the buffers a large body is
+/// read through come from the heap instead of an `mmap` and a `munmap` each (BENCHMARKS.md,
+/// "Reused body buffers").
+pub const MAX_READ_BUFFER: usize = 32 << 10;
 
 /// How long shutdown waits for in-flight connections before dropping them.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -449,20 +454,21 @@ async fn read_counted(
         return Err(BodyError::TooLarge { limit }.into());
     }
     let mut held = None;
-    let mut buf = bytes::BytesMut::new();
+    let mut buf = BodyBuf::new();
     if let Some(n) = declared.and_then(|n| usize::try_from(n).ok()) {
         match budgets {
             Some(b) => {
-                if let Err(e) = charge(b, &mut held, n) {
+                // Allocated once, at its final size (a pooled class may round it up to twice
+                // that): the budget is charged for what the buffer really holds.
+                if let Err(e) = charge(b, &mut held, BodyBuf::capacity_for(n)) {
                     discard(body, deadline).await;
                     return Err(e);
                 }
-                // Charged already: the buffer is allocated once, at its final size.
-                buf.reserve(n);
+                buf = BodyBuf::with_capacity(n);
             }
             // Uncharged, the declared length is trusted only up to a small size (a body
             // that never comes must not hold a large buffer); past it the buffer grows.
-            None => buf.reserve(n.min(UNCHARGED_RESERVE)),
+            None => buf = BodyBuf::with_capacity(n.min(UNCHARGED_RESERVE)),
         }
     }
     let mut body = body.into_data_stream();
@@ -496,7 +502,7 @@ async fn read_counted(
                         discard_stream(body, deadline).await;
                         return Err(e);
                     }
-                    buf.reserve(cap - buf.len());
+                    buf.reserve_exact(cap - buf.len());
                 }
                 buf.extend_from_slice(&chunk);
             }

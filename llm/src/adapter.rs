@@ -210,7 +210,7 @@ impl Upstream {
         serde_json::to_writer(&mut bytes, &chat)
             .map_err(|e| LlmError::InvalidRequest(e.to_string()))?;
         drop(chat);
-        self.chat_for_anthropic(target, bytes, resp_opts, stream)
+        self.chat_for_anthropic(target, Bytes::from(bytes), resp_opts, stream)
             .await
     }
 
@@ -221,7 +221,7 @@ impl Upstream {
     pub async fn chat_for_anthropic(
         &self,
         target: ChatTarget<'_>,
-        bytes: Vec<u8>,
+        bytes: Bytes,
         resp_opts: ResponseOptions,
         stream: bool,
     ) -> Result<Answer, LlmError> {

@@ -441,8 +441,12 @@ async fn bench_gateway(plan: Plan) -> Result<()> {
     let fake = start_fake()?;
     // One task carries the whole c=64 load here (plus the client's idle pool), more than the
     // per-task connection limit an agent gets by default: lift it, the bench measures the proxy.
+    // `BENCH_GATEWAY_THREADS` sets `gateway.threads` (absent: the default, one per core).
+    let threads = std::env::var("BENCH_GATEWAY_THREADS")
+        .map(|n| format!("threads = {n}\n"))
+        .unwrap_or_default();
     let config = format!(
-        "[gateway]\nollama_url = \"{}\"\nmax_connections_per_task = 1024\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
+        "[gateway]\nollama_url = \"{}\"\nmax_connections_per_task = 1024\n{threads}[models.local]\nbackend = \"ollama\"\nupstream_model = \"qwen-upstream\"\n",
         fake.base_url()
     );
     let extra = daemon_env();

@@ -466,16 +466,32 @@ impl<'a> AnthropicBody<'a> {
     /// The chat body [`super::anthropic_into_chat`] would produce, serialized; with
     /// `default_temperature` set where the request has none (the blackbox proxy's policy).
     pub fn write_chat(&self, opts: &ChatOptions, default_temperature: Option<&Number>) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.write_chat_into(opts, default_temperature, &mut out);
+        out
+    }
+
+    /// [`AnthropicBody::write_chat`] into `out` (emptied first), so a caller can write into a
+    /// buffer it reuses; [`AnthropicBody::chat_size_hint`] is the capacity it will want.
+    pub fn write_chat_into(
+        &self,
+        opts: &ChatOptions,
+        default_temperature: Option<&Number>,
+        out: &mut Vec<u8>,
+    ) {
+        out.clear();
+        out.reserve(self.chat_size_hint());
+        // An empty vector is valid UTF-8; the writer appends only `str`s.
         let mut w = Writer {
-            out: String::with_capacity(self.size_hint()),
+            out: String::from_utf8(std::mem::take(out)).unwrap_or_default(),
         };
         w.request(self, opts, default_temperature);
-        w.out.into_bytes()
+        *out = w.out.into_bytes();
     }
 
     /// About the size of the chat body: the strings that make up most of it, plus room for
     /// the syntax around them.
-    fn size_hint(&self) -> usize {
+    pub fn chat_size_hint(&self) -> usize {
         let mut n = 4096 + self.req.model.get().len();
         let content = |c: &Content<'_>| -> usize {
             match c {
@@ -1084,6 +1100,11 @@ mod tests {
         );
         let parsed = parsed?;
         let bytes = parsed.write_chat(opts, None);
+        // Into a reused buffer (what the bridge does with its pooled ones): the same bytes,
+        // nothing of what the buffer held before.
+        let mut reused = b"{\"left\": \"over\"}".repeat(64);
+        parsed.write_chat_into(opts, None, &mut reused);
+        assert_eq!(reused, bytes, "{body}");
         Some(serde_json::from_slice(&bytes).expect("the borrowed path writes JSON"))
     }
 
