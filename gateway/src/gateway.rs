@@ -22,6 +22,7 @@ use agentbox_policy::secret::Secret;
 use agentbox_wire::usage::MeteredUsage;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+use tokio::net::UnixListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -30,7 +31,8 @@ use crate::account::{AccountError, Accounts, TaskAccount};
 use crate::error::ControlError;
 use crate::ledger::{Account, Budget, Reservation, Snapshot, TaskRecord, TaskState};
 use crate::proxy::ProxyConfig;
-use crate::sockets::SocketsDir;
+use crate::shards::{Placement, ShardError, Shards};
+use crate::sockets::{SocketError, SocketsDir};
 use crate::store::{Store, StoreError, VERSION};
 
 /// Everything the gateway needs from the config and the environment.
@@ -60,6 +62,8 @@ pub struct GatewayOptions {
     pub body_memory_bytes: u64,
     /// Who must own the bridge's and the vLLM backends' loopback listeners.
     pub loopback_owner_uid: u32,
+    /// Event loops serving the task sockets (`gateway.threads`); `None`: one per core.
+    pub threads: Option<usize>,
 }
 
 impl GatewayOptions {
@@ -93,6 +97,7 @@ impl GatewayOptions {
             max_inflight_body_bytes_per_task: config.gateway.max_inflight_body_bytes_per_task,
             body_memory_bytes: config.gateway.body_memory_bytes,
             loopback_owner_uid: config.gateway.loopback_owner_uid.unwrap_or(env.euid()),
+            threads: config.gateway.threads,
         }
     }
 }
@@ -114,6 +119,9 @@ pub enum StartError {
     /// The upstream HTTP client could not be built.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// An event loop for the task sockets could not be started.
+    #[error(transparent)]
+    Shards(#[from] ShardError),
 }
 
 struct Task {
@@ -130,8 +138,9 @@ pub struct Gateway {
     opts: GatewayOptions,
     sockets: SocketsDir,
     store: Store,
-    /// What the task sockets share (upstream client, destinations, limits).
-    proxy: Arc<ProxyConfig>,
+    /// The event loops the task sockets run on, each with what its requests share (upstream
+    /// client, destinations, limits).
+    shards: Shards<ProxyConfig>,
     /// The memory all tasks' request bodies share (`gateway.body_memory_mb`).
     body_memory: BodyBudget,
     tasks: Mutex<BTreeMap<Tid, Task>>,
@@ -171,17 +180,22 @@ impl Gateway {
             source,
         })?;
         let tracker = TaskTracker::new();
-        let proxy = Arc::new(ProxyConfig {
-            upstream: Upstream::new(&ClientOptions::default())?,
-            ollama_url: opts.ollama_url.clone(),
-            bridge_url: opts.bridge_url.clone(),
-            bridge_token: opts.bridge_token.clone(),
-            max_body_bytes: opts.max_body_bytes,
-            body_timeout: opts.body_timeout,
-            background: tracker.clone(),
-            shutdown: shutdown.clone(),
-            loopback: LoopbackGuard::new(opts.loopback_owner_uid),
+        let threads = opts.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         });
+        let shards = Shards::start(threads, || {
+            Ok::<_, StartError>(ProxyConfig {
+                upstream: Upstream::new(&ClientOptions::default())?,
+                ollama_url: opts.ollama_url.clone(),
+                bridge_url: opts.bridge_url.clone(),
+                bridge_token: opts.bridge_token.clone(),
+                max_body_bytes: opts.max_body_bytes,
+                body_timeout: opts.body_timeout,
+                background: tracker.clone(),
+                shutdown: shutdown.clone(),
+                loopback: LoopbackGuard::new(opts.loopback_owner_uid),
+            })
+        })?;
         let mut tasks = BTreeMap::new();
         for (tid, rec) in snapshot.tasks {
             // A record we cannot interpret is skipped loudly rather than guessed at.
@@ -214,7 +228,7 @@ impl Gateway {
             sockets,
             store,
             body_memory: BodyBudget::new(opts.body_memory_bytes),
-            proxy,
+            shards,
             tasks: Mutex::new(tasks),
             dirty: Notify::new(),
             persisting: tokio::sync::Mutex::new(()),
@@ -248,8 +262,8 @@ impl Gateway {
             .collect();
         let mut failed = Vec::new();
         for tid in open {
-            match self.sockets.bind(&tid) {
-                Ok(listener) => self.serve(&tid, listener),
+            match self.sockets.bind(&tid).and_then(|l| self.place(&tid, l)) {
+                Ok((place, listener)) => self.serve(&tid, place, listener),
                 Err(e) => {
                     tracing::error!(%tid, error = %e, "cannot restore task socket");
                     failed.push((tid.to_string(), e.to_string()));
@@ -259,7 +273,24 @@ impl Gateway {
         failed
     }
 
-    fn serve(self: &Arc<Self>, tid: &Tid, listener: tokio::net::UnixListener) {
+    /// Chooses the shard a task's socket will be served on (the one with the fewest tasks, see
+    /// [`crate::shards`]) and registers the listener with it.
+    fn place(
+        &self,
+        tid: &Tid,
+        listener: std::os::unix::net::UnixListener,
+    ) -> Result<(Placement<ProxyConfig>, UnixListener), SocketError> {
+        let place = self.shards.place();
+        let listener = place.register(listener).map_err(|source| SocketError::Io {
+            tid: tid.to_string(),
+            op: "register socket in",
+            source,
+        })?;
+        Ok((place, listener))
+    }
+
+    /// Serves a task's socket on the shard [`Gateway::place`] chose.
+    fn serve(self: &Arc<Self>, tid: &Tid, place: Placement<ProxyConfig>, listener: UnixListener) {
         let token = self.shutdown.child_token();
         if let Some(t) = self.lock().get_mut(tid) {
             t.serving = Some(token.clone());
@@ -271,15 +302,27 @@ impl Gateway {
             client: BodyBudget::new(self.opts.max_inflight_body_bytes_per_task),
             server: self.body_memory.clone(),
         };
-        let router = crate::proxy::router(self.proxy.clone(), account, bodies);
+        let router = crate::proxy::router(place.state().clone(), account, bodies);
         let limit = ConnectionLimit::new(self.opts.max_connections_per_task, over_limit_router());
-        self.tracker.spawn(agentbox_http::serve_unix_limited(
+        let shard = place.index;
+        place.spawn(self.tracker.track_future(agentbox_http::serve_unix_limited(
             listener,
             router,
             Some(limit),
             token,
-        ));
-        tracing::info!(%tid, "task socket open");
+        )));
+        tracing::info!(%tid, shard, "task socket open");
+    }
+
+    /// Task sockets each event loop serves now.
+    pub fn shard_load(&self) -> Vec<usize> {
+        self.shards.serving()
+    }
+
+    /// Ends the task sockets' event loops and waits for their threads: call it last, after
+    /// [`Gateway::run_persister`] has returned (the sockets have drained by then).
+    pub fn stop_shards(&self) {
+        self.shards.stop();
     }
 
     /// `POST /tasks`: opens a task, or re-opens a closed one keeping its spend. Opening a task
@@ -318,7 +361,7 @@ impl Gateway {
             }
         }
         // Bind before recording: a refused socket path leaves no task behind.
-        let listener = self.sockets.bind(&tid)?;
+        let (place, listener) = self.place(&tid, self.sockets.bind(&tid)?)?;
         {
             let mut tasks = self.lock();
             let task = tasks.entry(tid.clone()).or_insert_with(|| Task {
@@ -332,7 +375,7 @@ impl Gateway {
             task.account.budget = req.budget;
             task.state = TaskState::Open;
         }
-        self.serve(&tid, listener);
+        self.serve(&tid, place, listener);
         self.persist_now().await?;
         let tasks = self.lock();
         tasks

@@ -11,6 +11,7 @@
 //! - [`store`]: the state file, written atomically.
 //! - [`gateway`]: the shared state and the task lifecycle (open, restore, close).
 //! - [`control`]: the control socket's routes.
+//! - [`shards`]: the event loops the task sockets run on, each task pinned to one.
 //! - [`proxy`]: the per-task socket's routes, forwarding and metering.
 //! - [`chat`]: `POST /v1/chat/completions` for rollout router models.
 //! - [`error`]: both error types and their one mapping each to status and body.
@@ -25,6 +26,7 @@ pub mod estimate;
 pub mod gateway;
 pub mod ledger;
 pub mod proxy;
+pub mod shards;
 pub mod sockets;
 pub mod store;
 

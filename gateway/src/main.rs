@@ -23,11 +23,9 @@ fn main() -> ExitCode {
         Err(code) => return code,
     };
     tracing::debug!(?malloc, "malloc tuning");
-    let runtime = match config.gateway.threads {
-        Some(n) => agentbox_http::runtime_with_threads("agentbox-gateway", n),
-        None => agentbox_http::runtime("agentbox-gateway"),
-    };
-    match runtime {
+    // The control socket and the state writer: one thread is plenty. The task sockets run on
+    // the gateway's shards (`gateway.threads` of them; `agentbox_gateway::shards`).
+    match agentbox_http::current_thread_runtime("agentbox-gateway") {
         Ok(r) => r.block_on(run(GatewayOptions::from_config(&config, &ProcessEnv))),
         Err(code) => code,
     }
@@ -55,9 +53,11 @@ async fn run(opts: GatewayOptions) -> ExitCode {
     }
     let persister = tokio::spawn(gw.clone().run_persister());
     socket
-        .serve(agentbox_gateway::control::router(gw), shutdown)
+        .serve(agentbox_gateway::control::router(gw.clone()), shutdown)
         .await;
-    if let Err(e) = persister.await {
+    let saved = persister.await;
+    gw.stop_shards();
+    if let Err(e) = saved {
         eprintln!("agentbox-gateway: state writer failed: {e}");
         return ExitCode::FAILURE;
     }

@@ -20,7 +20,7 @@ use agentbox_policy::path::RelPath;
 use agentbox_policy::resolve::{ResolveError, Root};
 use rustix::fs::{self, AtFlags, Mode};
 use rustix::io::Errno;
-use tokio::net::UnixListener;
+use std::os::unix::net::UnixListener;
 
 /// The socket's file name inside `sockets/<tid>/`.
 pub const SOCKET_NAME: &str = "llm.sock";
@@ -89,7 +89,8 @@ impl SocketsDir {
         self.root.path()
     }
 
-    /// Creates (or reuses) `sockets/<tid>/` and binds a fresh `llm.sock` in it.
+    /// Creates (or reuses) `sockets/<tid>/` and binds a fresh `llm.sock` in it, non-blocking,
+    /// for the event loop that will serve it to register.
     pub fn bind(&self, tid: &Tid) -> Result<UnixListener, SocketError> {
         let name = tid.as_str();
         let io = |op: &'static str| {
@@ -139,11 +140,7 @@ impl SocketsDir {
             AtFlags::empty(),
         )
         .map_err(io("chmod"))?;
-        UnixListener::from_std(std_listener).map_err(|source| SocketError::Io {
-            tid: name.to_owned(),
-            op: "register socket in",
-            source,
-        })
+        Ok(std_listener)
     }
 
     /// Removes `sockets/<tid>/llm.sock` and the directory. Missing is fine.

@@ -583,11 +583,11 @@ pub struct GatewayConfig {
     /// The uid that must own the loopback listeners of the bridge and of vLLM backends before
     /// a request (and the bridge token) is sent there; `None`: the gateway's own uid.
     pub loopback_owner_uid: Option<u32>,
-    /// Threads serving the task sockets (`gateway.threads`, 1-256); `None` (the default): one
-    /// per core. 1 runs one event loop, which spends about a fifth less CPU per request
-    /// (BENCHMARKS.md), but then one task's CPU-heavy requests (a 32 MB body parsed) delay
-    /// every other task's, where with a thread per core they take one core of several; so one
-    /// thread is the operator's choice, not the default.
+    /// Event loops serving the task sockets (`gateway.threads`, 1-256); `None` (the default):
+    /// one per core. Each is a single-threaded runtime and each task socket runs on one (the
+    /// least loaded when it opens): a fifth less CPU per request than a work-stealing runtime
+    /// (BENCHMARKS.md), and a task's CPU-heavy requests (a 32 MB body parsed) delay only the
+    /// tasks on its shard.
     pub threads: Option<usize>,
 }
 
