@@ -106,4 +106,8 @@ pub struct GatewayStatus {
     /// The capabilities the gateway holds (none); `None` if they could not be read.
     #[serde(default)]
     pub capabilities: Option<crate::caps::Capabilities>,
+    /// Open task sockets per event loop (`gateway.threads` of them): a task is placed on the
+    /// least loaded loop when it opens and stays there. Empty from a gateway that predates it.
+    #[serde(default)]
+    pub event_loops: Vec<usize>,
 }

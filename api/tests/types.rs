@@ -363,10 +363,12 @@ fn gateway_types() {
             bridge_token: false,
             models: vec!["local".into()],
             capabilities: Some(agentbox_api::caps::Capabilities::default()),
+            event_loops: vec![1, 0],
         },
         &json!({"ok": true, "open_tasks": 1, "tasks": [vv], "bridge_token": false,
             "models": ["local"], "capabilities": {"effective": [], "permitted": [],
-                "inheritable": [], "ambient": [], "bounding": []}}),
+                "inheritable": [], "ambient": [], "bounding": []},
+            "event_loops": [1, 0]}),
     );
 }
 

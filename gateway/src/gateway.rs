@@ -430,6 +430,7 @@ impl Gateway {
             bridge_token: self.opts.bridge_token.is_some(),
             models: self.opts.models.keys().map(ToString::to_string).collect(),
             capabilities: agentbox_http::privs::current().ok(),
+            event_loops: self.shard_load(),
         }
     }
 

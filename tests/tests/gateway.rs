@@ -888,3 +888,105 @@ async fn no_5xx_body_names_an_upstream_url() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Task sockets are spread over `gateway.threads` event loops, each task on the least loaded
+/// one; a closed task frees its place, and every task is served wherever it landed.
+#[tokio::test]
+async fn tasks_are_spread_over_the_event_loops() {
+    let fake = FakeLlm::scripted(&replying(3, 1)).unwrap();
+    let gw = GatewayProcess::start(
+        &config(&fake, None).replace("[gateway]\n", "[gateway]\nthreads = 2\n"),
+        &[],
+    )
+    .unwrap();
+    let loops = || async { gw.client().status().await.unwrap().event_loops };
+    assert_eq!(loops().await, [0, 0]);
+    for tid in ["a", "b", "c"] {
+        assert_eq!(open(&gw, tid, "local", json!({})).await.0, 201);
+    }
+    assert_eq!(loops().await, [2, 1]);
+    let r = gw.control("DELETE", "/tasks/a", None).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The closed socket's loop lets go of it once its connections have drained.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while loops().await != [1, 1] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?} after closing a",
+            loops().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(open(&gw, "d", "local", json!({})).await.0, 201);
+    assert_eq!(loops().await, [2, 1]);
+    for tid in ["b", "c", "d"] {
+        for stream in [false, true] {
+            let r = send(&gw.task_socket(tid), &request(stream, 10), Some(TOKEN)).await;
+            assert_eq!(r.status, 200, "{tid}: {}", r.text());
+        }
+        assert_eq!(gw.task(tid).await.unwrap()["usage"]["requests"], 2, "{tid}");
+    }
+}
+
+/// A request `text` bytes long whose text shows where every 8 bytes came from.
+fn numbered(len: usize, tag: char) -> String {
+    (0..len.div_ceil(8))
+        .map(|i| format!("{tag}{i:06} "))
+        .collect::<String>()[..len]
+        .to_owned()
+}
+
+/// Bodies of 64 KiB and more are read into pooled buffers (and the bridge writes their chat
+/// translations into them): a buffer handed to the next request carries nothing of the last,
+/// whether the next is smaller in the same size class or much smaller after a much larger one.
+#[tokio::test]
+async fn large_bodies_back_to_back_reach_the_model_whole() {
+    let fake = FakeLlm::scripted(&replying(5, 1)).unwrap();
+    let bridge = BridgeProcess::start(
+        &format!(
+            "[bridge]\nlisten = \"127.0.0.1:0\"\n[models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nupstream_model = \"gpt-upstream\"\nkey_env = \"OPENAI_KEY\"\n",
+            fake.base_url()
+        ),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN), ("OPENAI_KEY", "sk-provider")],
+    )
+    .unwrap();
+    let gw = GatewayProcess::start(
+        &config(&fake, Some(&bridge)).replace("[gateway]\n", "[gateway]\nthreads = 1\n"),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
+    )
+    .unwrap();
+    open(&gw, "big", "local", json!({})).await;
+    open(&gw, "bigr", "gpt", json!({})).await;
+    let sizes = [100_000, 70_000, 300_000, 90_000, 1_000];
+    let mut sent = Vec::new();
+    for (tid, stream) in [
+        ("big", false),
+        ("big", true),
+        ("bigr", false),
+        ("bigr", true),
+    ] {
+        for (i, len) in sizes.iter().enumerate() {
+            let text = numbered(*len, char::from(b'a' + u8::try_from(i).unwrap()));
+            let mut body = request(stream, 10);
+            body["messages"][0]["content"] = json!(text);
+            let r = send(&gw.task_socket(tid), &body, Some(TOKEN)).await;
+            assert_eq!(r.status, 200, "{tid} {len}: {}", r.text());
+            sent.push(text);
+        }
+    }
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs.len(), sent.len());
+    for (r, text) in reqs.iter().zip(&sent) {
+        let seen = if r["path"] == "/v1/chat/completions" {
+            let user = r["body"]["messages"].as_array().unwrap().last().unwrap();
+            user["content"].as_str().unwrap().to_owned()
+        } else {
+            r["body"]["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert_eq!(seen.len(), text.len(), "{}", r["path"]);
+        assert!(seen == *text, "{}: the text changed on the way", r["path"]);
+    }
+}
