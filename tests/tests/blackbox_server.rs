@@ -666,6 +666,12 @@ async fn a_process_that_escapes_into_its_own_session_dies_with_the_server() {
         .await;
     assert_eq!(r.status, 200, "{r}");
     assert_eq!(r.body["returncode"], 0, "{r}");
+    // The job may still be between fork and exec when the shell has exited: while the kernel
+    // swaps its image its command line reads empty, so it is looked for until it shows.
+    let seen = Instant::now() + Duration::from_secs(10);
+    while processes_with(marker).len() != 1 && Instant::now() < seen {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let escaped = processes_with(marker);
     assert_eq!(escaped.len(), 1, "the background job is not running");
     let took = bb.terminate(Duration::from_secs(15)).await;
