@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use agentbox_llm::{ClientError, ClientOptions, Upstream};
+use agentbox_llm::{ClientError, ClientOptions, Upstream, Url};
 use agentbox_policy::config::{Backend, Config, HostEnv, Provider, Reasoning};
 use agentbox_policy::secret::Secret;
 
@@ -42,6 +42,14 @@ pub enum StartError {
     /// The upstream client could not be built (TLS backend failure).
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// A model's endpoint (its `base_url` and the provider's path) is not a usable URL.
+    #[error("models.{model}.base_url: {reason}")]
+    Endpoint {
+        /// The model id.
+        model: String,
+        /// What the URL parser said.
+        reason: String,
+    },
 }
 
 /// One remote model the bridge serves.
@@ -53,6 +61,9 @@ pub struct RemoteModel {
     pub provider: Provider,
     /// The provider's base URL, without a trailing `/`.
     pub base_url: String,
+    /// Where its requests go (`<base_url>/chat/completions` or `<base_url>/v1/messages`, by
+    /// provider), parsed once at start.
+    pub endpoint: Url,
     /// The model name sent upstream.
     pub upstream_model: String,
     /// Cap for `max_tokens`, when configured.
@@ -99,12 +110,23 @@ impl Bridge {
             else {
                 continue;
             };
+            let base_url = base_url.as_str().trim_end_matches('/').to_owned();
+            let path = match provider {
+                Provider::Openai => "/chat/completions",
+                Provider::Anthropic => "/v1/messages",
+            };
+            let endpoint =
+                Url::parse(&format!("{base_url}{path}")).map_err(|e| StartError::Endpoint {
+                    model: m.id.to_string(),
+                    reason: e.to_string(),
+                })?;
             models.insert(
                 m.id.to_string(),
                 RemoteModel {
                     id: m.id.to_string(),
                     provider: *provider,
-                    base_url: base_url.as_str().trim_end_matches('/').to_owned(),
+                    base_url,
+                    endpoint,
                     upstream_model: upstream_model.clone(),
                     max_output_tokens: m.max_output_tokens,
                     allow_url_sources: m.allow_url_sources,

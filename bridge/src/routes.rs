@@ -24,7 +24,9 @@ use agentbox_policy::config::{Provider, Reasoning};
 use agentbox_policy::sanitize::{SanitizeError, raw};
 use agentbox_policy::secret::{Secret, presented_token};
 use agentbox_wire::anthropic::MessagesRequest;
-use agentbox_wire::translate::{AnthropicBody, ChatOptions, ReasoningField, ResponseOptions};
+use agentbox_wire::translate::{
+    AnthropicBody, ChatOptions, NoUnicodeEscapes, ReasoningField, ResponseOptions,
+};
 
 use crate::check::check as probe;
 use crate::error::BridgeError;
@@ -119,9 +121,8 @@ async fn messages(
     let (parts, body) = req.into_parts();
     let bytes = read_body(&bridge, &parts.headers, body).await?;
     if let Some((model, key, chat, resp_opts, stream)) = translated_at_once(&bridge, &bytes) {
-        let url = format!("{}/chat/completions", model.base_url);
         tracing::debug!(model = %model.id, provider = model.provider.as_str(), stream, bytes = bytes.len(), "messages");
-        let target = chat_target(model, key, &url, bytes.len());
+        let target = chat_target(model, key, bytes.len());
         drop(bytes);
         let answer = bridge
             .upstream
@@ -175,7 +176,7 @@ async fn messages(
             let body = Parts::from_pieces(&bytes, sanitized.body)?;
             drop(bytes);
             let target = AnthropicTarget {
-                url: &format!("{}/v1/messages", model.base_url),
+                url: &model.endpoint,
                 auth: Auth::ApiKey(key),
                 version: anthropic_version(&parts.headers),
                 size_hint: usize::try_from(body.len()).unwrap_or(usize::MAX),
@@ -184,8 +185,7 @@ async fn messages(
         }
         Provider::Openai => {
             drop(request);
-            let url = format!("{}/chat/completions", model.base_url);
-            let target = chat_target(model, key, &url, bytes.len());
+            let target = chat_target(model, key, bytes.len());
             // The borrowed translation where it takes the body and no URL source can be in it
             // (else the typed request, whose walk applies the rule), all before the body is
             // freed.
@@ -222,16 +222,11 @@ async fn messages(
     Ok(answer.into_response())
 }
 
-/// How an `openai` model's translated request is sent to `url` with `key`; `body_len` is the
-/// client's body's.
-fn chat_target<'a>(
-    model: &'a RemoteModel,
-    key: &'a Secret,
-    url: &'a str,
-    body_len: usize,
-) -> ChatTarget<'a> {
+/// How an `openai` model's translated request is sent to its endpoint with `key`; `body_len`
+/// is the client's body's.
+fn chat_target<'a>(model: &'a RemoteModel, key: &'a Secret, body_len: usize) -> ChatTarget<'a> {
     ChatTarget {
-        url,
+        url: &model.endpoint,
         auth: Auth::Bearer(key),
         chat: chat_options(model),
         // Report the model the client asked for, not the provider's name for it.
@@ -272,10 +267,16 @@ fn translated_at_once<'b>(
         return None;
     }
     let text = std::str::from_utf8(bytes).ok()?;
-    if !model.allow_url_sources && crate::typed::may_hold_url_source(text) {
-        return None;
-    }
-    let body = AnthropicBody::parse_unique_keys(text)?;
+    let body = if model.allow_url_sources {
+        AnthropicBody::parse_unique_keys(text)?
+    } else {
+        // One search for `\u` serves both the URL-source rule and the parse's surrogate check.
+        let text = NoUnicodeEscapes::check(text)?;
+        if crate::typed::may_hold_url_member(text) {
+            return None;
+        }
+        AnthropicBody::parse_unique_keys_checked(text)?
+    };
     if body.model() != model.id {
         return None;
     }

@@ -7,6 +7,7 @@ use agentbox_policy::sanitize::{self, SanitizeError};
 use agentbox_wire::anthropic::{
     ContentBlock, DocumentSource, Extra, ImageSource, MessagesRequest, TextOrList,
 };
+use agentbox_wire::translate::NoUnicodeEscapes;
 use std::fmt::Write as _;
 
 /// Refuses `req` if any block of `system` or `messages` has a source of type `"url"`.
@@ -31,11 +32,14 @@ pub fn refuse_url_sources(req: &MessagesRequest) -> Result<(), SanitizeError> {
 /// `\u` escape is not looked into. This lets the bridge skip the typed walk (and the typed
 /// request) for the bodies Claude Code sends; any other body gets the walk.
 pub fn may_hold_url_source(body: &str) -> bool {
+    NoUnicodeEscapes::check(body).is_none_or(may_hold_url_member)
+}
+
+/// [`may_hold_url_source`] for a body already known to hold no `\u` escape.
+pub fn may_hold_url_member(body: NoUnicodeEscapes<'_>) -> bool {
+    let body = body.as_str();
     // memchr's searcher, not `str::contains`: this runs over every 100 KB body, and the
     // standard two-way search costs several instructions a byte.
-    if memchr::memmem::find(body.as_bytes(), b"\\u").is_some() {
-        return true;
-    }
     memchr::memmem::find_iter(body.as_bytes(), b"\"url\"").any(|at| {
         let before = body[..at].trim_end_matches(is_json_space);
         before

@@ -100,10 +100,10 @@ async fn handle(ctx: TaskCtx, req: Request) -> Result<Response, ProxyError> {
         max_output,
         model.prices.as_ref(),
     );
-    let url = format!(
+    let url = agentbox_llm::upstream_url(&format!(
         "{}/chat/completions",
         base_url.as_str().trim_end_matches('/')
-    );
+    ))?;
     let forwarded = forwarded_headers(&headers);
     // From here every path settles exactly once (see `proxy::detached`).
     let mut admission = ctx.account.admit(reservation)?;

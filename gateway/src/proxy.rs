@@ -378,8 +378,15 @@ impl Call {
             Some(t) => Auth::Bearer(t),
             None => Auth::None,
         };
+        let url = match agentbox_llm::upstream_url(&self.dest.url) {
+            Ok(url) => url,
+            Err(e) => {
+                settle_failed(admission, &e);
+                return Err(e.into());
+            }
+        };
         let target = AnthropicTarget {
-            url: &self.dest.url,
+            url: &url,
             auth,
             version: &self.version,
             size_hint: usize::try_from(self.body.len()).unwrap_or(usize::MAX),

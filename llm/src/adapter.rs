@@ -23,6 +23,7 @@ use agentbox_wire::translate::{
 use agentbox_wire::usage::BodyKind;
 use axum::http::{HeaderValue, StatusCode, header};
 use bytes::Bytes;
+use reqwest::Url;
 use serde_json::Value;
 
 use crate::body::{Answer, ChatToAnthropic, LlmBody, upstream_stream};
@@ -45,7 +46,7 @@ pub fn anthropic_version(headers: &axum::http::HeaderMap) -> &str {
 #[derive(Debug, Clone, Copy)]
 pub struct AnthropicTarget<'a> {
     /// The full `/v1/messages` URL.
-    pub url: &'a str,
+    pub url: &'a Url,
     /// How to authenticate.
     pub auth: Auth<'a>,
     /// The `anthropic-version` header.
@@ -59,7 +60,7 @@ pub struct AnthropicTarget<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct ChatPassTarget<'a> {
     /// The full `/chat/completions` URL.
-    pub url: &'a str,
+    pub url: &'a Url,
     /// How to authenticate.
     pub auth: Auth<'a>,
     /// Extra request headers (the caller chose which of its client's to keep).
@@ -71,7 +72,7 @@ pub struct ChatPassTarget<'a> {
 /// Where a passthrough goes: what [`AnthropicTarget`] and [`ChatPassTarget`] both come to.
 #[derive(Debug, Clone, Copy)]
 struct PassTarget<'a> {
-    url: &'a str,
+    url: &'a Url,
     auth: Auth<'a>,
     headers: &'a [(&'a str, &'a str)],
     size_hint: usize,
@@ -81,7 +82,7 @@ struct PassTarget<'a> {
 #[derive(Debug)]
 pub struct ChatTarget<'a> {
     /// The full `/chat/completions` URL.
-    pub url: &'a str,
+    pub url: &'a Url,
     /// How to authenticate.
     pub auth: Auth<'a>,
     /// Request translation (upstream model name, output cap, ...).

@@ -23,5 +23,6 @@ pub mod error;
 
 pub use adapter::{AnthropicTarget, ChatPassTarget, ChatTarget};
 pub use body::{Answer, ChatToAnthropic, ChatToResponses, LlmBody, StreamTranslator};
-pub use client::{Auth, ClientError, ClientOptions, Parts, Upstream};
+pub use client::{Auth, ClientError, ClientOptions, Parts, Upstream, upstream_url};
 pub use error::{ErrorReply, LlmError, Protocol};
+pub use reqwest::Url;

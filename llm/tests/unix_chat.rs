@@ -47,7 +47,8 @@ async fn chat_over_a_unix_socket_is_passed_through_and_metered() {
         .chat(
             ChatPassTarget {
                 // The host is never resolved: the client connects to the socket.
-                url: "http://no-such-host.invalid/v1/chat/completions",
+                url: &agentbox_llm::upstream_url("http://no-such-host.invalid/v1/chat/completions")
+                    .unwrap(),
                 auth: Auth::Bearer(&token),
                 headers: &[("x-session-id", "s1")],
                 size_hint: 64,

@@ -39,8 +39,9 @@ where
 }
 
 async fn call(up: &Upstream, url: &str) -> LlmError {
+    let url = agentbox_llm::upstream_url(url).unwrap();
     let target = AnthropicTarget {
-        url,
+        url: &url,
         auth: Auth::None,
         version: "2023-06-01",
         size_hint: 0,

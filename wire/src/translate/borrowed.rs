@@ -358,6 +358,28 @@ impl<'de> Visitor<'de> for KeyText {
     }
 }
 
+/// A body with no `\u` escape anywhere in it (so no lone surrogate either), made only by
+/// [`NoUnicodeEscapes::check`]: the proof one search over the body passes on, so the next step
+/// does not search it again.
+#[derive(Debug, Clone, Copy)]
+pub struct NoUnicodeEscapes<'a>(&'a str);
+
+impl<'a> NoUnicodeEscapes<'a> {
+    /// `body`, when it holds no `\u`.
+    #[must_use]
+    pub fn check(body: &'a str) -> Option<Self> {
+        memchr::memmem::find(body.as_bytes(), b"\\u")
+            .is_none()
+            .then_some(NoUnicodeEscapes(body))
+    }
+
+    /// The body.
+    #[must_use]
+    pub fn as_str(self) -> &'a str {
+        self.0
+    }
+}
+
 /// An Anthropic request body parsed with its strings borrowed, checked to be one the owned
 /// path would translate without error (see the module docs for what is left to that path).
 #[derive(Debug)]
@@ -371,6 +393,9 @@ pub struct AnthropicBody<'a> {
 impl<'a> AnthropicBody<'a> {
     /// Parses and checks `body`; `None` when the owned path must take it.
     pub fn parse(body: &'a str) -> Option<Self> {
+        if has_lone_surrogate(body.as_bytes()) {
+            return None;
+        }
         Self::parse_with(body, false)
     }
 
@@ -380,13 +405,21 @@ impl<'a> AnthropicBody<'a> {
     /// first) can take a body this accepts without that step: it is a JSON object with unique
     /// top-level keys.
     pub fn parse_unique_keys(body: &'a str) -> Option<Self> {
-        Self::parse_with(body, true)
-    }
-
-    fn parse_with(body: &'a str, unique_keys: bool) -> Option<Self> {
         if has_lone_surrogate(body.as_bytes()) {
             return None;
         }
+        Self::parse_with(body, true)
+    }
+
+    /// [`AnthropicBody::parse_unique_keys`] for a body already searched for `\u` escapes
+    /// (the bridge's URL-source pre-scan does): with none, it cannot hold a lone surrogate,
+    /// and the body is not searched again.
+    pub fn parse_unique_keys_checked(body: NoUnicodeEscapes<'a>) -> Option<Self> {
+        Self::parse_with(body.0, true)
+    }
+
+    /// The parse itself; the caller has refused bodies with a lone surrogate.
+    fn parse_with(body: &'a str, unique_keys: bool) -> Option<Self> {
         let req: Req<'a> = if unique_keys {
             let mut de = serde_json::Deserializer::from_str(body);
             let req = de.deserialize_map(UniqueKeys).ok()?;
@@ -1092,6 +1125,15 @@ mod tests {
     /// The borrowed path's chat body for `body`, parsed back, when it takes the body.
     fn borrowed(body: &str, opts: &ChatOptions) -> Option<Value> {
         let unique = AnthropicBody::parse_unique_keys(body).map(|b| b.write_chat(opts, None));
+        // Past the bridge's one search for `\u`, the parse that skips its own takes the same.
+        match NoUnicodeEscapes::check(body) {
+            Some(checked) => assert_eq!(
+                AnthropicBody::parse_unique_keys_checked(checked).map(|b| b.write_chat(opts, None)),
+                unique,
+                "{body}"
+            ),
+            None => assert!(body.contains("\\u"), "{body}"),
+        }
         let parsed = AnthropicBody::parse(body);
         assert_eq!(
             unique,

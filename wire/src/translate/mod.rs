@@ -55,7 +55,7 @@ mod responses_stream;
 mod stream;
 mod tool_names;
 
-pub use borrowed::AnthropicBody;
+pub use borrowed::{AnthropicBody, NoUnicodeEscapes};
 pub use chunks::StreamTranslator;
 pub use request::anthropic_into_chat;
 pub use response::chat_to_anthropic_response;
