@@ -15,7 +15,7 @@ use std::time::Duration;
 use agentbox_api::gateway::{GatewayStatus, OpenTask, Remaining, Reserved, TaskUsage, TaskView};
 use agentbox_http::loopback::LoopbackGuard;
 use agentbox_http::{BodyBudget, BodyBudgets, ConnectionLimit};
-use agentbox_llm::{ClientError, ClientOptions, Upstream};
+use agentbox_llm::{ClientError, ClientOptions, Upstream, Url};
 use agentbox_policy::config::{Config, HostEnv, Model, ModelId};
 use agentbox_policy::id::Tid;
 use agentbox_policy::secret::Secret;
@@ -122,6 +122,14 @@ pub enum StartError {
     /// An event loop for the task sockets could not be started.
     #[error(transparent)]
     Shards(#[from] ShardError),
+    /// A configured upstream, with the path the gateway calls, is not a usable URL.
+    #[error("{key}: {reason}")]
+    Endpoint {
+        /// The setting it comes from.
+        key: &'static str,
+        /// What the URL parser said.
+        reason: String,
+    },
 }
 
 struct Task {
@@ -183,11 +191,21 @@ impl Gateway {
         let threads = opts.threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
         });
+        let endpoint = |key: &'static str, base: &str, path: &str| {
+            Url::parse(&format!("{base}{path}")).map_err(|e| StartError::Endpoint {
+                key,
+                reason: e.to_string(),
+            })
+        };
+        let ollama_messages = endpoint("gateway.ollama_url", &opts.ollama_url, "/v1/messages")?;
+        let bridge_messages = endpoint("gateway.bridge_url", &opts.bridge_url, "/v1/messages")?;
+        let vllm_messages = endpoint("vllm", "http://127.0.0.1", "/v1/messages")?;
         let shards = Shards::start(threads, || {
             Ok::<_, StartError>(ProxyConfig {
                 upstream: Upstream::new(&ClientOptions::default())?,
-                ollama_url: opts.ollama_url.clone(),
-                bridge_url: opts.bridge_url.clone(),
+                ollama_messages: ollama_messages.clone(),
+                bridge_messages: bridge_messages.clone(),
+                vllm_messages: vllm_messages.clone(),
                 bridge_token: opts.bridge_token.clone(),
                 max_body_bytes: opts.max_body_bytes,
                 body_timeout: opts.body_timeout,

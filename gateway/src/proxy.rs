@@ -34,7 +34,7 @@ use std::time::Duration;
 use agentbox_http::loopback::LoopbackGuard;
 use agentbox_http::{BodyBudgets, BodyCharge, BodyError, BudgetedBodyError, read_body_within};
 use agentbox_llm::adapter::anthropic_version;
-use agentbox_llm::{Answer, AnthropicTarget, Auth, LlmError, Parts, Upstream};
+use agentbox_llm::{Answer, AnthropicTarget, Auth, LlmError, Parts, Upstream, Url};
 use agentbox_policy::config::{Backend, Model};
 use agentbox_policy::id::Tid;
 use agentbox_policy::sanitize::{SanitizeError, raw};
@@ -61,10 +61,12 @@ use crate::ledger::Reservation;
 pub struct ProxyConfig {
     /// The upstream client.
     pub upstream: Upstream,
-    /// Ollama's base URL, without a trailing `/`.
-    pub ollama_url: String,
-    /// The bridge's base URL, without a trailing `/`.
-    pub bridge_url: String,
+    /// Ollama's `/v1/messages`, parsed once at start.
+    pub ollama_messages: Url,
+    /// The bridge's `/v1/messages`, parsed once at start.
+    pub bridge_messages: Url,
+    /// `http://127.0.0.1/v1/messages`: a local vLLM's, its port set per model.
+    pub vllm_messages: Url,
     /// The bridge's bearer token, for remote models.
     pub bridge_token: Option<Secret>,
     /// Largest request body.
@@ -86,7 +88,7 @@ pub const DRAIN_LIMIT: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone)]
 pub struct Destination {
     /// The full `/v1/messages` URL.
-    pub url: String,
+    pub url: Url,
     /// The `model` to send.
     pub model: String,
     /// Whether this is the bridge (needs the bridge token).
@@ -105,20 +107,25 @@ impl ProxyConfig {
                 upstream_model,
                 ..
             } => Some(Destination {
-                url: format!("http://127.0.0.1:{port}/v1/messages"),
+                // An http URL always takes a port.
+                url: {
+                    let mut url = self.vllm_messages.clone();
+                    url.set_port(Some(*port)).ok()?;
+                    url
+                },
                 model: upstream_model.clone(),
                 bridge: false,
                 owned: true,
             }),
             Backend::Ollama { upstream_model } => Some(Destination {
-                url: format!("{}/v1/messages", self.ollama_url),
+                url: self.ollama_messages.clone(),
                 model: upstream_model.clone(),
                 bridge: false,
                 owned: false,
             }),
             // The bridge resolves the agentbox id to the provider's model itself.
             Backend::Remote { .. } => Some(Destination {
-                url: format!("{}/v1/messages", self.bridge_url),
+                url: self.bridge_messages.clone(),
                 model: model.id.to_string(),
                 bridge: true,
                 owned: true,
@@ -291,7 +298,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
     // Before reserving anything: a listener of another uid on the port (the bridge down, someone
     // else bound it) gets neither the prompt nor the token.
     if dest.owned
-        && let Err(e) = ctx.cfg.loopback.check_url(&dest.url)
+        && let Err(e) = ctx.cfg.loopback.check_parsed(&dest.url)
     {
         tracing::error!(tid = %ctx.account.tid(), error = %e, "refusing to send to an untrusted upstream");
         return Err(ProxyError::UntrustedUpstream);
@@ -378,15 +385,8 @@ impl Call {
             Some(t) => Auth::Bearer(t),
             None => Auth::None,
         };
-        let url = match agentbox_llm::upstream_url(&self.dest.url) {
-            Ok(url) => url,
-            Err(e) => {
-                settle_failed(admission, &e);
-                return Err(e.into());
-            }
-        };
         let target = AnthropicTarget {
-            url: &url,
+            url: &self.dest.url,
             auth,
             version: &self.version,
             size_hint: usize::try_from(self.body.len()).unwrap_or(usize::MAX),

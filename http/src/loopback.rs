@@ -189,7 +189,15 @@ impl LoopbackGuard {
     /// [`LoopbackError`] when a loopback listener there is not the expected uid's.
     pub fn check_url(&self, url: &str) -> Result<(), LoopbackError> {
         let parsed = url::Url::parse(url).map_err(|_| LoopbackError::BadUrl(url.to_owned()))?;
-        let Some(addrs) = loopback_addrs(&parsed) else {
+        self.check_parsed(&parsed)
+    }
+
+    /// [`LoopbackGuard::check_url`] for a URL already parsed (a daemon's configured endpoint).
+    ///
+    /// # Errors
+    /// [`LoopbackError`] when a loopback listener there is not the expected uid's.
+    pub fn check_parsed(&self, parsed: &url::Url) -> Result<(), LoopbackError> {
+        let Some(addrs) = loopback_addrs(parsed) else {
             return Ok(());
         };
         for addr in addrs {
