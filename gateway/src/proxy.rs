@@ -298,7 +298,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
     // Before reserving anything: a listener of another uid on the port (the bridge down, someone
     // else bound it) gets neither the prompt nor the token.
     if dest.owned
-        && let Err(e) = ctx.cfg.loopback.check_parsed(&dest.url)
+        && let Err(e) = ctx.cfg.loopback.check_url(&dest.url)
     {
         tracing::error!(tid = %ctx.account.tid(), error = %e, "refusing to send to an untrusted upstream");
         return Err(ProxyError::UntrustedUpstream);

@@ -41,9 +41,6 @@ pub enum LoopbackError {
     /// The socket tables could not be read.
     #[error("cannot read the socket tables: {0}")]
     Tables(String),
-    /// The destination is not a URL.
-    #[error("{0:?} is not a URL")]
-    BadUrl(String),
 }
 
 /// The uids of every TCP socket listening where a connection to `addr` could land.
@@ -183,20 +180,12 @@ impl LoopbackGuard {
         self.expected
     }
 
-    /// Checks `url` if its host is on loopback; other hosts pass.
+    /// Checks `url` if its host is on loopback; other hosts pass. The URL comes parsed: a
+    /// daemon parses its configured endpoints once, at start.
     ///
     /// # Errors
     /// [`LoopbackError`] when a loopback listener there is not the expected uid's.
-    pub fn check_url(&self, url: &str) -> Result<(), LoopbackError> {
-        let parsed = url::Url::parse(url).map_err(|_| LoopbackError::BadUrl(url.to_owned()))?;
-        self.check_parsed(&parsed)
-    }
-
-    /// [`LoopbackGuard::check_url`] for a URL already parsed (a daemon's configured endpoint).
-    ///
-    /// # Errors
-    /// [`LoopbackError`] when a loopback listener there is not the expected uid's.
-    pub fn check_parsed(&self, parsed: &url::Url) -> Result<(), LoopbackError> {
+    pub fn check_url(&self, parsed: &url::Url) -> Result<(), LoopbackError> {
         let Some(addrs) = loopback_addrs(parsed) else {
             return Ok(());
         };
