@@ -564,6 +564,111 @@ impl TaskCgroup {
     }
 }
 
+/// Task cgroups made ahead of the runs that take them, all with the one set of limits every
+/// run gets: a start that finds one ready makes no `mkdir` and writes no limit (on v1 that is
+/// four directories and five files, a tenth of the launcher's own work per start; see
+/// BENCHMARKS.md). Each is named `spare.<n>`, which no tid can be; a spare a crashed launcher
+/// left is removed by the next one's sweep of the parent, like any other task cgroup.
+#[derive(Debug)]
+pub struct Spares {
+    cgroups: Cgroups,
+    limits: CgroupLimits,
+    keep: usize,
+    state: std::sync::Mutex<SpareState>,
+}
+
+#[derive(Debug, Default)]
+struct SpareState {
+    ready: Vec<TaskCgroup>,
+    /// Being made by a [`Spares::refill`] now (counted so two refills never overshoot).
+    making: usize,
+    next: u64,
+    /// After [`Spares::clear`]: refills make nothing.
+    closed: bool,
+}
+
+/// The prefix of a spare's name: `.` is not a tid character.
+pub const SPARE_PREFIX: &str = "spare.";
+
+impl Spares {
+    /// Keeps up to `keep` cgroups with `limits` ready below the parent of `cgroups`; none is
+    /// made before the first [`Spares::refill`].
+    pub fn new(cgroups: Cgroups, limits: CgroupLimits, keep: usize) -> Spares {
+        Spares {
+            cgroups,
+            limits,
+            keep,
+            state: std::sync::Mutex::new(SpareState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SpareState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A ready cgroup with the limits, if one is left.
+    pub fn take(&self) -> Option<TaskCgroup> {
+        self.lock().ready.pop()
+    }
+
+    /// Makes spares until `keep` are ready (blocking: directory and file writes on the cgroup
+    /// filesystem). A spare that cannot be made completely is removed again.
+    pub fn refill(&self) -> Result<(), CgroupError> {
+        loop {
+            let name = {
+                let mut st = self.lock();
+                if st.closed || st.ready.len() + st.making >= self.keep {
+                    return Ok(());
+                }
+                st.making += 1;
+                st.next += 1;
+                format!("{SPARE_PREFIX}{}", st.next)
+            };
+            let made = self.make(&name);
+            let mut st = self.lock();
+            st.making -= 1;
+            let task = made?;
+            if st.closed {
+                drop(st);
+                return task.remove();
+            }
+            st.ready.push(task);
+        }
+    }
+
+    fn make(&self, name: &str) -> Result<TaskCgroup, CgroupError> {
+        let task = TaskCgroup {
+            dirs: self.cgroups.task_dirs(name),
+            signaller: Arc::clone(&self.cgroups.signaller),
+        };
+        let made = task
+            .dirs
+            .all()
+            .iter()
+            .try_for_each(|dir| std::fs::create_dir(dir).map_err(io_err(dir, "mkdir")))
+            .and_then(|()| task.write_limits(self.limits));
+        match made {
+            Ok(()) => Ok(task),
+            Err(e) => {
+                let _ = task.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// Removes the spares still ready, and makes no more (shutdown).
+    pub fn clear(&self) -> Result<(), CgroupError> {
+        let ready = {
+            let mut st = self.lock();
+            st.closed = true;
+            std::mem::take(&mut st.ready)
+        };
+        ready.iter().try_for_each(TaskCgroup::remove)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -711,6 +816,67 @@ mod tests {
         let cg = Cgroups::with_hierarchy(v1(tmp.path()), Arc::new(FakeKill::default()));
         assert!(cg.open("../x").is_none());
         assert!(Cgroups::detect(tmp.path(), "a/b", Arc::new(RealSignaller)).is_err());
+    }
+
+    #[test]
+    fn spares_are_made_ahead_with_the_limits_and_cleared() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cg = Cgroups::with_hierarchy(v1(tmp.path()), Arc::new(FakeKill::default()));
+        cg.prepare().unwrap();
+        let spares = Spares::new(cg.clone(), LIMITS, 2);
+        assert!(spares.take().is_none(), "nothing before the first refill");
+        spares.refill().unwrap();
+        assert_eq!(cg.list(), vec!["spare.1".to_owned(), "spare.2".to_owned()]);
+        // A second refill with both ready makes nothing.
+        spares.refill().unwrap();
+        assert_eq!(cg.list().len(), 2);
+        let task = spares.take().unwrap();
+        let dir = tmp.path().join("memory/agentbox/spare.2");
+        assert_file(&dir.join("memory.limit_in_bytes"), "67108864");
+        assert_file(&tmp.path().join("pids/agentbox/spare.2/pids.max"), "32");
+        assert_file(
+            &tmp.path().join("cpu/agentbox/spare.2/cpu.cfs_quota_us"),
+            "200000",
+        );
+        assert_eq!(
+            task.join_files(),
+            ["memory", "pids", "cpu", "freezer"]
+                .map(|c| tmp.path().join(c).join("agentbox/spare.2/tasks"))
+        );
+        spares.refill().unwrap();
+        assert_eq!(
+            cg.list(),
+            ["spare.1", "spare.2", "spare.3"].map(str::to_owned)
+        );
+        // The fake tree's limit files make the directories non-empty: empty them as the
+        // kernel would on rmdir.
+        let empty = |name: &str| {
+            for c in ["memory", "pids", "cpu", "freezer"] {
+                let d = tmp.path().join(c).join("agentbox").join(name);
+                for e in std::fs::read_dir(&d).unwrap() {
+                    std::fs::remove_file(e.unwrap().path()).unwrap();
+                }
+            }
+        };
+        empty("spare.1");
+        empty("spare.3");
+        spares.clear().unwrap();
+        assert_eq!(cg.list(), vec!["spare.2".to_owned()], "the taken one stays");
+        spares.refill().unwrap();
+        assert!(spares.take().is_none(), "cleared: no more are made");
+    }
+
+    #[test]
+    fn a_spare_that_cannot_be_made_is_not_kept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cg = Cgroups::with_hierarchy(v1(tmp.path()), Arc::new(FakeKill::default()));
+        cg.prepare().unwrap();
+        // The pids controller's parent is gone: the second mkdir fails.
+        std::fs::remove_dir(tmp.path().join("pids/agentbox")).unwrap();
+        let spares = Spares::new(cg.clone(), LIMITS, 1);
+        assert!(spares.refill().is_err());
+        assert!(spares.take().is_none());
+        assert!(cg.list().is_empty(), "{:?}", cg.list());
     }
 
     #[test]

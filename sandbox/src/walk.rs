@@ -84,6 +84,11 @@ pub struct WalkReport {
     pub skipped: Vec<String>,
     /// Entries removed or left alone beyond those listed in `skipped`.
     pub unlisted: u64,
+    /// Bytes the entries it changed or kept occupy on disk (allocated 512-byte blocks, as
+    /// [`crate::disk::measure`] counts them; a hand-over refuses hard links, so each inode
+    /// counts once): a hand-over's report is the workspace's usage at the start of the run,
+    /// with no third walk to measure it.
+    pub bytes: u64,
 }
 
 impl WalkReport {
@@ -436,6 +441,10 @@ impl Walker {
         if self.pass == Pass::Scan {
             return Ok(());
         }
+        self.report.bytes = self
+            .report
+            .bytes
+            .saturating_add(st.blocks.saturating_mul(512));
         let mut changed = false;
         if st.uid != self.to.uid || st.gid != self.to.gid {
             fs::chownat(
@@ -1010,6 +1019,28 @@ pub(crate) mod tests {
         assert_eq!(owner(&ws.join("link")), (SERVICE.uid, SERVICE.gid));
         assert_eq!(mode(&ws.join("a")), 0o755);
         assert_eq!(owner(&outside), (0, 0));
+    }
+
+    /// The hand-over's report is the usage the disk watcher starts from: the same bytes a
+    /// separate measurement finds, sparse holes free.
+    #[test]
+    fn hand_over_reports_what_a_measurement_finds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(ws.join("a/b")).unwrap();
+        std::fs::write(ws.join("a/b/f"), vec![7u8; 300_000]).unwrap();
+        std::fs::write(ws.join("small"), b"x").unwrap();
+        let sparse = std::fs::File::create(ws.join("sparse")).unwrap();
+        sparse.set_len(64 << 20).unwrap();
+        symlink("a/b/f", ws.join("link")).unwrap();
+        let fd = open_dir(&ws);
+        let report = hand_over(fd.as_fd(), AGENT, WalkLimits::default()).unwrap();
+        let usage = crate::disk::measure(fd.as_fd(), WalkLimits::default()).unwrap();
+        assert_eq!(report.bytes, usage.bytes);
+        assert!(
+            report.bytes >= 300_000 && report.bytes < 64 << 20,
+            "{report:?}"
+        );
     }
 
     #[test]
