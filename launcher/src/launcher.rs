@@ -19,7 +19,7 @@
 //! tells them which models have running agents.
 
 use std::collections::BTreeMap;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -37,7 +37,7 @@ use crate::api::{
     HostStatus, LauncherStatus, RunSummary, SnapshotRequest, SnapshotResult,
 };
 use agentbox_sandbox::bwrap::{self, Mounts, Plan, Program, RunAs};
-use agentbox_sandbox::cgroup::{CgroupLimits, Cgroups, TaskCgroup};
+use agentbox_sandbox::cgroup::{CgroupLimits, Cgroups, Spares, TaskCgroup};
 use agentbox_sandbox::disk::{self, ProjectQuota};
 use agentbox_sandbox::proc;
 use agentbox_sandbox::stage::{Sources, Staged, Staging};
@@ -93,6 +93,8 @@ pub struct Launcher {
     backends: Arc<Backends>,
     staging: Staging,
     disk: DiskLimit,
+    /// Cgroups made ahead for agents and checks (`None` without cgroups).
+    spares: Option<Arc<Spares>>,
 }
 
 /// `launcher.limits.disk_mb` and how this host enforces it.
@@ -256,6 +258,78 @@ fn check_agent_range(agents: &AgentIds, service: Owner) -> Result<(), LauncherEr
     Ok(())
 }
 
+/// How many cgroups are kept made ahead for starts ([`Spares`]).
+const SPARE_CGROUPS: usize = 4;
+
+/// The cgroup limits of every sandbox, from `launcher.limits`.
+fn run_limits(config: &Config) -> CgroupLimits {
+    let l = &config.launcher.limits;
+    CgroupLimits {
+        memory_bytes: l.memory_mb.saturating_mul(1 << 20),
+        pids: l.pids,
+        cpus: l.cpus,
+    }
+}
+
+/// What [`Launcher::prepare`] made for a run, in the order it is undone.
+struct Prepared {
+    staged: Staged,
+    logs: (std::fs::File, std::fs::File),
+    log_kind: LogKind,
+    cgroup: TaskCgroup,
+}
+
+/// A sandbox just spawned, with what it runs in and the tasks copying its output.
+struct Started {
+    sandbox: bwrap::Sandbox,
+    cgroup: TaskCgroup,
+    captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
+    staged: Staged,
+}
+
+impl Prepared {
+    /// Undoes a preparation whose run will not start (its hand-over failed): the cgroup
+    /// removed, the mounts released, the fresh logs removed.
+    fn discard(self, tid: &Tid, data: &DataDir) {
+        data.remove_logs(tid, self.log_kind);
+        if let Err(e) = self.cgroup.remove() {
+            tracing::warn!(%tid, error = %e, "cannot remove the cgroup of a run that did not start");
+        }
+        if let Err(e) = self.staged.release() {
+            tracing::warn!(%tid, error = %e, "cannot release the mounts of a run that did not start");
+        }
+    }
+}
+
+/// Bounds a run's disk, on a blocking thread after the hand-over: under a project quota, tags
+/// the (handed-over) workspace with the run's own agent uid as its project id; if that fails,
+/// or the filesystem has no quota, the run gets the watcher, whose allowance is the larger of
+/// the limit and the usage the hand-over found (`sizes`: limit, usage in bytes).
+fn limit_disk(
+    tid: &Tid,
+    quota: Option<&ProjectQuota>,
+    workspace: BorrowedFd<'_>,
+    agent: Owner,
+    (bytes, usage): (u64, u64),
+    limits: WalkLimits,
+) -> DiskGuard {
+    if let Some(quota) = quota {
+        let project = agent.uid;
+        match quota.assign(workspace, project, bytes, limits) {
+            Ok(limit) => return DiskGuard::Quota { project, limit },
+            Err(e) => {
+                // Whatever was tagged is untagged, so the run is not also counted against the
+                // project.
+                let _ = quota.release(workspace, project, limits);
+                tracing::warn!(%tid, error = %e, "project quota: falling back to the watcher");
+            }
+        }
+    }
+    DiskGuard::Watch {
+        allowance: bytes.max(usage),
+    }
+}
+
 impl Launcher {
     /// Builds the launcher; call [`Launcher::recover`] before serving.
     pub fn new(settings: Settings) -> Result<Arc<Launcher>, LauncherError> {
@@ -264,7 +338,16 @@ impl Launcher {
         let backend_store = BackendStore::open(&settings.data.backend_state_dir())?;
         let agents = AgentIds::new(&settings.config);
         check_agent_range(&agents, settings.service)?;
-        let staging = Staging::new(settings.data.path().join("mnt"), settings.data.mnt_dir()?);
+        // The daemon runs in a mount namespace of its own (`daemon::main`), so the tmpfs is
+        // seen by the launcher and the sandboxes it starts only.
+        let mnt = settings.data.path().join("mnt");
+        let staging = match Staging::on_tmpfs(mnt.clone(), settings.data.mnt_dir()?) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "staging mount points stay on the data dir's filesystem");
+                Staging::new(mnt, settings.data.mnt_dir()?)
+            }
+        };
         let probe = disk::probe(settings.data.tasks_dir()?.as_fd());
         tracing::info!(mode = ?probe.mode(), detail = %probe.detail, "per-run disk limit");
         let disk = DiskLimit {
@@ -279,6 +362,13 @@ impl Launcher {
         };
         let tracker = TaskTracker::new();
         let shutdown = CancellationToken::new();
+        let spares = settings.cgroups.as_ref().ok().map(|c| {
+            Arc::new(Spares::new(
+                c.clone(),
+                run_limits(&settings.config),
+                SPARE_CGROUPS,
+            ))
+        });
         let backends = Backends::new(
             &settings.config,
             backend_store,
@@ -313,6 +403,7 @@ impl Launcher {
             backends: Arc::new(backends),
             staging,
             disk,
+            spares,
         }))
     }
 
@@ -343,6 +434,25 @@ impl Launcher {
         self.shutdown.cancel();
         self.tracker.close();
         self.tracker.wait().await;
+        if let Some(spares) = &self.spares
+            && let Err(e) = spares.clear()
+        {
+            tracing::warn!(error = %e, "cannot remove the spare cgroups");
+        }
+    }
+
+    /// Tops the spare cgroups up in the background (after a start took one, at startup).
+    fn refill_spares(&self) {
+        let Some(spares) = self.spares.as_ref().map(Arc::clone) else {
+            return;
+        };
+        self.tracker.spawn(async move {
+            match tokio::task::spawn_blocking(move || spares.refill()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "cannot make spare cgroups"),
+                Err(e) => tracing::warn!(error = %e, "cannot make spare cgroups"),
+            }
+        });
     }
 
     fn lock(&self) -> MutexGuard<'_, Registry> {
@@ -373,12 +483,7 @@ impl Launcher {
     }
 
     fn limits(&self) -> CgroupLimits {
-        let l = &self.config.launcher.limits;
-        CgroupLimits {
-            memory_bytes: l.memory_mb.saturating_mul(1 << 20),
-            pids: l.pids,
-            cpus: l.cpus,
-        }
+        run_limits(&self.config)
     }
 
     fn output_cap(&self) -> u64 {
@@ -601,46 +706,63 @@ impl Launcher {
         }
         let workspace = ws.into_fd();
         let walk_fd = workspace.try_clone().map_err(LauncherError::Dup)?;
-        let limits = self.walk_limits;
-        let handed =
-            tokio::task::spawn_blocking(move || walk::hand_over(walk_fd.as_fd(), agent, limits))
-                .await?;
-        if let Err(e) = handed {
-            // The scan refuses before anything changes, but the tree can change under the
-            // second pass (the service user still owns the names): whatever was already given
-            // to the agent uid goes back, or the next request would find a foreign workspace.
-            let mut agent_free = true;
-            if e.changed_anything()
-                && let Err(back) = self.hand_back(&workspace, workspace_gid).await
-            {
-                tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed hand-over");
-                agent_free = false;
+        let (limits, bytes, quota) = (
+            self.walk_limits,
+            self.disk.bytes,
+            self.disk.quota.as_ref().map(Arc::clone),
+        );
+        let walk_tid = tid.clone();
+        // The hand-over and the disk limit take one blocking hop, while this task stages the
+        // mounts, creates the logs and the cgroup: none of those depends on who owns the
+        // workspace's files, and nothing runs before both are done. The hand-over's report is
+        // the usage the watcher needs; no third walk measures it.
+        let handing_over = tokio::task::spawn_blocking(move || {
+            let report = walk::hand_over(walk_fd.as_fd(), agent, limits)?;
+            Ok::<_, walk::WalkError>(limit_disk(
+                &walk_tid,
+                quota.as_deref(),
+                walk_fd.as_fd(),
+                agent,
+                (bytes, report.bytes),
+                limits,
+            ))
+        });
+        let prepared = self.prepare(&spec, cgroups, workspace.as_fd());
+        let (handed, prepared) = tokio::join!(handing_over, prepared);
+        let disk = match handed? {
+            Ok(disk) => disk,
+            Err(e) => {
+                // The scan refuses before anything changes, but the tree can change under the
+                // second pass (the service user still owns the names): whatever was already
+                // given to the agent uid goes back, or the next request would find a foreign
+                // workspace.
+                if let Ok(p) = prepared {
+                    p.discard(tid, &self.data);
+                }
+                let mut agent_free = true;
+                if e.changed_anything()
+                    && let Err(back) = self.hand_back(&workspace, workspace_gid).await
+                {
+                    tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed hand-over");
+                    agent_free = false;
+                }
+                return Err(LaunchFailed {
+                    error: LauncherError::HandOver(e),
+                    agent_free,
+                });
             }
-            return Err(LaunchFailed {
-                error: LauncherError::HandOver(e),
-                agent_free,
-            });
-        }
-        let disk = self.limit_disk(tid, &workspace, agent).await;
-        let started = async {
-            let sources = Sources {
-                workspace: workspace.as_fd(),
-                gateway: spec.gateway.as_ref().map(AsFd::as_fd),
-                venv: spec.venv.as_ref().map(AsFd::as_fd),
-                home: None,
-                tmp: None,
-                server_dir: None,
-                clients: None,
-            };
-            let staged = self.staging.stage(tid, sources)?;
-            let (sandbox, cgroup, captures) = self
-                .spawn_sandbox(&spec, agent, cgroups, &staged.mounts)
-                .await?;
-            Ok::<_, LauncherError>((sandbox, cgroup, captures, staged))
-        }
-        .await;
+        };
+        let started = match prepared {
+            Ok(p) => self.spawn_sandbox(&spec, agent, p),
+            Err(e) => Err(e),
+        };
         match started {
-            Ok((sandbox, cgroup, captures, staged)) => Ok(Running {
+            Ok(Started {
+                sandbox,
+                cgroup,
+                captures,
+                staged,
+            }) => Ok(Running {
                 child: sandbox.child,
                 status: sandbox.status,
                 cgroup,
@@ -667,28 +789,63 @@ impl Launcher {
         }
     }
 
-    async fn spawn_sandbox(
-        self: &Arc<Self>,
+    /// What a run needs besides its handed-over workspace: the staged mounts, fresh logs and
+    /// its cgroup. Whatever was made is undone if a later step fails.
+    async fn prepare(
+        &self,
         spec: &RunSpec,
-        agent: Owner,
         cgroups: &Cgroups,
-        staged: &Mounts,
-    ) -> Result<
-        (
-            bwrap::Sandbox,
-            TaskCgroup,
-            Vec<tokio::task::JoinHandle<proc::Captured>>,
-        ),
-        LauncherError,
-    > {
+        workspace: BorrowedFd<'_>,
+    ) -> Result<Prepared, LauncherError> {
         let tid = &spec.tid;
         let log_kind = match spec.kind {
             RunKind::Agent => LogKind::Agent,
             RunKind::Check => LogKind::Check,
             RunKind::Slot => return Err(LauncherError::Internal("slots start through start_slot")),
         };
-        let (out_file, err_file) = self.data.create_logs(tid, log_kind)?;
-        let cgroup = cgroups.create(tid.as_str(), self.limits()).await?;
+        let sources = Sources {
+            workspace,
+            gateway: spec.gateway.as_ref().map(AsFd::as_fd),
+            venv: spec.venv.as_ref().map(AsFd::as_fd),
+            home: None,
+            tmp: None,
+            server_dir: None,
+            clients: None,
+        };
+        let staged = self.staging.stage(tid, sources)?;
+        let logs = self.data.create_logs(tid, log_kind)?;
+        // Spares are topped up when a run ends, not here: making one now would contend with
+        // this sandbox's start for the cgroup locks.
+        let cgroup = match self.spares.as_ref().and_then(|s| s.take()) {
+            Some(c) => c,
+            None => match cgroups.create(tid.as_str(), self.limits()).await {
+                Ok(c) => c,
+                Err(e) => {
+                    self.data.remove_logs(tid, log_kind);
+                    return Err(e.into());
+                }
+            },
+        };
+        Ok(Prepared {
+            staged,
+            logs,
+            log_kind,
+            cgroup,
+        })
+    }
+
+    fn spawn_sandbox(
+        self: &Arc<Self>,
+        spec: &RunSpec,
+        agent: Owner,
+        prepared: Prepared,
+    ) -> Result<Started, LauncherError> {
+        let Prepared {
+            staged,
+            logs: (out_file, err_file),
+            log_kind: _,
+            cgroup,
+        } = prepared;
         let limits = &self.config.launcher.limits;
         let plan = Plan {
             program: spec.program.clone(),
@@ -701,31 +858,36 @@ impl Launcher {
             claude_bin: self.config.launcher.claude_bin.clone(),
         };
         let dup = |fd: &OwnedFd| fd.try_clone().map_err(LauncherError::Dup);
-        let mounts = Mounts {
-            workspace: dup(&staged.workspace)?,
-            venv: staged.venv.as_ref().map(dup).transpose()?,
-            gateway: staged.gateway.as_ref().map(dup).transpose()?,
-            home: None,
-            tmp: None,
-            server_dir: None,
-            clients: None,
-        };
+        let mounts = (|| {
+            Ok::<_, LauncherError>(Mounts {
+                workspace: dup(&staged.mounts.workspace)?,
+                venv: staged.mounts.venv.as_ref().map(dup).transpose()?,
+                gateway: staged.mounts.gateway.as_ref().map(dup).transpose()?,
+                home: None,
+                tmp: None,
+                server_dir: None,
+                clients: None,
+            })
+        })();
         let run_as = RunAs {
             uid: agent.uid,
             gid: agent.gid,
         };
-        let mut sandbox = match bwrap::spawn(
-            &plan,
-            &mounts,
-            &cgroup.join_files(),
-            run_as,
-            &self.bwrap,
-            spec.stdin.as_deref().map(str::as_bytes),
-        ) {
+        let spawned = mounts.and_then(|mounts| {
+            Ok(bwrap::spawn(
+                &plan,
+                &mounts,
+                &cgroup.join_files(),
+                run_as,
+                &self.bwrap,
+                spec.stdin.as_deref().map(str::as_bytes),
+            )?)
+        });
+        let mut sandbox = match spawned {
             Ok(c) => c,
             Err(e) => {
                 let _ = cgroup.remove();
-                return Err(e.into());
+                return Err(e);
             }
         };
         let cap = self.output_cap();
@@ -738,59 +900,12 @@ impl Launcher {
             let sink = tokio::fs::File::from_std(err_file);
             captures.push(self.tracker.spawn(proc::capture(err, sink, Some(cap))));
         }
-        Ok((sandbox, cgroup, captures))
-    }
-
-    /// Bounds the run's disk: under a project quota, tags the (handed-over) workspace with the
-    /// run's own agent uid as its project id; if that fails, or the filesystem has no quota,
-    /// the run gets the watcher, whose allowance is measured here, before anything runs.
-    async fn limit_disk(
-        self: &Arc<Self>,
-        tid: &Tid,
-        workspace: &OwnedFd,
-        agent: Owner,
-    ) -> DiskGuard {
-        let (bytes, limits) = (self.disk.bytes, self.walk_limits);
-        let dup = || workspace.try_clone().map_err(|e| e.to_string());
-        if let Some(quota) = &self.disk.quota {
-            let quota = Arc::clone(quota);
-            let project = agent.uid;
-            let assigned = match dup() {
-                Ok(fd) => tokio::task::spawn_blocking(move || {
-                    let r = quota.assign(fd.as_fd(), project, bytes, limits);
-                    if r.is_err() {
-                        // Whatever was tagged is untagged, so the run is not also counted
-                        // against the project.
-                        let _ = quota.release(fd.as_fd(), project, limits);
-                    }
-                    r.map_err(|e| e.to_string())
-                })
-                .await
-                .unwrap_or_else(|e| Err(e.to_string())),
-                Err(e) => Err(e),
-            };
-            match assigned {
-                Ok(limit) => return DiskGuard::Quota { project, limit },
-                Err(e) => {
-                    tracing::warn!(%tid, error = %e, "project quota: falling back to the watcher");
-                }
-            }
-        }
-        let measured = match dup() {
-            Ok(fd) => tokio::task::spawn_blocking(move || disk::measure(fd.as_fd(), limits))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string())),
-            Err(e) => Err(e),
-        };
-        let allowance = match measured {
-            Ok(usage) => bytes.max(usage.bytes),
-            Err(e) => {
-                tracing::warn!(%tid, error = %e, "cannot measure the workspace before the run");
-                bytes
-            }
-        };
-        DiskGuard::Watch { allowance }
+        Ok(Started {
+            sandbox,
+            cgroup,
+            captures,
+            staged,
+        })
     }
 
     /// After the sandbox is gone: whether the workspace reached its limit (the quota's usage, or
@@ -922,6 +1037,7 @@ impl Launcher {
             exit_code = None;
         }
         let truncated = release_sandbox(cgroup, staged, captures, &mut errors).await;
+        self.refill_spares();
         match self.release_disk(&workspace, disk).await {
             Ok(over) => disk_exceeded |= over,
             Err(e) => errors.push(e),
@@ -1269,6 +1385,8 @@ impl Launcher {
             }
         }
         self.recover_slots();
+        // After the sweep above, which would have removed them.
+        self.refill_spares();
         for record in self.store.load_all() {
             let tid = record.tid.clone();
             let (fin, outcome) = match record.finished {

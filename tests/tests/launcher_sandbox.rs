@@ -271,3 +271,32 @@ fn venv_is_mounted_read_only() {
         r.raw
     );
 }
+
+/// The staging mount points (`mnt/<tid>/…`, where the launcher binds each validated directory
+/// before bwrap reads the path back) are on a tmpfs only the launcher's mount namespace has:
+/// root-owned 0711, nothing on the host's mount table, and a check still sees its workspace
+/// through it.
+#[test]
+fn staging_is_a_tmpfs_of_the_launchers_namespace_only() {
+    use std::os::unix::fs::MetadataExt;
+    let l = Launcher::start(Options::default());
+    let v = l.probe("tf1", "echo seen > f && cat f");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(out(&v), "seen\n");
+    let mnt = l.data.join("mnt");
+    let mnt = mnt.to_str().unwrap();
+    let theirs = std::fs::read_to_string(format!("/proc/{}/mountinfo", l.pid())).unwrap();
+    let line = theirs
+        .lines()
+        .find(|line| line.split(' ').nth(4) == Some(mnt))
+        .unwrap_or_else(|| panic!("no mount on {mnt} in the launcher's namespace:\n{theirs}"));
+    assert!(line.contains(" - tmpfs "), "{line}");
+    assert!(line.contains("mode=711"), "{line}");
+    let ours = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !ours.contains(mnt),
+        "the host sees the staging tmpfs:\n{ours}"
+    );
+    let seen = std::fs::metadata(format!("/proc/{}/root{mnt}", l.pid())).unwrap();
+    assert_eq!((seen.uid(), seen.mode() & 0o7777), (0, 0o711));
+}

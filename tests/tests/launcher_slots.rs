@@ -442,7 +442,12 @@ fn delete_leaves_nothing_and_frees_the_uid() {
     assert_eq!(fin["state"], "killed", "{fin}");
     assert!(fin["pid"].is_null(), "{fin}");
     assert_eq!(files_under(&l.data.join("slots")), Vec::<String>::new());
-    assert_eq!(files_under(&l.data.join("mnt")), Vec::<String>::new());
+    // The staging mount points live on a tmpfs in the launcher's own mount namespace: look
+    // through its root.
+    let staging = PathBuf::from(format!("/proc/{}/root", l.pid()))
+        .join(l.data.join("mnt").strip_prefix("/").unwrap());
+    assert!(staging.is_dir(), "{}", staging.display());
+    assert_eq!(files_under(&staging), Vec::<String>::new());
     assert_eq!(processes_of(uid), Vec::<String>::new());
     assert!(l.cgroup_dirs().is_empty(), "{:?}", l.cgroup_dirs());
     // The lowest free uid again.

@@ -435,7 +435,8 @@ impl Launcher {
         r.body
     }
 
-    /// Every cgroup directory of this launcher, over all hierarchies.
+    /// Every task cgroup directory of this launcher, over all hierarchies (its spares
+    /// excepted, checked to hold no process).
     pub fn cgroup_dirs(&self) -> Vec<PathBuf> {
         let mut v = Vec::new();
         for ctrl in ["memory", "pids", "cpu", "freezer"] {
@@ -444,9 +445,18 @@ impl Launcher {
                 .join(&self.cgroup_parent);
             if p.is_dir() {
                 for e in std::fs::read_dir(&p).unwrap().flatten() {
-                    if e.file_type().unwrap().is_dir() {
-                        v.push(e.path());
+                    if !e.file_type().unwrap().is_dir() {
+                        continue;
                     }
+                    // The launcher's spares are made ahead and belong to no run; they must
+                    // hold no process.
+                    if e.file_name().to_string_lossy().starts_with("spare.") {
+                        let procs = std::fs::read_to_string(e.path().join("cgroup.procs"))
+                            .unwrap_or_default();
+                        assert!(procs.trim().is_empty(), "a spare cgroup holds {procs:?}");
+                        continue;
+                    }
+                    v.push(e.path());
                 }
             }
         }
