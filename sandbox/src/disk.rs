@@ -475,9 +475,14 @@ pub struct Exceeded {
 /// Measures the tree under `top` now and then until it is over `limit` bytes (or its entry or
 /// depth bound), and returns why. Never returns otherwise: the caller races it against the
 /// run's end and drops it. A walk that fails (only the top can make it fail) is retried.
+///
+/// The first walk comes after [`MIN_PAUSE`], not at once: the caller has just measured the
+/// tree (the launcher's hand-over walk) and set `limit` at or above what it found, and a walk
+/// at once would take CPU from the sandbox's start for nothing.
 pub async fn watch(top: OwnedFd, limit: u64, limits: WalkLimits) -> Exceeded {
     let top = Arc::new(top);
     loop {
+        tokio::time::sleep(MIN_PAUSE).await;
         let started = Instant::now();
         let fd = Arc::clone(&top);
         let measured = tokio::task::spawn_blocking(move || measure(fd.as_fd(), limits)).await;
@@ -491,7 +496,8 @@ pub async fn watch(top: OwnedFd, limit: u64, limits: WalkLimits) -> Exceeded {
             Ok(Err(e)) => tracing::warn!(error = %e, "cannot measure a workspace"),
             Err(e) => tracing::warn!(error = %e, "cannot measure a workspace"),
         }
-        tokio::time::sleep(pause_after(took)).await;
+        // MIN_PAUSE of it was slept at the top of the loop.
+        tokio::time::sleep(pause_after(took).saturating_sub(MIN_PAUSE)).await;
     }
 }
 
