@@ -274,7 +274,6 @@ fn run_limits(config: &Config) -> CgroupLimits {
 /// What [`Launcher::prepare`] made for a run, in the order it is undone.
 struct Prepared {
     staged: Staged,
-    logs: (std::fs::File, std::fs::File),
     log_kind: LogKind,
     cgroup: TaskCgroup,
 }
@@ -285,20 +284,7 @@ struct Started {
     cgroup: TaskCgroup,
     captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
     staged: Staged,
-}
-
-impl Prepared {
-    /// Undoes a preparation whose run will not start (its hand-over failed): the cgroup
-    /// removed, the mounts released, the fresh logs removed.
-    fn discard(self, tid: &Tid, data: &DataDir) {
-        data.remove_logs(tid, self.log_kind);
-        if let Err(e) = self.cgroup.remove() {
-            tracing::warn!(%tid, error = %e, "cannot remove the cgroup of a run that did not start");
-        }
-        if let Err(e) = self.staged.release() {
-            tracing::warn!(%tid, error = %e, "cannot release the mounts of a run that did not start");
-        }
-    }
+    log_kind: LogKind,
 }
 
 /// Bounds a run's disk, on a blocking thread after the hand-over: under a project quota, tags
@@ -712,10 +698,6 @@ impl Launcher {
             self.disk.quota.as_ref().map(Arc::clone),
         );
         let walk_tid = tid.clone();
-        // The hand-over and the disk limit take one blocking hop, while this task stages the
-        // mounts, creates the logs and the cgroup: none of those depends on who owns the
-        // workspace's files, and nothing runs before both are done. The hand-over's report is
-        // the usage the watcher needs; no third walk measures it.
         let handing_over = tokio::task::spawn_blocking(move || {
             let report = walk::hand_over(walk_fd.as_fd(), agent, limits)?;
             Ok::<_, walk::WalkError>(limit_disk(
@@ -727,18 +709,35 @@ impl Launcher {
                 limits,
             ))
         });
-        let prepared = self.prepare(&spec, cgroups, workspace.as_fd());
-        let (handed, prepared) = tokio::join!(handing_over, prepared);
-        let disk = match handed? {
+        // While the hand-over (and the disk limit) takes its blocking hop, this task stages the
+        // mounts, creates the logs, takes a cgroup and starts bwrap behind its gate: bwrap builds
+        // the namespaces, mounts and root (most of a start) and then waits right before it
+        // executes the command. None of that depends on who owns the workspace's files, and the
+        // command runs only once the gate opens, after the hand-over succeeded. The hand-over's
+        // report is the usage the watcher needs; no third walk measures it.
+        let started = match self.prepare(&spec, cgroups, workspace.as_fd()).await {
+            Ok(p) => self.spawn_sandbox(&spec, agent, p).await,
+            Err(e) => Err(e),
+        };
+        let handed = match handing_over.await {
+            Ok(handed) => handed,
+            Err(e) => {
+                if let Ok(s) = started {
+                    self.call_off(tid, s).await;
+                }
+                return Err(e.into());
+            }
+        };
+        let disk = match handed {
             Ok(disk) => disk,
             Err(e) => {
+                if let Ok(s) = started {
+                    self.call_off(tid, s).await;
+                }
                 // The scan refuses before anything changes, but the tree can change under the
                 // second pass (the service user still owns the names): whatever was already
                 // given to the agent uid goes back, or the next request would find a foreign
                 // workspace.
-                if let Ok(p) = prepared {
-                    p.discard(tid, &self.data);
-                }
                 let mut agent_free = true;
                 if e.changed_anything()
                     && let Err(back) = self.hand_back(&workspace, workspace_gid).await
@@ -752,8 +751,17 @@ impl Launcher {
                 });
             }
         };
-        let started = match prepared {
-            Ok(p) => self.spawn_sandbox(&spec, agent, p),
+        let started = match started {
+            Ok(mut s) => match s.sandbox.gate.take().map(bwrap::Gate::open).transpose() {
+                Ok(_) => Ok(s),
+                Err(source) => {
+                    self.call_off(tid, s).await;
+                    Err(LauncherError::Spawn(bwrap::SpawnError::Io {
+                        what: "opening the start gate".to_owned(),
+                        source,
+                    }))
+                }
+            },
             Err(e) => Err(e),
         };
         match started {
@@ -762,6 +770,7 @@ impl Launcher {
                 cgroup,
                 captures,
                 staged,
+                log_kind: _,
             }) => Ok(Running {
                 child: sandbox.child,
                 status: sandbox.status,
@@ -789,8 +798,9 @@ impl Launcher {
         }
     }
 
-    /// What a run needs besides its handed-over workspace: the staged mounts, fresh logs and
-    /// its cgroup. Whatever was made is undone if a later step fails.
+    /// What bwrap needs to start besides the workspace's hand-over: the staged mounts and a
+    /// cgroup. The logs come after the spawn, while bwrap builds the sandbox (its output waits
+    /// in the pipes meanwhile).
     async fn prepare(
         &self,
         spec: &RunSpec,
@@ -813,28 +823,22 @@ impl Launcher {
             clients: None,
         };
         let staged = self.staging.stage(tid, sources)?;
-        let logs = self.data.create_logs(tid, log_kind)?;
         // Spares are topped up when a run ends, not here: making one now would contend with
         // this sandbox's start for the cgroup locks.
         let cgroup = match self.spares.as_ref().and_then(|s| s.take()) {
             Some(c) => c,
-            None => match cgroups.create(tid.as_str(), self.limits()).await {
-                Ok(c) => c,
-                Err(e) => {
-                    self.data.remove_logs(tid, log_kind);
-                    return Err(e.into());
-                }
-            },
+            None => cgroups.create(tid.as_str(), self.limits()).await?,
         };
         Ok(Prepared {
             staged,
-            logs,
             log_kind,
             cgroup,
         })
     }
 
-    fn spawn_sandbox(
+    /// Starts bwrap behind its gate, then creates the logs and the tasks copying the output
+    /// into them. A failure after the spawn calls the start off.
+    async fn spawn_sandbox(
         self: &Arc<Self>,
         spec: &RunSpec,
         agent: Owner,
@@ -842,8 +846,7 @@ impl Launcher {
     ) -> Result<Started, LauncherError> {
         let Prepared {
             staged,
-            logs: (out_file, err_file),
-            log_kind: _,
+            log_kind,
             cgroup,
         } = prepared;
         let limits = &self.config.launcher.limits;
@@ -881,6 +884,7 @@ impl Launcher {
                 run_as,
                 &self.bwrap,
                 spec.stdin.as_deref().map(str::as_bytes),
+                bwrap::Start::Gated,
             )?)
         });
         let mut sandbox = match spawned {
@@ -888,6 +892,20 @@ impl Launcher {
             Err(e) => {
                 let _ = cgroup.remove();
                 return Err(e);
+            }
+        };
+        let (out_file, err_file) = match self.data.create_logs(&spec.tid, log_kind) {
+            Ok(files) => files,
+            Err(e) => {
+                let started = Started {
+                    sandbox,
+                    cgroup,
+                    captures: Vec::new(),
+                    staged,
+                    log_kind,
+                };
+                self.call_off(&spec.tid, started).await;
+                return Err(e.into());
             }
         };
         let cap = self.output_cap();
@@ -905,7 +923,47 @@ impl Launcher {
             cgroup,
             captures,
             staged,
+            log_kind,
         })
+    }
+
+    /// Undoes a start whose command must not run (its hand-over failed): every process of the
+    /// sandbox killed and waited for before its gate closes (closing it would let the command
+    /// run), then the cgroup removed, the mounts released and the fresh logs removed. A sandbox
+    /// that cannot be killed keeps its gate shut for the life of the launcher.
+    async fn call_off(&self, tid: &Tid, started: Started) {
+        let Started {
+            mut sandbox,
+            cgroup,
+            captures,
+            staged,
+            log_kind,
+        } = started;
+        let killed = cgroup.kill_all().await;
+        if let Err(e) = sandbox.child.start_kill() {
+            tracing::warn!(%tid, error = %e, "cannot kill bwrap of a start called off");
+        }
+        if let Err(e) = sandbox.child.wait().await {
+            tracing::warn!(%tid, error = %e, "cannot reap bwrap of a start called off");
+        }
+        match (killed, sandbox.gate.take()) {
+            (Ok(()), Some(gate)) => gate.close_after_kill(),
+            (Ok(()), None) => {}
+            (Err(e), gate) => {
+                tracing::error!(%tid, error = %e, "cannot kill a sandbox whose start was called off; its gate stays shut");
+                drop(gate);
+            }
+        }
+        for c in captures {
+            let _ = c.await;
+        }
+        if let Err(e) = cgroup.remove() {
+            tracing::warn!(%tid, error = %e, "cannot remove the cgroup of a run that did not start");
+        }
+        if let Err(e) = staged.release() {
+            tracing::warn!(%tid, error = %e, "cannot release the mounts of a run that did not start");
+        }
+        self.data.remove_logs(tid, log_kind);
     }
 
     /// After the sandbox is gone: whether the workspace reached its limit (the quota's usage, or

@@ -114,6 +114,8 @@ pub struct FdNumbers {
     pub status: RawFd,
     /// The host's `/etc/localtime`, copied (none: the host has none).
     pub localtime: Option<RawFd>,
+    /// The read end of the start gate's pipe (`--block-fd`; none: the command runs at once).
+    pub gate: Option<RawFd>,
 }
 
 /// The sandbox environment: fixed launcher variables, then the request's allowlisted ones (the
@@ -323,6 +325,9 @@ pub fn bwrap_args(plan: &Plan, fds: &FdNumbers) -> Vec<OsString> {
         "--json-status-fd".into(),
         fd(fds.status),
     ]);
+    if let Some(g) = fds.gate {
+        push_owned(vec!["--block-fd".into(), fd(g)]);
+    }
     a
 }
 
@@ -498,6 +503,69 @@ pub fn parse_status(bytes: &[u8]) -> BwrapStatus {
 pub struct Sandbox {
     pub child: tokio::process::Child,
     pub status: StatusPipe,
+    /// Present when spawned with [`Start::Gated`]: the command waits for it.
+    pub gate: Option<Gate>,
+}
+
+/// When the sandboxed command may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// As soon as bwrap has built the sandbox.
+    Now,
+    /// Only once [`Gate::open`] is called: bwrap builds the namespaces, mounts, root and
+    /// identity (most of a start's time), then blocks on `--block-fd` right before the seccomp
+    /// filter and `execve`. The launcher hands the workspace over meanwhile.
+    Gated,
+}
+
+/// The write end of a gated sandbox's `--block-fd` pipe.
+///
+/// bwrap goes on at the first byte *or at end of file*, so closing this end is as good as
+/// opening the gate. Hence the only ways to let go of it: [`Gate::open`], or
+/// [`Gate::close_after_kill`] once nothing in the sandbox is left to read it. Killing bwrap is
+/// not enough for that: the sandbox's init, blocked on the gate, outlives it (tested); kill the
+/// sandbox's cgroup. A gate dropped any other way (a bug, or an unwinding panic) keeps its
+/// descriptor open for the life of the process, so the command never runs. If the process
+/// dies, the gate closes with it: the launcher kills orphaned sandboxes when it starts again.
+#[derive(Debug)]
+#[must_use = "an unopened gate holds its sandbox's command back"]
+pub struct Gate(Option<OwnedFd>);
+
+impl Gate {
+    /// Lets the command run. A sandbox that already died (bwrap failed, or was killed) is not an
+    /// error here: its exit status tells.
+    pub fn open(mut self) -> std::io::Result<()> {
+        let Some(fd) = self.0.take() else {
+            return Ok(());
+        };
+        match rustix::io::write(&fd, b"g") {
+            Ok(_) | Err(rustix::io::Errno::PIPE) => Ok(()),
+            Err(e) => {
+                // Keep the descriptor (as dropping an unopened gate does): closing it would let
+                // the command run after a failed open.
+                self.0 = Some(fd);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Closes the gate's pipe once every process of the sandbox is gone (its cgroup killed and
+    /// bwrap waited for), when closing can no longer release anything.
+    pub fn close_after_kill(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        if let Some(fd) = self.0.take() {
+            tracing::error!(
+                "a sandbox's start gate was dropped unopened; its descriptor stays open so the command never runs"
+            );
+            // Deliberately leaked: see the type's documentation.
+            let _ = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        }
+    }
 }
 
 /// The descriptors of the directories bwrap mounts.
@@ -523,7 +591,7 @@ pub struct RunAs {
 /// Starts bwrap for `plan` as `run_as`, inside the cgroup whose join files are given
 /// ([`TaskCgroup::join_files`](crate::cgroup::TaskCgroup::join_files); none: no cgroup),
 /// with stdin from `stdin` (through [`stdin_file`]; none: `/dev/null`) and stdout/stderr
-/// piped; returns it with its [`StatusPipe`].
+/// piped; returns it with its [`StatusPipe`] and, for [`Start::Gated`], its [`Gate`].
 ///
 /// Must be called from a long-lived thread (an async task on a runtime worker, not
 /// `spawn_blocking`): the parent-death signal set in the child fires when the *thread* that
@@ -535,6 +603,7 @@ pub fn spawn(
     run_as: RunAs,
     bwrap: &Path,
     stdin: Option<&[u8]>,
+    start: Start,
 ) -> Result<Sandbox, SpawnError> {
     let stdin = match stdin {
         Some(data) => Stdio::from(stdin_file(data)?),
@@ -555,6 +624,18 @@ pub fn spawn(
             source: e.into(),
         }
     })?;
+    // Both ends close-on-exec: only the read end is kept in the child (and only there).
+    let gate = match start {
+        Start::Now => None,
+        Start::Gated => Some(
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| {
+                SpawnError::Io {
+                    what: "gate pipe".to_owned(),
+                    source: e.into(),
+                }
+            })?,
+        ),
+    };
     let passwd = memfd("passwd", passwd.as_bytes())?;
     let group = memfd("group", group.as_bytes())?;
     let hosts = memfd("hosts", hosts.as_bytes())?;
@@ -580,6 +661,7 @@ pub fn spawn(
         seccomp_enosys: enosys.as_raw_fd(),
         status: status_write.as_raw_fd(),
         localtime: localtime.as_ref().map(AsRawFd::as_raw_fd),
+        gate: gate.as_ref().map(|(read, _)| read.as_raw_fd()),
     };
     let mut args_bytes = Vec::new();
     for arg in bwrap_args(plan, &numbers) {
@@ -605,6 +687,7 @@ pub fn spawn(
     keep.extend(numbers.server_dir);
     keep.extend(numbers.clients);
     keep.extend(numbers.localtime);
+    keep.extend(numbers.gate);
     let setup = ChildSetup::new(run_as.uid, run_as.gid)
         .join_cgroup(cgroup_join)?
         .rlimit(Resource::Nofile, NOFILE)
@@ -622,6 +705,10 @@ pub fn spawn(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
+    let (gate_read, gate) = match gate {
+        Some((read, write)) => (Some(read), Some(Gate(Some(write)))),
+        None => (None, None),
+    };
     let child = setup.spawn(cmd)?;
     // The parent's copies of the descriptors close here; the child has its own (so the status
     // pipe reaches its end when bwrap exits).
@@ -634,10 +721,12 @@ pub fn spawn(
         args,
         status_write,
         localtime,
+        gate_read,
     ));
     Ok(Sandbox {
         child,
         status: StatusPipe(status_read),
+        gate,
     })
 }
 
@@ -673,6 +762,7 @@ mod tests {
         seccomp_enosys: 17,
         status: 18,
         localtime: Some(19),
+        gate: None,
     };
 
     fn strings(a: &[OsString]) -> Vec<String> {

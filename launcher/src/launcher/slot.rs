@@ -542,6 +542,7 @@ impl Launcher {
             },
             &self.bwrap,
             None,
+            bwrap::Start::Now,
         )?;
         drop(plan);
         self.capture(&mut sandbox.child, out, err, &mut parts.captures);
@@ -943,6 +944,7 @@ impl Launcher {
                 },
                 &self.bwrap,
                 stdin.as_deref().map(str::as_bytes),
+                bwrap::Start::Now,
             )?;
             self.capture(&mut sandbox.child, out, err, &mut parts.captures);
             let child = parts.child.insert(sandbox.child);

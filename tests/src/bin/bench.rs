@@ -790,6 +790,7 @@ impl Floor {
             run_as,
             Path::new(sandbox::BWRAP),
             None,
+            sandbox::Start::Now,
         )?;
         // The status pipe's read end stays open until bwrap is gone: bwrap writes its records
         // there, and a closed pipe would kill it with SIGPIPE (as the launcher keeps it).
