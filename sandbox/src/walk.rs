@@ -608,6 +608,12 @@ fn walk(
                     }
                     continue;
                 }
+                // The scan only judges, and judges by the listing's stat above: opening the
+                // entry would check an identity nothing acts on yet. The apply pass opens it and
+                // checks it again before it changes anything.
+                if w.pass == Pass::Scan {
+                    continue;
+                }
                 let (fd, opened) = open_listed(frame.fd.as_fd(), &name, OFlags::PATH, &st, &path)?;
                 if opened.nlink > 1 {
                     return Err(WalkError::Changed { path });

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p agentbox-tests --bin bench -- [bridge|gateway|proxy|server|launcher|all] [--quick]
+//! cargo run --release -p agentbox-tests --bin bench -- launcher [--quick] [--ws-files N]  # N files per workspace
 //! cargo run --release -p agentbox-tests --bin bench -- peers [--quick] [--only ...]  # see [`peers`]
 //! cargo run --release -p agentbox-tests --bin bench -- pool [--quick]  # see [`pool`]
 //! ```
@@ -694,6 +695,9 @@ struct StartPlan {
     rounds: usize,
     burst: usize,
     burst_rounds: usize,
+    /// Files in each workspace (`--ws-files N`; 0: only the stamp), in directories of 100, so
+    /// the hand-over walk has a repository's worth of entries to cover.
+    ws_files: usize,
 }
 
 const START_FULL: StartPlan = StartPlan {
@@ -701,6 +705,7 @@ const START_FULL: StartPlan = StartPlan {
     rounds: 100,
     burst: 32,
     burst_rounds: 3,
+    ws_files: 0,
 };
 /// Pause before each c=1 start.
 const SETTLE: Duration = Duration::from_millis(50);
@@ -710,6 +715,7 @@ const START_QUICK: StartPlan = StartPlan {
     rounds: 20,
     burst: 32,
     burst_rounds: 1,
+    ws_files: 0,
 };
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock `agent-stamp` writes inside the sandbox (no
@@ -731,6 +737,26 @@ fn remove_stamp(ws: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `n` files of 1 KiB in directories of 100 under `ws`, owned by `uid`; done once per
+/// workspace (a later call finds `d0` and returns).
+fn populate(ws: &Path, n: usize, uid: u32) -> Result<()> {
+    if n == 0 || ws.join("d0").exists() {
+        return Ok(());
+    }
+    let body = [b'x'; 1024];
+    for i in 0..n {
+        let dir = ws.join(format!("d{}", i / 100));
+        if i % 100 == 0 {
+            std::fs::create_dir(&dir)?;
+            std::os::unix::fs::chown(&dir, Some(uid), Some(uid))?;
+        }
+        let file = dir.join(format!("f{}", i % 100));
+        std::fs::write(&file, body)?;
+        std::os::unix::fs::chown(&file, Some(uid), Some(uid))?;
+    }
+    Ok(())
 }
 
 fn nanos(ns: i128) -> Duration {
@@ -952,11 +978,13 @@ async fn run_launcher_bench(
         let ws = floor_dir.join(format!("ws{i}"));
         std::fs::create_dir_all(&ws)?;
         std::os::unix::fs::chown(&ws, Some(AGENT_UID), Some(AGENT_UID))?;
+        populate(&ws, plan.ws_files, AGENT_UID)?;
         Ok(ws)
     };
     let launcher_ws = |i: usize| -> Result<(String, PathBuf)> {
         let tid = format!("b{i}");
         let ws = l.workspace(&tid)?;
+        populate(&ws, plan.ws_files, BENCH_SERVICE_UID)?;
         l.gateway_socket(&tid)?;
         Ok((tid, ws))
     };
@@ -1032,6 +1060,12 @@ async fn run_launcher_bench(
         v.get(v.len() / 2).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
     };
     println!("### launcher: `POST /agents` to the agent's first instruction vs bare bwrap\n");
+    if plan.ws_files > 0 {
+        println!(
+            "Each workspace holds {} files of 1 KiB in directories of 100.\n",
+            plan.ws_files
+        );
+    }
     println!(
         "| case | floor: bare bwrap, same mounts p50/p99 ms | floor + fresh cgroup p50/p99 ms | through the launcher p50/p99 ms | **added vs floor p50/p99 ms** | paired added p50/p99 ms | **ratio p50 vs floor** (target ≤ 2) | ratio p50 vs floor + cgroup | wall until all stamps: floor / + cgroup / launcher ms | launcher CPU ms/start |"
     );
@@ -1190,10 +1224,17 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let plan = if quick { QUICK } else { FULL };
-    let start_plan = if quick { START_QUICK } else { START_FULL };
+    let mut start_plan = if quick { START_QUICK } else { START_FULL };
+    if let Some(n) = args
+        .iter()
+        .position(|a| a == "--ws-files")
+        .and_then(|i| args.get(i + 1))
+    {
+        start_plan.ws_files = n.parse().context("--ws-files takes a number")?;
+    }
     let what = args
         .iter()
-        .find(|a| !a.starts_with("--"))
+        .find(|a| !a.starts_with("--") && a.parse::<usize>().is_err())
         .map_or("bridge", String::as_str);
     let rt = tokio::runtime::Runtime::new()?;
     match what {
