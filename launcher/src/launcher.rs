@@ -710,7 +710,7 @@ impl Launcher {
             ))
         });
         // While the hand-over (and the disk limit) takes its blocking hop, this task stages the
-        // mounts, creates the logs, takes a cgroup and starts bwrap behind its gate: bwrap builds
+        // mounts, takes a cgroup, starts bwrap behind its gate and then creates the logs: bwrap builds
         // the namespaces, mounts and root (most of a start) and then waits right before it
         // executes the command. None of that depends on who owns the workspace's files, and the
         // command runs only once the gate opens, after the hand-over succeeded. The hand-over's
