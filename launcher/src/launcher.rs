@@ -136,7 +136,7 @@ impl Drop for WaiterGuard<'_> {
 
 /// What `start` hands to the supervisor.
 struct Running {
-    child: tokio::process::Child,
+    child: proc::Child,
     /// What bwrap says about its setup ([`bwrap::StatusPipe`]).
     status: bwrap::StatusPipe,
     cgroup: TaskCgroup,
@@ -1016,7 +1016,7 @@ impl Launcher {
         tid: &Tid,
         reason: StopReason,
         cgroup: &TaskCgroup,
-        child: &mut tokio::process::Child,
+        child: &mut proc::Child,
     ) -> std::io::Result<std::process::ExitStatus> {
         self.event(tid, Event::Stop(reason));
         if let Err(e) = cgroup.kill_all().await {

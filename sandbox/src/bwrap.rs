@@ -32,7 +32,6 @@ use std::ffi::OsString;
 use std::io::{Seek, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use agentbox_policy::secret::Secret;
 use rustix::fs::{MemfdFlags, OFlags, SealFlags};
@@ -501,7 +500,7 @@ pub fn parse_status(bytes: &[u8]) -> BwrapStatus {
 /// A started sandbox.
 #[derive(Debug)]
 pub struct Sandbox {
-    pub child: tokio::process::Child,
+    pub child: proc::Child,
     pub status: StatusPipe,
     /// Present when spawned with [`Start::Gated`]: the command waits for it.
     pub gate: Option<Gate>,
@@ -606,8 +605,8 @@ pub fn spawn(
     start: Start,
 ) -> Result<Sandbox, SpawnError> {
     let stdin = match stdin {
-        Some(data) => Stdio::from(stdin_file(data)?),
-        None => Stdio::null(),
+        Some(data) => Some(stdin_file(data)?),
+        None => None,
     };
     let (passwd, group, hosts) = identity_files(run_as.uid, run_as.gid);
     let (status_read, status_write) = rustix::pipe::pipe_with(
@@ -695,21 +694,18 @@ pub fn spawn(
         .rlimit(Resource::Fsize, plan.file_bytes)
         .keep(&keep);
 
-    let mut cmd = tokio::process::Command::new(bwrap);
-    cmd.arg("--args")
+    let mut exec = proc::Exec::new(bwrap)
+        .arg("--args")
         .arg(args.as_raw_fd().to_string())
-        .args(command_args(plan))
-        .env_clear()
-        .current_dir("/")
-        .stdin(stdin)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(false);
+        .args(command_args(plan));
+    if let Some(fd) = stdin {
+        exec = exec.stdin(fd);
+    }
     let (gate_read, gate) = match gate {
         Some((read, write)) => (Some(read), Some(Gate(Some(write)))),
         None => (None, None),
     };
-    let child = setup.spawn(cmd)?;
+    let child = setup.spawn_exec(exec)?;
     // The parent's copies of the descriptors close here; the child has its own (so the status
     // pipe reaches its end when bwrap exits).
     drop((

@@ -15,7 +15,8 @@
 //! - [`seccomp`]: the BPF filters.
 //! - [`cgroup`]: per-run cgroups (v1 and v2): limits, kill, OOM.
 //! - [`proc`]: child processes: the one `pre_exec` setup (cgroup join, identity drop,
-//!   parent-death signal, descriptor hygiene) that allocates nothing, capped output capture,
+//!   parent-death signal, descriptor hygiene) that allocates nothing, run after std's `fork` or
+//!   a `clone(CLONE_VM | CLONE_VFORK)` that copies nothing (bwrap), capped output capture,
 //!   process-group termination, and the few host-process knobs a daemon needs at startup.
 //! - [`reaper`]: a supervisor's adoption of the orphans its agents leave (child subreaper),
 //!   reaping only those, and killing them when the agent stops.

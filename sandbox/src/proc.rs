@@ -1,7 +1,8 @@
-//! Child processes of a privileged daemon: the one `pre_exec` setup every spawn goes through,
-//! capped capture of a child's output, and termination of a process group. Also the process
-//! settings a daemon's `main` needs `libc` for: [`tune_malloc`] (the gateway and the bridge,
-//! whose own crates forbid `unsafe`).
+//! Child processes of a privileged daemon: the one `pre_exec` setup every spawn goes through
+//! (through std's `fork`, [`ChildSetup::spawn`], or without copying the daemon,
+//! [`ChildSetup::spawn_exec`], `proc/vfork.rs`), capped capture of a child's output, and
+//! termination of a process group. Also the process settings a daemon's `main` needs `libc`
+//! for: [`tune_malloc`] (the gateway and the bridge, whose own crates forbid `unsafe`).
 //!
 //! # The child setup
 //! Between `fork` and `exec` a multithreaded process may only do async-signal-safe things: a
@@ -34,6 +35,9 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use rustix::process::{Gid, Pid, Resource, Rlimit, Signal, Uid};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+mod vfork;
+pub use vfork::{Child, Exec};
 
 /// Why a child could not be started.
 #[derive(Debug, thiserror::Error)]

@@ -7,10 +7,10 @@
 //! so [`kill_adopted`] can find and end them when the agent stops. Being their parent also
 //! means reaping them, and that is the delicate part: tokio's `Child` waits for its own pid,
 //! and a supervisor that reaped one of those first would steal its exit status. So once
-//! adoption is on, every spawn through [`crate::proc::ChildSetup::spawn`] records its child
-//! (pid and start time, which tells a reused pid apart) under the same lock the reaper takes,
-//! and [`reap_adopted`] waits only for zombies that are not on that list. A process that
-//! adopts must spawn every child through `ChildSetup::spawn`.
+//! adoption is on, every spawn through [`crate::proc::ChildSetup::spawn`] (or `spawn_exec`)
+//! records its child (pid and start time, which tells a reused pid apart) under the same lock
+//! the reaper takes, and [`reap_adopted`] waits only for zombies that are not on that list. A
+//! process that adopts must spawn every child through `ChildSetup::spawn` or `spawn_exec`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};

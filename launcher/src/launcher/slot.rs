@@ -111,7 +111,7 @@ pub struct SlotInfo {
 
 /// A started slot sandbox, for its supervisor.
 struct SlotRunning {
-    child: tokio::process::Child,
+    child: proc::Child,
     cgroup: TaskCgroup,
     staged: Staged,
     captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
@@ -123,7 +123,7 @@ struct SlotRunning {
 struct Parts {
     cgroup: Option<TaskCgroup>,
     staged: Option<Staged>,
-    child: Option<tokio::process::Child>,
+    child: Option<proc::Child>,
     captures: Vec<tokio::task::JoinHandle<proc::Captured>>,
 }
 
@@ -666,7 +666,7 @@ impl Launcher {
 
     fn capture(
         &self,
-        child: &mut tokio::process::Child,
+        child: &mut proc::Child,
         out: std::fs::File,
         err: std::fs::File,
         captures: &mut Vec<tokio::task::JoinHandle<proc::Captured>>,
