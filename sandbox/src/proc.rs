@@ -14,7 +14,8 @@
 //! `spawn` returns it. In order, the hook:
 //! 1. writes `0` into each cgroup join file (needs root, so first);
 //! 2. optionally starts a session (own process group, no controlling terminal);
-//! 3. sets the supplementary groups, then the real/effective/saved gid and uid;
+//! 3. sets the supplementary groups, then the real/effective/saved gid and uid, and keeps the
+//!    process non-dumpable (untraceable by that uid) until exec;
 //! 4. arms the parent-death signal (after the uid change, which clears it) and fails with
 //!    `ESRCH` if the parent already died, since nobody would supervise the child;
 //! 5. applies the resource limits;
@@ -211,6 +212,12 @@ impl Hook {
             rustix::thread::set_thread_groups(&plan.groups).map_err(errno)?;
             rustix::thread::set_thread_res_gid(plan.gid, plan.gid, plan.gid).map_err(errno)?;
             rustix::thread::set_thread_res_uid(plan.uid, plan.uid, plan.uid).map_err(errno)?;
+            // Until exec, no process of the new uid may trace this one: under `spawn_exec` its
+            // memory is the daemon's. The kernel marks it non-dumpable at the uid change only
+            // while `fs.suid_dumpable` is 0; this holds whatever the setting (exec gives the
+            // program a dumpable image of its own again).
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable)
+                .map_err(errno)?;
         }
         rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(errno)?;
         if rustix::process::getppid() != Some(self.parent) {

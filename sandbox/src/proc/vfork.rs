@@ -20,6 +20,16 @@
 //! per-thread syscalls (`rustix::thread::set_thread_res_uid`), never glibc's `setuid`, whose
 //! broadcast to "all threads" would signal the daemon's.
 //!
+//! Sharing memory with a child that turns into another uid is safe only while that uid cannot
+//! reach the child: a tracer (or `process_vm_writev`, `/proc/<pid>/mem`) would be writing the
+//! daemon's memory. The setup makes the child non-dumpable right after the uid change
+//! ([`Hook::run`](super::Hook) step 3), which refuses every such access to a process without
+//! `CAP_SYS_PTRACE`, and the agent uid has no other process then anyway (one uid per run).
+//! Being one memory, the daemon is non-dumpable from then on too (no core dumps of a root
+//! daemon holding keys: intended). A process of the new uid can still stop the child with
+//! SIGSTOP, which holds the spawning thread, as std's spawn (which waits for exec on a pipe)
+//! would be held.
+//!
 //! The child is a [`Child`]: a pidfd (`CLONE_PIDFD`) the runtime polls for the exit and
 //! `waitid(P_PIDFD)` reaps, so no other wait in the process (tokio's, or
 //! [`crate::reaper`]'s, which skips children recorded at spawn) can take its status.
@@ -546,6 +556,12 @@ mod tests {
                 .spawn_exec(sh(&script).stdin(stdin))
                 .unwrap();
             assert!(child.id().is_some());
+            // The child changed uid in this process's memory: that memory stays out of the new
+            // uid's reach (non-dumpable), whatever `fs.suid_dumpable` says.
+            assert_eq!(
+                rustix::process::dumpable_behavior().unwrap(),
+                rustix::process::DumpableBehavior::NotDumpable
+            );
             let out = child.wait_with_output().await.unwrap();
             assert_eq!(
                 String::from_utf8_lossy(&out.stdout),
