@@ -870,6 +870,7 @@ impl Launcher {
                 tmp: None,
                 server_dir: None,
                 clients: None,
+                attach: staged.mounts.attach.as_ref().map(dup).transpose()?,
             })
         })();
         let run_as = RunAs {

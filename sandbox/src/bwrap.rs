@@ -28,9 +28,10 @@
 //! namespace).
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
+use std::ffi::{CStr, OsStr, OsString};
 use std::io::{Seek, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use agentbox_policy::secret::Secret;
@@ -578,7 +579,35 @@ pub struct Mounts {
     pub tmp: Option<OwnedFd>,
     pub server_dir: Option<OwnedFd>,
     pub clients: Option<OwnedFd>,
+    /// Staged mounts ([`crate::stage`]): the descriptors above are detached mounts, and this
+    /// is `mnt/<tid>`, where the child attaches each under its name in a mount namespace of
+    /// its own before it execs bwrap. `None`: they are plain directories, bound as they are.
+    pub attach: Option<OwnedFd>,
 }
+
+impl Mounts {
+    /// Each mount with its name under `mnt/<tid>/`.
+    fn named(&self) -> impl Iterator<Item = (RawFd, &'static CStr)> {
+        use crate::stage;
+        [
+            (Some(&self.workspace), stage::WORKSPACE),
+            (self.venv.as_ref(), stage::VENV),
+            (self.gateway.as_ref(), stage::GATEWAY),
+            (self.home.as_ref(), stage::HOME),
+            (self.tmp.as_ref(), stage::TMP),
+            (self.server_dir.as_ref(), stage::SERVER),
+            (self.clients.as_ref(), stage::CLIENTS),
+        ]
+        .into_iter()
+        .filter_map(|(fd, name)| Some((fd?.as_raw_fd(), name)))
+    }
+}
+
+/// The host mounts a child with its own namespace detaches before bwrap starts: the sandbox
+/// gets a `/proc` and `/dev` of its own and no `/sys` at all, and on a host with cgroup v1 `/sys`
+/// carries a dozen mounts (twelve of the twenty lines here) that bwrap would otherwise copy
+/// and reread for every mount it makes.
+const SHED: [&CStr; 1] = [c"/sys"];
 
 /// The identity the sandbox runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -687,7 +716,22 @@ pub fn spawn(
     keep.extend(numbers.clients);
     keep.extend(numbers.localtime);
     keep.extend(numbers.gate);
-    let setup = ChildSetup::new(run_as.uid, run_as.gid)
+    let mut setup = ChildSetup::new(run_as.uid, run_as.gid);
+    if let Some(dir) = &mounts.attach {
+        let attach: Vec<_> = mounts.named().collect();
+        // A host path the sandbox binds below a shed one keeps it.
+        let binds_below = |shed: &CStr| {
+            let shed = Path::new(OsStr::from_bytes(shed.to_bytes()));
+            match &plan.program {
+                Program::Claude { .. } => plan.claude_bin.starts_with(shed),
+                Program::Server { bin } => bin.starts_with(shed),
+                Program::Bash { .. } | Program::Shell { .. } => false,
+            }
+        };
+        let shed: Vec<&'static CStr> = SHED.into_iter().filter(|s| !binds_below(s)).collect();
+        setup = setup.own_mounts(dir.as_raw_fd(), &attach, &shed);
+    }
+    let setup = setup
         .join_cgroup(cgroup_join)?
         .rlimit(Resource::Nofile, NOFILE)
         .rlimit(Resource::Core, 0)

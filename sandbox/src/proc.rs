@@ -13,18 +13,22 @@
 //! (`io::Error::from_raw_os_error`, which does not allocate); std sends it to the parent, whose
 //! `spawn` returns it. In order, the hook:
 //! 1. writes `0` into each cgroup join file (needs root, so first);
-//! 2. optionally starts a session (own process group, no controlling terminal);
-//! 3. sets the supplementary groups, then the real/effective/saved gid and uid, and keeps the
+//! 2. optionally enters a mount namespace of its own ([`ChildSetup::own_mounts`]): attaches
+//!    the staged mounts there and sheds host mounts the program never needs (needs
+//!    `CAP_SYS_ADMIN`, so before the uid change);
+//! 3. optionally starts a session (own process group, no controlling terminal);
+//! 4. sets the supplementary groups, then the real/effective/saved gid and uid, and keeps the
 //!    process non-dumpable (untraceable by that uid) until exec;
-//! 4. arms the parent-death signal (after the uid change, which clears it) and fails with
+//! 5. arms the parent-death signal (after the uid change, which clears it) and fails with
 //!    `ESRCH` if the parent already died, since nobody would supervise the child;
-//! 5. applies the resource limits;
-//! 6. marks every descriptor above 2 close-on-exec, then clears the flag on the ones the
+//! 6. applies the resource limits;
+//! 7. marks every descriptor above 2 close-on-exec, then clears the flag on the ones the
 //!    program must inherit.
 //!
 //! std's own `uid`/`gid` switch would happen before the hook and leave it unable to write the
 //! root-owned cgroup files, which is why the identity change lives here.
 
+use std::ffi::CStr;
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -80,6 +84,16 @@ struct Plan {
     new_session: bool,
     limits: Vec<(Resource, Rlimit)>,
     keep: Vec<RawFd>,
+    mounts: Option<OwnMounts>,
+}
+
+/// The child's own mount namespace ([`ChildSetup::own_mounts`]), as descriptor numbers and
+/// static names: nothing to allocate in the child.
+#[derive(Debug)]
+struct OwnMounts {
+    dir: RawFd,
+    attach: Vec<(RawFd, &'static CStr)>,
+    shed: Vec<&'static CStr>,
 }
 
 impl ChildSetup {
@@ -96,6 +110,7 @@ impl ChildSetup {
                 new_session: false,
                 limits: Vec::new(),
                 keep: Vec::new(),
+                mounts: None,
             },
         }
     }
@@ -130,6 +145,34 @@ impl ChildSetup {
             self.join.push(fd);
         }
         Ok(self)
+    }
+
+    /// The child runs in a mount namespace of its own, a copy of the caller's in which every
+    /// mount is made a slave (nothing done there propagates back). There it attaches each
+    /// detached mount of `attach` (from `open_tree(OPEN_TREE_CLONE)`, see [`crate::stage`])
+    /// on its name below `dir` (a handle on a directory the caller owns), then detaches each
+    /// path of `shed` with everything below it (best effort: not being a mount point there is
+    /// fine). The mounts are seen by the child and what it starts only, and vanish with them;
+    /// the caller's namespace never holds them. The child ends in `/` (its working directory
+    /// was `dir` for the attach).
+    ///
+    /// Why shed: bwrap copies its parent's mount table into the sandbox's namespace and
+    /// rereads all of it for every mount it makes, about 45 µs per line per start here
+    /// (BENCHMARKS.md); mounts the sandbox never binds are pure cost.
+    ///
+    /// The descriptors must stay open until the spawn returns.
+    pub fn own_mounts(
+        mut self,
+        dir: RawFd,
+        attach: &[(RawFd, &'static CStr)],
+        shed: &[&'static CStr],
+    ) -> ChildSetup {
+        self.plan.mounts = Some(OwnMounts {
+            dir,
+            attach: attach.to_vec(),
+            shed: shed.to_vec(),
+        });
+        self
     }
 
     /// The child leads a session and process group of its own (so [`terminate_group`] reaches
@@ -205,6 +248,9 @@ impl Hook {
             let fd = unsafe { BorrowedFd::borrow_raw(fd) };
             rustix::io::write(fd, b"0").map_err(errno)?;
         }
+        if let Some(mounts) = &plan.mounts {
+            mounts.enter().map_err(errno)?;
+        }
         if plan.new_session {
             rustix::process::setsid().map_err(errno)?;
         }
@@ -245,6 +291,48 @@ impl Hook {
             rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty()).map_err(errno)?;
         }
         Ok(())
+    }
+}
+
+impl OwnMounts {
+    /// Runs in the child (see [`ChildSetup::own_mounts`]): raw syscalls on prepared values.
+    fn enter(&self) -> Result<(), Errno> {
+        use rustix::mount::{
+            MountPropagationFlags, MoveMountFlags, UnmountFlags, mount_change, move_mount, unmount,
+        };
+        // SAFETY: opened before the spawn and still open in this child.
+        let dir = unsafe { BorrowedFd::borrow_raw(self.dir) };
+        // The unshare moves the working directory into the new namespace (a descriptor keeps
+        // naming the old one's mount, which `move_mount` refuses as a target): the names
+        // below are looked up from there, one component each, in a directory only root can
+        // write.
+        rustix::process::fchdir(dir)?;
+        // SAFETY: only the mount namespace is unshared, in a child that runs a single thread
+        // and holds no state about mounts.
+        unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }?;
+        // Were any mount shared with the host (a caller outside its own namespace), the
+        // attach and the shedding below would otherwise reach it.
+        mount_change(
+            c"/",
+            MountPropagationFlags::DOWNSTREAM | MountPropagationFlags::REC,
+        )?;
+        for &(fd, name) in &self.attach {
+            // SAFETY: opened before the spawn and still open in this child.
+            let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+            move_mount(
+                fd,
+                c"",
+                rustix::fs::CWD,
+                name,
+                MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+            )?;
+        }
+        for &path in &self.shed {
+            // Best effort: a path that is no mount point here (EINVAL) or does not exist
+            // costs nothing but the lines it would have saved.
+            let _ = unmount(path, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW);
+        }
+        rustix::process::chdir(c"/")
     }
 }
 

@@ -1,6 +1,7 @@
 //! Mount by descriptor: the directories a sandbox gets (workspace, gateway directory, venv) are
-//! bind-mounted by the launcher from the validated descriptors onto root-only paths under
-//! `$AGENTBOX_DATA/mnt/<tid>/`, and bwrap is handed descriptors of those mounts.
+//! cloned as detached mounts from the validated descriptors, and attached on root-only paths
+//! under `$AGENTBOX_DATA/mnt/<tid>/` in a mount namespace of the sandbox's own; bwrap is
+//! handed descriptors of those mounts.
 //!
 //! Why: bwrap cannot mount a descriptor opened in another mount namespace, so `--bind-fd`
 //! reads the descriptor's path back (`readlink /proc/self/fd/N`) and mounts that *path*, then
@@ -12,40 +13,50 @@
 //! validated one would have been mounted, and the start would fail. The race test
 //! (`tests/race.rs`) hit exactly that.
 //!
-//! Here the launcher, as root, mounts `/proc/self/fd/<validated fd>` (the kernel follows the
-//! magic link to the very object, no name is looked up), checks the new mount's root against
-//! the descriptor by device and inode, and gives bwrap a descriptor of the mount. The path
-//! bwrap reads back is `mnt/<tid>/<name>`: every component is root-owned and writable only by
-//! root, so it names the validated directory for as long as the run lasts.
+//! Here the launcher, as root, clones each validated descriptor into a detached mount
+//! (`open_tree(OPEN_TREE_CLONE)`: the kernel takes the very object the descriptor names, no
+//! name is looked up, so its root *is* the validated directory) and creates its mount point
+//! `mnt/<tid>/<name>`. The child that execs bwrap attaches the mounts there in a mount
+//! namespace of its own, made just before ([`ChildSetup::own_mounts`]), and gives bwrap the
+//! descriptors, now naming the attached mounts. The path bwrap reads back is
+//! `mnt/<tid>/<name>`: every component is root-owned and writable only by root, so it names the
+//! validated directory for as long as the run lasts.
 //!
-//! The mounts live in the launcher's own mount namespace (see
-//! [`crate::proc::isolate_mounts`]): they never show up on the host and vanish with the launcher.
-//! [`Staging::on_tmpfs`] also puts the mount points themselves on a small tmpfs attached (by
-//! descriptor) over `mnt/` in that namespace: a start's three to eight `mkdir`s and a stop's
-//! `rmdir`s then cost no inode of the data dir's filesystem, where they were a fifth of the
-//! launcher's CPU per run (ext4 without a journal scans past every recently deleted inode to
-//! allocate one; BENCHMARKS.md). A restart finds an empty tmpfs; on disk it only removes the
-//! empty mount-point directories an older launcher left behind.
+//! Why a namespace per run: the launcher's own namespace never holds a staged mount, so a
+//! start copies and parses (bwrap rereads the mount table for every mount it makes, ~45 µs a
+//! line here, BENCHMARKS.md) only its own few, not those of every run in flight; and the
+//! mounts vanish with the run's processes, with nothing to unmount.
+//!
+//! The mount points live on a small tmpfs attached (by descriptor) over `mnt/` in the
+//! launcher's own mount namespace ([`crate::proc::isolate_mounts`], [`Staging::on_tmpfs`]): a
+//! start's three to eight `mkdir`s and a stop's `rmdir`s then cost no inode of the data dir's
+//! filesystem, where they were a fifth of the launcher's CPU per run (ext4 without a journal
+//! scans past every recently deleted inode to allocate one; BENCHMARKS.md). A restart finds an
+//! empty tmpfs; on disk it only removes the empty mount-point directories an older launcher
+//! left behind.
+//!
+//! [`ChildSetup::own_mounts`]: crate::proc::ChildSetup::own_mounts
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::ffi::CStr;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use agentbox_policy::id::Tid;
-use rustix::fs::{self, AtFlags, Mode, OFlags, StatxFlags};
+use rustix::fs::{self, AtFlags, Mode, OFlags};
 use rustix::io::Errno;
-use rustix::mount::UnmountFlags;
+use rustix::mount::OpenTreeFlags;
 
 use crate::bwrap::Mounts;
 
-/// The mount points, in `mnt/<tid>/`.
-const WORKSPACE: &str = "workspace";
-const GATEWAY: &str = "gateway";
-const VENV: &str = "venv";
-const HOME: &str = "home";
-const TMP: &str = "tmp";
-const SERVER: &str = "server";
-const CLIENTS: &str = "clients";
-const ALL: [&str; 7] = [WORKSPACE, GATEWAY, VENV, HOME, TMP, SERVER, CLIENTS];
+/// The mount points, in `mnt/<tid>/` (also what [`crate::bwrap::spawn`] attaches there).
+pub(crate) const WORKSPACE: &CStr = c"workspace";
+pub(crate) const GATEWAY: &CStr = c"gateway";
+pub(crate) const VENV: &CStr = c"venv";
+pub(crate) const HOME: &CStr = c"home";
+pub(crate) const TMP: &CStr = c"tmp";
+pub(crate) const SERVER: &CStr = c"server";
+pub(crate) const CLIENTS: &CStr = c"clients";
+const ALL: [&CStr; 7] = [WORKSPACE, GATEWAY, VENV, HOME, TMP, SERVER, CLIENTS];
 
 /// `$AGENTBOX_DATA/mnt`, root-owned 0711: traversable by the agent uid (bwrap, running as it,
 /// resolves the paths below), writable and listable by root only.
@@ -70,7 +81,9 @@ pub struct Sources<'a> {
     pub clients: Option<BorrowedFd<'a>>,
 }
 
-/// The staged mounts of one run; unmounted on [`Staged::release`] or drop.
+/// The staged mounts of one run: detached until the run's child attaches them in its own
+/// namespace (`mounts.attach` names the directory); their mount points are removed on
+/// [`Staged::release`] or drop.
 #[derive(Debug)]
 pub struct Staged {
     /// Descriptors of the mounts, for bwrap's `--bind-fd`.
@@ -78,20 +91,15 @@ pub struct Staged {
     dir: StagedDir,
 }
 
-/// `mnt/<tid>`: unmounts and removes everything below it when dropped, so a failure halfway
-/// through staging leaves nothing mounted.
+/// `mnt/<tid>`: removes everything below it when dropped, so a failure halfway through
+/// staging leaves nothing behind.
 #[derive(Debug)]
 struct StagedDir {
     path: PathBuf,
-    /// The mount points created below it (each mounted on, unless staging failed there): what
-    /// a release undoes, rather than every name a run could have.
-    created: Vec<&'static str>,
+    /// The mount points created below it: what a release undoes, rather than every name a
+    /// run could have.
+    created: Vec<&'static CStr>,
     released: bool,
-}
-
-fn identity(fd: BorrowedFd<'_>) -> Result<(u64, u64), Errno> {
-    let st = fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::BASIC_STATS)?;
-    Ok((fs::makedev(st.stx_dev_major, st.stx_dev_minor), st.stx_ino))
 }
 
 /// Why staging failed.
@@ -103,13 +111,6 @@ pub enum StageError {
         what: String,
         #[source]
         source: Errno,
-    },
-    /// The mount's root is not the validated directory (something raced the bind).
-    #[error("staging mounts: {name}: the mount is {got:?}, the validated directory {want:?}")]
-    Mismatch {
-        name: String,
-        got: (u64, u64),
-        want: (u64, u64),
     },
 }
 
@@ -165,8 +166,10 @@ impl Staging {
         Ok(Staging { path, fd: root })
     }
 
-    /// Mounts each source at `mnt/<tid>/<name>` and returns descriptors of the mounts. Any
-    /// leftover of an earlier run of `tid` is removed first.
+    /// Clones each source into a detached mount, creates its mount point `mnt/<tid>/<name>`
+    /// and returns the mounts' descriptors, with `mnt/<tid>` for the child to attach them in
+    /// ([`crate::proc::ChildSetup::own_mounts`]). Any leftover of an earlier run of `tid` is
+    /// removed first.
     pub fn stage(&self, tid: &Tid, sources: Sources<'_>) -> Result<Staged, StageError> {
         self.stage_named(tid.as_str(), sources)
     }
@@ -194,11 +197,11 @@ impl Staging {
             .map_err(io(format!("open mnt/{tid}")))?;
         // The umask must not take the agent uid's search permission away.
         chmod_fd(&tid_dir, 0o711).map_err(io(format!("chmod mnt/{tid}")))?;
-        let mut mount = |name: &'static str, source| {
+        let mut mount = |name: &'static CStr, source| {
             dir.created.push(name);
-            mount_one(&tid_dir, &dir.path, name, source)
+            mount_one(&tid_dir, name, source)
         };
-        let mounts = Mounts {
+        let mut mounts = Mounts {
             workspace: mount(WORKSPACE, sources.workspace)?,
             gateway: sources.gateway.map(|g| mount(GATEWAY, g)).transpose()?,
             venv: sources.venv.map(|v| mount(VENV, v)).transpose()?,
@@ -206,16 +209,18 @@ impl Staging {
             tmp: sources.tmp.map(|v| mount(TMP, v)).transpose()?,
             server_dir: sources.server_dir.map(|v| mount(SERVER, v)).transpose()?,
             clients: sources.clients.map(|v| mount(CLIENTS, v)).transpose()?,
+            attach: None,
         };
+        mounts.attach = Some(tid_dir);
         Ok(Staged { mounts, dir })
     }
 
-    /// Removes `mnt/<name>` and whatever is mounted below it (best effort: a leftover only
+    /// Removes `mnt/<name>` and the mount points below it (best effort: a leftover only
     /// costs a directory).
     fn clean(&self, name: &str) {
         let dir = self.path.join(name);
         for child in ALL {
-            unmount_and_remove(&dir, child);
+            remove_point(&dir, child);
         }
         match fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR) {
             Ok(()) | Err(Errno::NOENT) => {}
@@ -255,49 +260,41 @@ pub fn chmod_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
     )
 }
 
-/// Creates `dir/name`, bind-mounts `source` there through its magic link, and returns a
-/// descriptor of the mount's root after checking it is `source`.
+/// Creates the mount point `mnt/<tid>/name` and returns a detached mount of `source` (not
+/// recursive, like a plain bind: what is mounted below the directory stays out).
 fn mount_one(
     tid_dir: &OwnedFd,
-    dir: &Path,
-    name: &str,
+    name: &CStr,
     source: BorrowedFd<'_>,
 ) -> Result<OwnedFd, StageError> {
-    fs::mkdirat(tid_dir, name, Mode::from_raw_mode(0o700)).map_err(io(format!("mkdir {name}")))?;
-    let target = dir.join(name);
-    let magic = format!("/proc/self/fd/{}", source.as_raw_fd());
-    rustix::mount::mount_bind(magic.as_str(), &target).map_err(io(format!("bind {name}")))?;
-    let fd = fs::openat(tid_dir, name, dir_flags(), Mode::empty())
-        .map_err(io(format!("open {name}")))?;
-    let want = identity(source).map_err(io(format!("stat {name}")))?;
-    let got = identity(fd.as_fd()).map_err(io(format!("stat {name}")))?;
-    if got != want {
-        return Err(StageError::Mismatch {
-            name: name.to_owned(),
-            got,
-            want,
-        });
-    }
-    Ok(fd)
+    let shown = name.to_string_lossy();
+    fs::mkdirat(tid_dir, name, Mode::from_raw_mode(0o700)).map_err(io(format!("mkdir {shown}")))?;
+    rustix::mount::open_tree(
+        source,
+        c"",
+        OpenTreeFlags::OPEN_TREE_CLONE
+            | OpenTreeFlags::OPEN_TREE_CLOEXEC
+            | OpenTreeFlags::AT_EMPTY_PATH,
+    )
+    .map_err(io(format!("clone {shown}")))
 }
 
-/// `umount2(dir/name, MNT_DETACH)` and `rmdir`; a directory that is not mounted on is just
-/// removed. The path is root-only, so it names what we mounted.
-fn unmount_and_remove(dir: &Path, name: &str) -> Option<String> {
-    let target = dir.join(name);
-    match rustix::mount::unmount(&target, UnmountFlags::DETACH | UnmountFlags::NOFOLLOW) {
-        Ok(()) | Err(Errno::INVAL | Errno::NOENT) => {}
-        Err(e) => return Some(format!("unmount {}: {e}", target.display())),
-    }
-    match std::fs::remove_dir(&target) {
+/// `rmdir dir/name` (a missing one is fine). No mount of this launcher is ever attached in its
+/// own namespace, so there is nothing to unmount first; were the directory a mount point in a
+/// run's namespace still alive, the kernel detaches that mount there.
+fn remove_point(dir: &Path, name: &CStr) -> Option<String> {
+    let point = dir.join(name.to_string_lossy().as_ref());
+    match std::fs::remove_dir(&point) {
         Ok(()) => None,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => Some(format!("rmdir {}: {e}", target.display())),
+        Err(e) => Some(format!("rmdir {}: {e}", point.display())),
     }
 }
 
 impl Staged {
-    /// Unmounts everything and removes `mnt/<tid>`; says what could not be undone.
+    /// Removes the mount points and `mnt/<tid>`; says what could not be undone. The mounts
+    /// themselves went with the run's mount namespace (or, never attached, with their
+    /// descriptors).
     pub fn release(mut self) -> Result<(), String> {
         self.dir.release()
     }
@@ -312,7 +309,7 @@ impl StagedDir {
         let mut errors: Vec<String> = self
             .created
             .iter()
-            .filter_map(|name| unmount_and_remove(&self.path, name))
+            .filter_map(|name| remove_point(&self.path, name))
             .collect();
         match std::fs::remove_dir(&self.path) {
             Ok(()) => {}

@@ -300,3 +300,78 @@ fn staging_is_a_tmpfs_of_the_launchers_namespace_only() {
     let seen = std::fs::metadata(format!("/proc/{}/root{mnt}", l.pid())).unwrap();
     assert_eq!((seen.uid(), seen.mode() & 0o7777), (0, 0o711));
 }
+
+/// The staged mounts of a run live in a mount namespace of the run's own, made by the child
+/// that execs bwrap: the launcher's namespace never holds one (so a start never copies and
+/// parses the mounts of every other run in flight), the run's holds its own, attached on the
+/// root-only `mnt/<tid>/…` paths bwrap reads back, and no `/sys` (shed before bwrap starts);
+/// its mount points are gone once it ends.
+#[test]
+fn staged_mounts_live_in_the_runs_namespace_only() {
+    let l = Launcher::start(Options::default());
+    let (ws, _gw) = l.prepare_task("ns1");
+    l.start_agent(
+        "ns1",
+        json!({"cmd": ["claude", "while [ ! -e go ]; do sleep 0.02; done; echo seen"]}),
+    );
+    let mnt = l.data.join("mnt");
+    let staged = format!("{}/ns1/", mnt.display());
+    // The launcher's direct child that is bwrap: the outer bwrap stays in the namespace the
+    // child made.
+    let bwrap = common::eventually("bwrap running", || {
+        for task in std::fs::read_dir(format!("/proc/{}/task", l.pid()))
+            .ok()?
+            .flatten()
+        {
+            let children = std::fs::read_to_string(task.path().join("children")).ok()?;
+            for pid in children.split_whitespace() {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+                let info = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+                if comm.trim() == "bwrap" && info.contains(&staged) {
+                    return Some(pid.to_owned());
+                }
+            }
+        }
+        None
+    });
+    let points = |pid: &str| -> Vec<String> {
+        std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
+            .unwrap()
+            .lines()
+            .filter_map(|line| line.split(' ').nth(4).map(str::to_owned))
+            .collect()
+    };
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).unwrap();
+    assert_ne!(ns(&bwrap), ns(&l.pid().to_string()));
+    let launchers = points(&l.pid().to_string());
+    let leaked: Vec<_> = launchers
+        .iter()
+        .filter(|p| p.starts_with(&staged))
+        .collect();
+    assert!(
+        leaked.is_empty(),
+        "staged mounts in the launcher's namespace: {leaked:?}"
+    );
+    let runs = points(&bwrap);
+    for name in ["workspace", "gateway"] {
+        assert!(
+            runs.contains(&format!("{staged}{name}")),
+            "{name}: {runs:#?}"
+        );
+    }
+    let sys: Vec<_> = runs.iter().filter(|p| p.starts_with("/sys")).collect();
+    assert!(
+        sys.is_empty(),
+        "host mounts under /sys left for bwrap: {sys:?}"
+    );
+    assert!(launchers.iter().any(|p| p.starts_with("/sys")));
+
+    std::fs::write(ws.join("go"), "").unwrap();
+    let v = l.wait_agent("ns1");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(out(&v), "seen\n");
+    assert!(
+        !mnt.join("ns1").exists(),
+        "the run's mount points outlive it"
+    );
+}

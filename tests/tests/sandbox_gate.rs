@@ -58,6 +58,7 @@ fn spawn_in(ws: &Path, start: Start, join: &[PathBuf]) -> bwrap::Sandbox {
         tmp: None,
         server_dir: None,
         clients: None,
+        attach: None,
     };
     let run_as = RunAs {
         uid: GATE_UID,

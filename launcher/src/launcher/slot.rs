@@ -623,6 +623,7 @@ impl Launcher {
                 .filter(|_| with_server)
                 .map(dup)
                 .transpose()?,
+            attach: m.attach.as_ref().map(dup).transpose()?,
         })
     }
 

@@ -796,6 +796,7 @@ impl Floor {
             tmp: None,
             server_dir: None,
             clients: None,
+            attach: None,
         };
         let run_as = RunAs {
             uid: AGENT_UID,
