@@ -704,11 +704,13 @@ const START_FULL: StartPlan = StartPlan {
     warmup: 5,
     rounds: 100,
     burst: 32,
-    burst_rounds: 3,
+    burst_rounds: 6,
     ws_files: 0,
 };
 /// Pause before each c=1 start.
 const SETTLE: Duration = Duration::from_millis(50);
+/// Pause before each burst.
+const BURST_SETTLE: Duration = Duration::from_millis(500);
 
 const START_QUICK: StartPlan = StartPlan {
     warmup: 2,
@@ -1035,8 +1037,13 @@ async fn run_launcher_bench(
 
     eprintln!("bench: launcher {} at once", plan.burst);
     let mut burst: Samples = Default::default();
-    for _ in 0..plan.burst_rounds {
-        for side in SIDES {
+    for round in 0..plan.burst_rounds {
+        // As at c=1, the order rotates: a burst leaves work behind it (cgroups and mount
+        // namespaces freed by the kernel's workers, the launcher's spares topped up), and a
+        // fixed order would hand it to the same side every round. The pause lets it finish.
+        for k in 0..SIDES.len() {
+            let side = SIDES[(round + k) % SIDES.len()];
+            tokio::time::sleep(BURST_SETTLE).await;
             let mut set = tokio::task::JoinSet::new();
             for i in 0..plan.burst {
                 set.spawn(one(side, 100 + i));
@@ -1112,7 +1119,8 @@ async fn run_launcher_bench(
          and joining one). Through the launcher: HTTP over launcher.sock, validation, the \
          workspace hand-over walk, staging mounts, the task cgroup, the spawn. \"{n} at once\": \
          {n} requests (or spawns) fired together; per-sandbox latency, and the wall time from \
-         the first request to the last stamp (median of {r} round(s)). Plan: c=1 {c} rounds \
+         the first request to the last stamp (median of {r} round(s), the order of the three \
+         rotating, {burst_settle} ms pause before each). Plan: c=1 {c} rounds \
          of the three (order rotating, {settle} ms pause before each start) after {w} warm-up. \
          Launcher CPU excludes its children.\n",
         n = plan.burst,
@@ -1120,6 +1128,7 @@ async fn run_launcher_bench(
         c = plan.rounds,
         w = plan.warmup,
         settle = SETTLE.as_millis(),
+        burst_settle = BURST_SETTLE.as_millis(),
     );
     Ok(())
 }
