@@ -363,7 +363,7 @@ fn tag_tree(
                     seen.name,
                     OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
                     &seen.stat,
-                    seen.path,
+                    &seen.path(),
                 ) {
                     Ok((fd, _)) => {
                         opened = fd;
@@ -376,7 +376,7 @@ fn tag_tree(
             (None, _) => return,
         };
         let tag = |op, source| DiskError::Tag {
-            path: seen.path.to_owned(),
+            path: seen.path(),
             op,
             source,
         };

@@ -6,9 +6,10 @@
 //! - directories are opened with `O_DIRECTORY|O_NOFOLLOW` relative to their parent's fd, and
 //!   every other entry with `O_PATH|O_NOFOLLOW` (which never opens a FIFO for I/O, so it can
 //!   not block, and opens a symlink itself rather than its target);
-//! - each opened handle is compared by `(dev, ino, type)` with the `statx` that classified the
-//!   name, and ownership and mode are changed through the handle (`AT_EMPTY_PATH`), never
-//!   through a name that could have been swapped in between;
+//! - a pass that changes things judges each entry by the `statx` of the handle it opened
+//!   (directories reopened for reading through that handle, checked by `(dev, ino, type)`
+//!   where a name was looked up twice), and changes ownership and mode through the handle
+//!   (`AT_EMPTY_PATH`), never through a name that could have been swapped in between;
 //! - hard-linked non-directories are refused: chowning one would also chown its other names,
 //!   which may lie outside the workspace (the systemd-tmpfiles rule); device nodes are refused;
 //!   nothing on another filesystem is touched;
@@ -33,6 +34,7 @@
 //! watcher, the quota tagging): same descriptor rules, but what changes under it is skipped,
 //! not an error, and depth is followed through file handles instead of descriptors.
 
+use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
@@ -84,10 +86,11 @@ pub struct WalkReport {
     pub skipped: Vec<String>,
     /// Entries removed or left alone beyond those listed in `skipped`.
     pub unlisted: u64,
-    /// Bytes the entries it changed or kept occupy on disk (allocated 512-byte blocks, as
-    /// [`crate::disk::measure`] counts them; a hand-over refuses hard links, so each inode
-    /// counts once): a hand-over's report is the workspace's usage at the start of the run,
-    /// with no third walk to measure it.
+    /// What the tree occupied on disk when the walk found it, as [`crate::disk::measure`]
+    /// counts it (allocated 512-byte blocks, each inode once, nothing on another filesystem),
+    /// what the walk removed included: a hand-over's report is the workspace's usage at the
+    /// start of the run and a hand-back's its usage at the end, with no walk of their own to
+    /// measure them.
     pub bytes: u64,
 }
 
@@ -185,14 +188,7 @@ pub fn remove_tree(dir: BorrowedFd<'_>, name: &str) -> Result<(), WalkError> {
         Err(Errno::NOENT) => return Ok(()),
         Err(e) => return Err(io(name, "stat", e)),
     };
-    let mut w = Walker {
-        to: Owner { uid: 0, gid: 0 },
-        pass: Pass::Apply,
-        on_bad: OnBad::Skip,
-        root_dev: st.dev,
-        report: WalkReport::default(),
-        hoisted: 0,
-    };
+    let mut w = Walker::new(Owner { uid: 0, gid: 0 }, Pass::Apply, OnBad::Skip, st.dev);
     w.remove(dir, &cname, &st, name)
 }
 
@@ -308,9 +304,52 @@ struct Walker {
     report: WalkReport,
     /// Names given to hoisted directories, to keep them unique.
     hoisted: u64,
+    /// Hard-linked inodes already counted in `report.bytes`.
+    linked: HashSet<(u64, u64)>,
 }
 
 impl Walker {
+    fn new(to: Owner, pass: Pass, on_bad: OnBad, root_dev: u64) -> Walker {
+        Walker {
+            to,
+            pass,
+            on_bad,
+            root_dev,
+            report: WalkReport::default(),
+            hoisted: 0,
+            linked: HashSet::new(),
+        }
+    }
+
+    /// Counts what `st` occupies into `report.bytes`, a hard-linked inode once (also when the
+    /// walk removed its other names before it met this one, leaving it one link).
+    fn count(&mut self, st: &Stat) {
+        if st.kind != Kind::Dir {
+            let id = (st.dev, st.ino);
+            let counted = if st.nlink > 1 {
+                !self.linked.insert(id)
+            } else {
+                !self.linked.is_empty() && self.linked.contains(&id)
+            };
+            if counted {
+                return;
+            }
+        }
+        self.report.bytes = self
+            .report
+            .bytes
+            .saturating_add(st.blocks.saturating_mul(512));
+    }
+
+    /// Whether nothing but this walk can change the tree: only a hand-back (every agent process
+    /// is dead) and the removal of a dead slot's tree. A hand-over races the service user,
+    /// who owns every name until the walk changes it.
+    fn quiescent(&self) -> bool {
+        match self.on_bad {
+            OnBad::Skip => true,
+            OnBad::Refuse => false,
+        }
+    }
     fn note(&mut self, path: &str, what: &str) {
         tracing::warn!(path, what, "while handing a workspace back");
         if self.report.skipped.len() < MAX_LISTED {
@@ -347,9 +386,10 @@ impl Walker {
         }
     }
 
-    /// Removes the entry `name` of `dir` (a whole subtree for a directory). Only names are
-    /// removed, never an inode changed, so a name swapped in meanwhile costs its swapper that
-    /// name and nothing else.
+    /// Removes the entry `name` of `dir` (a whole subtree for a directory), counting what lies
+    /// below it into `report.bytes` (the caller counted `st`). Only names are removed, never an
+    /// inode changed, so a name swapped in meanwhile costs its swapper that name and nothing
+    /// else.
     fn remove(
         &mut self,
         dir: BorrowedFd<'_>,
@@ -394,6 +434,9 @@ impl Walker {
                     Err(Errno::NOENT) => continue,
                     Err(e) => return Err(io(path, "stat", e)),
                 };
+                if est.dev == self.root_dev {
+                    self.count(&est);
+                }
                 if est.kind != Kind::Dir {
                     match fs::unlinkat(fd.as_fd(), entry.as_c_str(), AtFlags::empty()) {
                         Ok(()) | Err(Errno::NOENT) => continue,
@@ -431,20 +474,17 @@ impl Walker {
 
     /// Changes owner and strips setuid/setgid through `fd`. `readable` says whether `fd` is a
     /// real (non-`O_PATH`) descriptor, on which `fchmod` works.
+    /// An error names the operation that failed; the caller adds the path, which most entries
+    /// never need formatted.
     fn apply(
         &mut self,
         fd: BorrowedFd<'_>,
         st: &Stat,
         readable: bool,
-        path: &str,
-    ) -> Result<(), WalkError> {
+    ) -> Result<(), (&'static str, Errno)> {
         if self.pass == Pass::Scan {
             return Ok(());
         }
-        self.report.bytes = self
-            .report
-            .bytes
-            .saturating_add(st.blocks.saturating_mul(512));
         let mut changed = false;
         if st.uid != self.to.uid || st.gid != self.to.gid {
             fs::chownat(
@@ -454,24 +494,30 @@ impl Walker {
                 Some(fs::Gid::from_raw(self.to.gid)),
                 AtFlags::EMPTY_PATH,
             )
-            .map_err(|e| io(path, "chown", e))?;
+            .map_err(|e| ("chown", e))?;
             changed = true;
         }
-        // The kernel clears some of these bits on chown, not all (setgid without group
-        // execute stays), so look again. A symlink's mode means nothing (and chmod through
-        // its magic link is not to be trusted), so it is left as it is.
+        // A symlink's mode means nothing (and chmod through its magic link is not to be
+        // trusted), so it is left as it is. The kernel clears some of the bits on chown, not
+        // all (setgid without group execute stays), and chown never sets one, so the mode read
+        // before it tells what is left to strip, unless its old owner could change the mode in
+        // between: then look again.
         if st.kind != Kind::Symlink {
-            let now = stat_fd(fd).map_err(|e| io(path, "stat", e))?;
-            if now.mode & DANGEROUS_BITS != 0 {
-                let mode = Mode::from_raw_mode(now.mode & 0o7777 & !DANGEROUS_BITS);
+            let mode_now = if changed && !self.quiescent() {
+                stat_fd(fd).map_err(|e| ("stat", e))?.mode
+            } else {
+                st.mode
+            };
+            if mode_now & DANGEROUS_BITS != 0 {
+                let mode = Mode::from_raw_mode(mode_now & 0o7777 & !DANGEROUS_BITS);
                 if readable {
-                    fs::fchmod(fd, mode).map_err(|e| io(path, "chmod", e))?;
+                    fs::fchmod(fd, mode).map_err(|e| ("chmod", e))?;
                 } else {
                     // fchmod refuses O_PATH handles; the magic link reaches the same inode
                     // without a name lookup anyone could race.
                     let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
                     fs::chmodat(fs::CWD, proc_path.as_str(), mode, AtFlags::empty())
-                        .map_err(|e| io(path, "chmod", e))?;
+                        .map_err(|e| ("chmod", e))?;
                 }
                 changed = true;
             }
@@ -544,20 +590,16 @@ fn walk(
             path: ".".to_owned(),
         });
     }
-    let mut w = Walker {
-        to,
-        pass,
-        on_bad,
-        root_dev: top_stat.dev,
-        report: WalkReport::default(),
-        hoisted: 0,
-    };
+    let mut w = Walker::new(to, pass, on_bad, top_stat.dev);
     w.report.visited = 1;
-    w.apply(top_fd.as_fd(), &opened, true, ".")?;
+    w.count(&opened);
+    w.apply(top_fd.as_fd(), &opened, true)
+        .map_err(|(op, e)| io(".", op, e))?;
     let names = read_names(top_fd.as_fd(), ".")?;
     let mut stack = vec![Frame::new(top_fd, names, String::new(), 0)];
     while let Some(frame) = stack.last_mut() {
-        let Some(name) = frame.names.get(frame.next).cloned() else {
+        // Taken, not cloned: each name is visited once.
+        let Some(name) = frame.names.get_mut(frame.next).map(std::mem::take) else {
             stack.pop();
             continue;
         };
@@ -566,34 +608,63 @@ fn walk(
         if on_bad == OnBad::Refuse && w.report.visited > limits.max_entries {
             return Err(WalkError::TooManyEntries(limits.max_entries));
         }
-        let path = child_path(&frame.path, &name);
+        // Only errors, notes and directories need the path: most entries never format it.
+        let path = |frame: &Frame| child_path(&frame.path, &name);
         let depth = frame.depth + 1;
-        let st = match stat_at(frame.fd.as_fd(), &name) {
-            Ok(st) => st,
-            // Vanished since it was listed: nothing left to hand over.
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(io(&path, "stat", e)),
+        // The apply pass opens the entry first (`O_PATH`, which opens a symlink, FIFO or device
+        // itself and never for I/O) and judges the handle's own stat: one name lookup, and what
+        // it judged is what it changes. The scan only judges, by a stat of the name: opening the
+        // entry would check an identity nothing acts on yet.
+        let (handle, st) = match w.pass {
+            Pass::Apply => match open_entry(frame.fd.as_fd(), &name) {
+                Ok((fd, st)) => (Some(fd), st),
+                // Vanished since it was listed: nothing left to hand over.
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(io(&path(frame), "open", e)),
+            },
+            Pass::Scan => match stat_at(frame.fd.as_fd(), &name) {
+                Ok(st) => (None, st),
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(io(&path(frame), "stat", e)),
+            },
         };
         if st.dev != w.root_dev {
-            w.bad(&path, "on another filesystem", None)?;
+            w.bad(&path(frame), "on another filesystem", None)?;
             continue;
         }
+        w.count(&st);
         // This entry, for `Walker::bad` to remove when it refuses it.
         let entry = Some((frame.fd.as_fd(), name.as_c_str(), &st));
         match st.kind {
             Kind::Dir => {
+                let path = path(frame);
                 if depth > limits.max_depth {
                     w.bad(&path, "nested too deeply", entry)?;
                     continue;
                 }
-                let (fd, opened) = open_listed(
-                    frame.fd.as_fd(),
-                    &name,
-                    OFlags::RDONLY | OFlags::DIRECTORY,
-                    &st,
-                    &path,
-                )?;
-                w.apply(fd.as_fd(), &opened, true, &path)?;
+                let (fd, opened) = match handle {
+                    // The handle's own directory, reopened for reading: no name is looked up
+                    // again, so nothing can be swapped in.
+                    Some(handle) => (
+                        fs::openat(
+                            &handle,
+                            c".",
+                            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .map_err(|e| io(&path, "open", e))?,
+                        st,
+                    ),
+                    None => open_listed(
+                        frame.fd.as_fd(),
+                        &name,
+                        OFlags::RDONLY | OFlags::DIRECTORY,
+                        &st,
+                        &path,
+                    )?,
+                };
+                w.apply(fd.as_fd(), &opened, true)
+                    .map_err(|(op, e)| io(&path, op, e))?;
                 let names = read_names(fd.as_fd(), &path)?;
                 stack.push(Frame::new(fd, names, path, depth));
             }
@@ -604,28 +675,33 @@ fn walk(
                         && st.gid == to.gid
                         && (st.kind == Kind::Symlink || st.mode & DANGEROUS_BITS == 0);
                     if on_bad == OnBad::Refuse || !harmless {
-                        w.bad(&path, "has more than one hard link", entry)?;
+                        w.bad(&path(frame), "has more than one hard link", entry)?;
                     }
                     continue;
                 }
-                // The scan only judges, and judges by the listing's stat above: opening the
-                // entry would check an identity nothing acts on yet. The apply pass opens it and
-                // checks it again before it changes anything.
-                if w.pass == Pass::Scan {
-                    continue;
+                if let Some(handle) = handle {
+                    w.apply(handle.as_fd(), &st, false)
+                        .map_err(|(op, e)| io(&path(frame), op, e))?;
                 }
-                let (fd, opened) = open_listed(frame.fd.as_fd(), &name, OFlags::PATH, &st, &path)?;
-                if opened.nlink > 1 {
-                    return Err(WalkError::Changed { path });
-                }
-                w.apply(fd.as_fd(), &opened, false, &path)?;
             }
             Kind::CharDev | Kind::BlockDev => {
-                w.bad(&path, "is a device node", entry)?;
+                w.bad(&path(frame), "is a device node", entry)?;
             }
         }
     }
     Ok(w.report)
+}
+
+/// Opens `name` in `dir` as an `O_PATH` handle, never following a symlink, and stats the handle.
+fn open_entry(dir: BorrowedFd<'_>, name: &CStr) -> Result<(OwnedFd, Stat), Errno> {
+    let fd = fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = stat_fd(fd.as_fd())?;
+    Ok((fd, st))
 }
 
 /// One entry met by [`visit`].
@@ -638,9 +714,28 @@ pub struct Seen<'a> {
     /// For a directory: the descriptor the walk lists it through (opened `O_RDONLY`, checked
     /// to be the entry listed).
     pub dir: Option<BorrowedFd<'a>>,
-    /// Escaped, relative to the top (`.` for the top).
-    pub path: &'a str,
+    /// The escaped path of `parent` relative to the top (for a top, its own path); see
+    /// [`Seen::path`].
+    pub parent_path: &'a str,
     pub stat: Stat,
+}
+
+impl Seen<'_> {
+    /// Escaped, relative to the top (`.` for the top). Formatted on demand: most visits never
+    /// need it.
+    pub fn path(&self) -> String {
+        if self.name == c"." {
+            if self.parent_path.is_empty() {
+                ".".to_owned()
+            } else {
+                self.parent_path.to_owned()
+            }
+        } else if self.parent_path.len() > MAX_SHOWN_PATH {
+            self.parent_path.to_owned()
+        } else {
+            child_path(self.parent_path, self.name)
+        }
+    }
 }
 
 /// What [`visit`] could not see.
@@ -704,7 +799,7 @@ pub fn visit(
         parent: top_fd.as_fd(),
         name: c".",
         dir: Some(top_fd.as_fd()),
-        path: ".",
+        parent_path: "",
         stat: top_stat,
     });
     let mut listed: u64 = 0;
@@ -742,7 +837,7 @@ pub fn visit(
                         parent: fd.as_fd(),
                         name: c".",
                         dir: Some(fd.as_fd()),
-                        path: &path,
+                        parent_path: &path,
                         stat: want,
                     });
                     next = Some((fd, path));
@@ -766,16 +861,11 @@ fn visit_stack(
     visitor: &mut impl FnMut(&Seen<'_>),
 ) {
     while let Some(frame) = stack.last_mut() {
-        let Some(name) = frame.names.get(frame.next).cloned() else {
+        let Some(name) = frame.names.get_mut(frame.next).map(std::mem::take) else {
             stack.pop();
             continue;
         };
         frame.next += 1;
-        let path = if frame.path.len() > MAX_SHOWN_PATH {
-            frame.path.clone()
-        } else {
-            child_path(&frame.path, &name)
-        };
         let depth = frame.depth + 1;
         let Ok(st) = stat_at(frame.fd.as_fd(), &name) else {
             report.skipped += 1;
@@ -791,11 +881,16 @@ fn visit_stack(
                 parent: frame.fd.as_fd(),
                 name: &name,
                 dir: None,
-                path: &path,
+                parent_path: &frame.path,
                 stat: st,
             });
             continue;
         }
+        let path = if frame.path.len() > MAX_SHOWN_PATH {
+            frame.path.clone()
+        } else {
+            child_path(&frame.path, &name)
+        };
         if depth > limits.max_depth {
             match handle::of(frame.fd.as_fd(), &name) {
                 Ok(h) if deferred.len() < MAX_DEFERRED => deferred.push((h, st, path)),
@@ -818,7 +913,7 @@ fn visit_stack(
             parent: frame.fd.as_fd(),
             name: &name,
             dir: Some(fd.as_fd()),
-            path: &path,
+            parent_path: &frame.path,
             stat: opened,
         });
         if report.truncated {
@@ -1120,6 +1215,50 @@ pub(crate) mod tests {
 
     /// What an agent can leave behind: nothing of it may survive hand-back as a setuid/setgid
     /// or world-writable entry, or as an entry the agent still owns.
+    #[test]
+    fn hand_back_reports_what_a_measurement_finds_before_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir_all(ws.join("a")).unwrap();
+        std::fs::write(ws.join("a/big"), vec![7u8; 300_000]).unwrap();
+        let sparse = std::fs::File::create(ws.join("sparse")).unwrap();
+        sparse.set_len(64 << 20).unwrap();
+        symlink("a/big", ws.join("link")).unwrap();
+        // Hard links: one pair harmless once handed back (kept), one setuid pair (its first
+        // name is removed, after which the second has one link), one pair with a name in a
+        // tree removed for its depth.
+        std::fs::write(ws.join("a/plain"), vec![1u8; 50_000]).unwrap();
+        std::fs::hard_link(ws.join("a/plain"), ws.join("plain-too")).unwrap();
+        std::fs::write(ws.join("a/suid"), vec![2u8; 70_000]).unwrap();
+        std::fs::set_permissions(ws.join("a/suid"), std::fs::Permissions::from_mode(0o4755))
+            .unwrap();
+        std::fs::hard_link(ws.join("a/suid"), ws.join("suid-too")).unwrap();
+        let deep = nest(&ws.join("deep"), 7);
+        std::fs::write(deep.join("f"), vec![3u8; 90_000]).unwrap();
+        std::fs::write(ws.join("deep/d/d/d/d/g"), vec![4u8; 20_000]).unwrap();
+        std::fs::hard_link(ws.join("deep/d/d/d/d/g"), ws.join("g-too")).unwrap();
+        chown_agent_tree(&ws);
+        // The harmless pair is the service's already.
+        for p in ["a/plain", "plain-too"] {
+            std::os::unix::fs::lchown(ws.join(p), Some(SERVICE.uid), Some(SERVICE.gid)).unwrap();
+        }
+        let fd = open_dir(&ws);
+        let limits = WalkLimits {
+            max_entries: 1_000,
+            max_depth: 4,
+        };
+        let usage = crate::disk::measure(fd.as_fd(), limits).unwrap();
+        assert_eq!(usage.too_deep, 0, "{usage:?}");
+        let report = hand_back(fd.as_fd(), SERVICE, limits).unwrap();
+        assert!(report.removed >= 2, "{report:?}");
+        assert!(!ws.join("deep/d/d/d/d").exists());
+        assert_eq!(report.bytes, usage.bytes, "{report:?} {usage:?}");
+        assert!(
+            usage.bytes >= 530_000 && usage.bytes < 64 << 20,
+            "{usage:?}"
+        );
+    }
+
     #[test]
     fn hand_back_leaves_no_privilege_carrier() {
         let tmp = tempfile::tempdir().unwrap();
