@@ -783,10 +783,10 @@ impl Launcher {
                 disk,
             }),
             Err(error) => {
-                if let Err(e) = self.release_disk(&workspace, disk).await {
-                    tracing::error!(%tid, error = %e, "cannot remove the project quota after a failed start");
+                let (released, back) = self.give_back(&workspace, disk, workspace_gid).await;
+                if let Err(e) = released {
+                    tracing::error!(%tid, error = %e, "cannot release the disk limit after a failed start");
                 }
-                let back = self.hand_back(&workspace, workspace_gid).await;
                 if let Err(back) = &back {
                     tracing::error!(%tid, error = %back, "cannot hand the workspace back after a failed start");
                 }
@@ -967,8 +967,39 @@ impl Launcher {
         self.data.remove_logs(tid, log_kind);
     }
 
-    /// After the sandbox is gone: whether the workspace reached its limit (the quota's usage, or
-    /// one last measurement), and the project's tags and limit removed.
+    /// After the sandbox is gone: the disk limit released and the workspace handed back. Returns
+    /// whether the workspace reached its limit (the quota's usage; in watch mode what the
+    /// hand-back found, so no walk of its own measures the tree) and the hand-back's outcome.
+    async fn give_back(
+        &self,
+        workspace: &OwnedFd,
+        guard: DiskGuard,
+        gid: u32,
+    ) -> (
+        Result<bool, String>,
+        Result<walk::WalkReport, LauncherError>,
+    ) {
+        match guard {
+            DiskGuard::Quota { .. } => {
+                let released = self.release_disk(workspace, guard).await;
+                (released, self.hand_back(workspace, gid).await)
+            }
+            DiskGuard::Watch { allowance } => {
+                let back = self.hand_back(workspace, gid).await;
+                let over = match &back {
+                    Ok(report) => Ok(disk::Usage::found_by(report, self.walk_limits)
+                        .over(allowance, self.walk_limits)
+                        .is_some()),
+                    // What is left is measured as it is.
+                    Err(_) => self.release_disk(workspace, guard).await,
+                };
+                (over, back)
+            }
+        }
+    }
+
+    /// Whether the workspace reached its limit (the quota's usage, or a measurement), and the
+    /// project's tags and limit removed.
     async fn release_disk(&self, workspace: &OwnedFd, guard: DiskGuard) -> Result<bool, String> {
         let fd = workspace.try_clone().map_err(|e| e.to_string())?;
         let limits = self.walk_limits;
@@ -1097,11 +1128,12 @@ impl Launcher {
         }
         let truncated = release_sandbox(cgroup, staged, captures, &mut errors).await;
         self.refill_spares();
-        match self.release_disk(&workspace, disk).await {
+        let (released, back) = self.give_back(&workspace, disk, workspace_gid).await;
+        match released {
             Ok(over) => disk_exceeded |= over,
             Err(e) => errors.push(e),
         }
-        let handed_back = match self.hand_back(&workspace, workspace_gid).await {
+        let handed_back = match back {
             Ok(report) => {
                 // Its processes are dead (the cgroup is empty) and the workspace holds nothing
                 // of it any more: the uid may serve the next run.

@@ -39,7 +39,7 @@ use agentbox_policy::resolve::Kind;
 use rustix::fs::OFlags;
 use rustix::io::Errno;
 
-use crate::walk::{self, WalkError, WalkLimits};
+use crate::walk::{self, WalkError, WalkLimits, WalkReport};
 
 /// The shortest pause between two walks of the watcher.
 pub const MIN_PAUSE: Duration = Duration::from_millis(100);
@@ -422,6 +422,17 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// The usage a walk that changed the tree found it at (see [`WalkReport::bytes`]): a
+    /// hand-back's report, after which a measurement of its own would walk the tree again.
+    pub fn found_by(report: &WalkReport, limits: WalkLimits) -> Usage {
+        Usage {
+            bytes: report.bytes,
+            entries: report.visited,
+            truncated: report.visited > limits.max_entries,
+            too_deep: 0,
+        }
+    }
+
     /// Why this usage is over `limit` bytes, if it is.
     pub fn over(&self, limit: u64, limits: WalkLimits) -> Option<String> {
         if self.bytes > limit {

@@ -135,3 +135,28 @@ fn a_workspace_over_the_limit_can_shrink_but_not_grow() {
     assert_eq!(v["exit_code"], 0, "{v}");
     assert!(!ws.join("big").exists());
 }
+
+/// The verdict after a run that ended before the watcher looked (its first walk waits 100 ms)
+/// comes from the hand-back's own count: what the agent left counts, a hard-linked inode once,
+/// and what the hand-back removes counts too.
+#[test]
+fn the_final_verdict_counts_what_the_run_left_once() {
+    let l = launcher();
+    // 10 MiB under two names: under the limit, though the names add up to 20 MiB.
+    let v = l.probe(
+        "disk6",
+        "head -c 10M /dev/zero > a && ln a b && echo linked",
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(v["disk_exceeded"], false, "one inode, counted once: {v}");
+    // 12 MiB under one name and 8 MiB hard-linked: over the limit, though the hand-back removes
+    // a name of the linked file.
+    let v = l.probe(
+        "disk7",
+        "head -c 12M /dev/zero > a && head -c 8M /dev/zero > b && ln b c && echo written",
+    );
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(v["disk_exceeded"], true, "{v}");
+    let ws = l.data.join("tasks/disk7/workspace");
+    assert!(ws.join("b").exists() != ws.join("c").exists(), "{v}");
+}
