@@ -32,7 +32,7 @@ use agentbox_api::launcher::{AgentRequest, RunState};
 use agentbox_policy::id::Tid;
 use agentbox_tests::harness::{
     BlackboxProcess, BlackboxProxy, BridgeProcess, FakeLlm, GatewayProcess, LauncherProcess,
-    live_group_members, opencode_registration, workspace_bin,
+    Service, live_group_members, opencode_registration, workspace_bin,
 };
 use agentbox_tests::workload;
 use anyhow::{Context, Result, bail, ensure};
@@ -413,9 +413,65 @@ key_env = "BENCH_KEY"
             rows.push(compare(&case, &client, &direct, &through, bridge.pid(), plan).await?);
         }
     }
-    let notes = notes("agentbox-bridge", bridge.pid(), "idle-after-run", "", plan);
+    let mut notes = notes("agentbox-bridge", bridge.pid(), "idle-after-run", "", plan);
+    drop(bridge);
+    rows.extend(relay_floors(&fake, &client, plan).await?);
+    notes.push_str(
+        " The floor rows send the same Claude Code request (Anthropic, to `/v1/messages`) through \
+         `relay` (tests/src/bin/relay.rs), a proxy that forwards it unchanged on one event loop: \
+         `tcp` copies bytes between the sockets, `http` reads and forwards the whole body with \
+         the bridge's own server and client stack; daemon CPU is the relay's.",
+    );
     print_table("llm-bridge vs fakellm direct", &rows, &notes);
     Ok(())
+}
+
+/// What a proxy adds before it does anything of its own: the bench's Anthropic request through
+/// `relay tcp` (one extra loopback hop) and `relay http` (the bridge's HTTP stack, no parse),
+/// against fakellm direct.
+async fn relay_floors(fake: &FakeLlm, client: &Clients, plan: Plan) -> Result<Vec<Row>> {
+    let upstream = fake
+        .base_url()
+        .strip_prefix("http://")
+        .context("fakellm's base URL")?
+        .to_owned();
+    let mut rows = Vec::new();
+    for (mode, kind) in [
+        ("tcp", "floor: TCP relay, no HTTP"),
+        ("http", "floor: hyper in, reqwest out, no parse"),
+    ] {
+        let mut cmd = std::process::Command::new(workspace_bin("agentbox-tests", "relay")?);
+        cmd.args([mode, upstream.as_str()]).env_clear();
+        let (relay, address) =
+            Service::start_listening("relay", cmd, Duration::from_secs(30), "listening on ")?;
+        for stream in [false, true] {
+            let body = workload::claude_code_request("claude-upstream", stream);
+            let body = bytes::Bytes::from(serde_json::to_vec(&body)?);
+            let headers: Vec<(String, String)> = [
+                ("x-api-key", "sk-bench"),
+                ("anthropic-version", "2023-06-01"),
+                ("content-type", "application/json"),
+            ]
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+            let direct = Target {
+                unix: None,
+                url: format!("{}/v1/messages", fake.base_url()),
+                headers: headers.clone(),
+                body: body.clone(),
+            };
+            let through = Target {
+                unix: None,
+                url: format!("http://{address}/v1/messages"),
+                headers,
+                body: body.clone(),
+            };
+            let case = case_name(kind, stream, body.len());
+            rows.push(compare(&case, client, &direct, &through, relay.pid(), plan).await?);
+        }
+    }
+    Ok(rows)
 }
 
 /// Extra environment for the bridge and the gateway under test, from `BENCH_DAEMON_ENV`
