@@ -20,6 +20,17 @@
 //! into a terminal, CVE-2017-5226), line disciplines, namespace and pidfd queries, device and
 //! filesystem control. Requests are compared on their low 32 bits, all the kernel reads.
 //!
+//! **Modes.** `openat`, `mkdirat`, `mknodat`, `fchmod`, `fchmodat`, `fchmodat2` (and on x86_64
+//! `open`, `creat`, `mkdir`, `mknod`, `chmod`) are allowed only with neither the setuid nor the
+//! setgid bit in their mode argument (`EPERM` otherwise; a directory's setgid bit too: the
+//! hand-back strips it anyway, and no agent workload was seen to need it). A setuid file in a
+//! workspace lets any local user who can reach it start a process as the run's agent uid
+//! outside the sandbox. The filter cannot close every way: `openat2` carries its mode in memory
+//! a filter cannot read, and stays allowed because OpenClaw needs it (`RESOLVE_BENEATH`, no
+//! fallback). What makes such a process harmless is the launcher's sweep before an agent uid
+//! serves again (`proc::sweep_identity`); the filter only makes planting one take a deliberate
+//! `openat2`.
+//!
 //! **Which errno.** A refusal answers `EPERM`, as Docker's does: the caller reports a permission
 //! failure instead of misreading it. `ENOSYS` ("no such call in this kernel") only where libcs
 //! and runtimes fall back on it to an interface we allow: `clone3` (glibc and musl fall back to
@@ -98,9 +109,9 @@ mod nr {
 const HIGHEST_REVIEWED: i64 = nr::FILE_SETATTR;
 
 /// Syscalls allowed whatever their arguments: Docker's unconditional list (its 64-bit names),
-/// minus the refusals in the module header, plus newer calls that only do what an allowed older
-/// one does (`fchmodat2`, the `*xattrat` family, `file_getattr`, the futex2 calls, `cachestat`)
-/// or only restrict the caller (`mseal`, `map_shadow_stack`).
+/// minus the refusals in the module header and the [`mode_setters`], plus newer calls that only
+/// do what an allowed older one does (the `*xattrat` family, `file_getattr`, the futex2 calls,
+/// `cachestat`) or only restrict the caller (`mseal`, `map_shadow_stack`).
 fn allowed_syscalls() -> Vec<i64> {
     use libc::*;
     let mut v = vec![
@@ -135,8 +146,6 @@ fn allowed_syscalls() -> Vec<i64> {
         SYS_fallocate,
         SYS_fanotify_mark,
         SYS_fchdir,
-        SYS_fchmod,
-        SYS_fchmodat,
         SYS_fchown,
         SYS_fchownat,
         SYS_fcntl,
@@ -205,8 +214,6 @@ fn allowed_syscalls() -> Vec<i64> {
         SYS_memfd_create,
         SYS_memfd_secret,
         SYS_mincore,
-        SYS_mkdirat,
-        SYS_mknodat,
         SYS_mlock,
         SYS_mlock2,
         SYS_mlockall,
@@ -229,7 +236,8 @@ fn allowed_syscalls() -> Vec<i64> {
         SYS_munmap,
         SYS_nanosleep,
         SYS_newfstatat,
-        SYS_openat,
+        // Its mode lies in memory a filter cannot read (see the module header), but OpenClaw
+        // opens its state with `RESOLVE_BENEATH` and has no fallback.
         SYS_openat2,
         SYS_pidfd_open,
         SYS_pidfd_send_signal,
@@ -349,7 +357,6 @@ fn allowed_syscalls() -> Vec<i64> {
     ];
     v.extend([
         nr::CACHESTAT,
-        nr::FCHMODAT2,
         nr::MAP_SHADOW_STACK,
         nr::FUTEX_WAKE,
         nr::FUTEX_WAIT,
@@ -371,9 +378,7 @@ fn allowed_syscalls() -> Vec<i64> {
         SYS_access,
         SYS_alarm,
         SYS_arch_prctl,
-        SYS_chmod,
         SYS_chown,
-        SYS_creat,
         SYS_dup2,
         SYS_epoll_create,
         SYS_epoll_wait,
@@ -386,9 +391,6 @@ fn allowed_syscalls() -> Vec<i64> {
         SYS_lchown,
         SYS_link,
         SYS_lstat,
-        SYS_mkdir,
-        SYS_mknod,
-        SYS_open,
         SYS_pause,
         SYS_pipe,
         SYS_poll,
@@ -463,6 +465,33 @@ pub const ALLOWED_IOCTLS: [libc::c_ulong; 27] = [
     // Copy-on-write clones of files the caller can already read and write.
     libc::FICLONE,
 ];
+
+/// Setuid and setgid.
+const PRIVILEGE_BITS: u64 = 0o6000;
+
+/// The syscalls that give a file its mode bits, with the index of their mode argument: allowed
+/// only with neither [`PRIVILEGE_BITS`] set (`fchmodat2`, from Linux 6.6, like `fchmodat`).
+fn mode_setters() -> Vec<(i64, u8)> {
+    use libc::*;
+    #[allow(unused_mut)]
+    let mut v = vec![
+        (SYS_openat, 3),
+        (SYS_mkdirat, 2),
+        (SYS_mknodat, 2),
+        (SYS_fchmod, 1),
+        (SYS_fchmodat, 2),
+        (nr::FCHMODAT2, 2),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        (SYS_open, 2),
+        (SYS_creat, 1),
+        (SYS_mkdir, 1),
+        (SYS_mknod, 1),
+        (SYS_chmod, 1),
+    ]);
+    v
+}
 
 const NAMESPACE_FLAGS: [u64; 7] = [
     libc::CLONE_NEWUSER as u64,
@@ -544,6 +573,18 @@ pub fn main_filter() -> Result<BpfProgram, SeccompError> {
         )?])?],
     );
     rules.insert(libc::SYS_ioctl, any_of(1, ALLOWED_IOCTLS.iter().copied())?);
+    // A mode is a `mode_t`, 32 bits.
+    for (nr, arg) in mode_setters() {
+        rules.insert(
+            nr,
+            vec![rule(vec![cond(
+                arg,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(PRIVILEGE_BITS),
+                0,
+            )?])?],
+        );
+    }
     // The network namespace has only loopback anyway; the other families are kernel surface.
     rules.insert(
         libc::SYS_socket,
@@ -751,12 +792,13 @@ mod tests {
     #[test]
     fn every_number_gets_its_declared_answer() {
         let allowed = allowed_syscalls();
-        let filtered = [
+        let mut filtered = vec![
             libc::SYS_clone,
             libc::SYS_ioctl,
             libc::SYS_socket,
             libc::SYS_personality,
         ];
+        filtered.extend(mode_setters().into_iter().map(|(n, _)| n));
         for n in 0..=HIGHEST_REVIEWED + 40 {
             if filtered.contains(&n) {
                 continue;
@@ -854,6 +896,39 @@ mod tests {
         let arch_specific: Vec<i64> = Vec::new();
         for n in refused.into_iter().chain(arch_specific) {
             assert_eq!(verdict(nr(n), [0; 6]), errno(EPERM), "syscall {n}");
+        }
+    }
+
+    #[test]
+    fn no_mode_with_setuid_or_setgid() {
+        for (n, arg) in mode_setters() {
+            let with = |mode: u64| {
+                let mut args = [0; 6];
+                args[usize::from(arg)] = mode;
+                verdict(nr(n), args)
+            };
+            for mode in [
+                0,
+                0o644,
+                0o755,
+                0o1777,
+                0o100644,
+                0o010644,
+                0xffff_0000_0000_01ff,
+            ] {
+                assert_eq!(with(mode), ALLOW, "syscall {n} mode {mode:o}");
+            }
+            for mode in [
+                0o4755,
+                0o2755,
+                0o6755,
+                0o4000,
+                0o2000,
+                0o104755,
+                0xffff_0000_0000_0c00,
+            ] {
+                assert_eq!(with(mode), errno(libc::EPERM), "syscall {n} mode {mode:o}");
+            }
         }
     }
 

@@ -231,7 +231,7 @@ fn output_is_capped_and_workspace_handed_back() {
     let ws = l.workspace("cap1");
     let r = l.check(
         "cap1",
-        "head -c 100000 /dev/zero | tr '\\0' a; echo err >&2; mkdir -p d; echo x > d/f; cp /bin/true d/suid; chmod 4755 d/suid; ln -s /etc/shadow d/link; mkfifo d/fifo; exit 3",
+        "head -c 100000 /dev/zero | tr '\\0' a; echo err >&2; mkdir -p d; echo x > d/f; cp /bin/true d/suid; chmod 4755 d/suid 2>/dev/null; chmod 0757 d/suid; ln -s /etc/shadow d/link; mkfifo d/fifo; exit 3",
     );
     assert_eq!(r.status, 200, "{}", r.raw);
     assert_eq!(r.body["exit_code"], 3);
@@ -373,5 +373,105 @@ fn staged_mounts_live_in_the_runs_namespace_only() {
     assert!(
         !mnt.join("ns1").exists(),
         "the run's mount points outlive it"
+    );
+}
+
+/// While a run lasts no file in its workspace is a setuid or setgid program: the hand-over strips
+/// what the service brought, the seccomp filter refuses both bits in every call whose mode it
+/// can read, and the one it cannot (`openat2`, which OpenClaw needs) makes only an empty file,
+/// whose bits the kernel clears at the first write or truncation by anyone without
+/// `CAP_FSETID`. Otherwise any local user who can reach the workspace could start a process as
+/// the agent uid outside the sandbox.
+#[test]
+fn no_setuid_or_setgid_program_while_the_run_lasts() {
+    let l = Launcher::start(Options::default());
+    let ws = l.workspace("suid1");
+    std::fs::write(ws.join("brought"), b"#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(
+        ws.join("brought"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o4755),
+    )
+    .unwrap();
+    common::chown_tree(&ws, SERVICE_UID);
+    let script = r#"cd /workspace
+touch f; chmod 4755 f; echo "chmod=$?"; chmod g+s f; echo "chmodg=$?"
+mkdir -m 2755 d; echo "mkdir=$?"
+install -m 4755 /dev/null i; echo "install=$?"
+python3 - <<'PY'
+import ctypes, mmap, os, stat
+def attempt(name, f):
+    try:
+        f()
+        print(name + "=0")
+    except OSError as e:
+        print("%s=%d" % (name, e.errno))
+attempt("open", lambda: os.close(os.open("o", os.O_CREAT | os.O_WRONLY, 0o4755)))
+attempt("mkdir_py", lambda: os.mkdir("m", 0o2775))
+attempt("mknod", lambda: os.mknod("p", stat.S_IFIFO | 0o4644))
+attempt("fchmod", lambda: os.fchmod(os.open("f", os.O_RDONLY), 0o2755))
+libc = ctypes.CDLL(None, use_errno=True)
+def openat2(name, flags, mode):
+    how = (ctypes.c_uint64 * 3)(flags | os.O_CREAT, mode, 0)
+    fd = libc.syscall(437, -100, name, how, ctypes.c_size_t(24))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "openat2")
+    return fd
+# Empty, and setuid: allowed, and harmless.
+attempt("openat2", lambda: os.close(openat2(b"e", os.O_WRONLY, 0o4755)))
+# Given content by write, or by truncation and a shared mapping.
+def written():
+    fd = openat2(b"w", os.O_WRONLY, 0o6755)
+    os.write(fd, open("/bin/true", "rb").read())
+    os.close(fd)
+attempt("written", written)
+def mapped():
+    fd = openat2(b"r", os.O_RDWR, 0o4755)
+    os.ftruncate(fd, 4096)
+    m = mmap.mmap(fd, 4096)
+    m[:4] = b"\x7fELF"
+    m.close()
+    os.close(fd)
+attempt("mapped", mapped)
+PY
+for x in brought f d i o m p e w r; do [ -e "$x" ] && stat -c "mode $x %a %s" "$x"; done; true"#;
+    let v = l.check("suid1", script).body;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let text = out(&v);
+    for expected in [
+        "chmod=1",
+        "chmodg=1",
+        "mkdir=1",
+        "install=1",
+        "open=1",
+        "mkdir_py=1",
+        "mknod=1",
+        "fchmod=1",
+        "openat2=0",
+        "written=0",
+        "mapped=0",
+    ] {
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
+    let modes: Vec<&str> = text.lines().filter(|l| l.starts_with("mode ")).collect();
+    assert!(
+        modes.iter().any(|m| m.starts_with("mode brought 755 ")),
+        "{text}"
+    );
+    assert!(
+        modes.iter().any(|m| m.starts_with("mode e 4755 0")),
+        "{text}"
+    );
+    for line in &modes {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let (mode, size) = (fields[2], fields[3]);
+        assert!(
+            mode.len() <= 3 || size == "0",
+            "a setuid or setgid file with content in the run: {line}\n{text}"
+        );
+    }
+    assert!(modes.iter().any(|m| m.starts_with("mode w 755 ")), "{text}");
+    assert!(
+        modes.iter().any(|m| m.starts_with("mode r 755 4096")),
+        "{text}"
     );
 }
