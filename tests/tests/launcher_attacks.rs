@@ -29,20 +29,24 @@ fn start_agent(l: &Launcher, tid: &str, script: &str) -> Value {
 /// Hole 1: an agent plants a setuid file, a hard-linked setuid file, a world-writable
 /// directory, a setuid file nested deeper than the walk's depth limit, and 100k hard-linked
 /// entries. After hand-back nothing in the workspace is setuid/setgid, world-writable or the
-/// agent's, and the report of what was removed stays short.
+/// agent's, and the report of what was removed stays short. The setuid files are made the one
+/// way the seccomp filter leaves (`openat2`, whose mode it cannot read; `chmod` and the rest
+/// refuse the bits), so they are empty: writing to one would clear the bits.
 #[test]
 fn hand_back_leaves_no_setuid_world_writable_or_agent_owned_entry() {
     let l = Launcher::start_with(|o| o.pids = 256);
     let ws = l.workspace("suid1");
     let _gw = l.gateway_socket("suid1");
     let script = r#"set -e
-cp /bin/true suid; chmod 4755 suid
-cp /bin/true linked; chmod 6755 linked; ln linked linked-too
+# plant PATH MODE: an empty file made by openat2 with MODE
+plant() { perl -MPOSIX -e 'my ($p, $how) = ($ARGV[0], pack("QQQ", 0101, oct($ARGV[1]), 0)); my $fd = syscall(437, -100, $p, $how, 24); die "openat2: $!" if $fd < 0; POSIX::close($fd)' "$1" "$2"; }
+plant suid 4755
+plant linked 6755; ln linked linked-too
 mkdir open; chmod 777 open; : > open/ww; chmod 666 open/ww
 d=deep; for i in $(seq 300); do d=$d/d; done
-mkdir -p "$d"; cp /bin/true "$d/suid"; chmod 4755 "$d/suid"; chmod 777 "$d"
+mkdir -p "$d"; plant "$d/suid" 4755; chmod 777 "$d"
 mkdir many
-perl -e 'for $i (1..50000) { open F, ">many/$i" or die; close F; chmod 04755, "many/$i"; link "many/$i", "many/$i-b" or die }'
+perl -MPOSIX -e 'my $how = pack("QQQ", 0101, 04755, 0); for $i (1..50000) { my $p = "many/$i"; my $fd = syscall(437, -100, $p, $how, 24); die "openat2: $!" if $fd < 0; POSIX::close($fd); link $p, "$p-b" or die }'
 echo planted"#;
     start_agent(&l, "suid1", script);
     let v = l.wait_agent("suid1");
@@ -166,4 +170,52 @@ fn each_run_has_its_own_agent_uid() {
     );
     let r = l.request("DELETE", "/agents/uidb", None);
     assert_eq!(r.status, 200, "{}", r.raw);
+}
+
+/// Hole 11: a process holding a run's agent uid outside its sandbox (a local user who ran a
+/// setuid file of the agent's, or anything that got the uid another way) would meet the next
+/// run that uid serves: read its workspace, signal its agent. The launcher kills every such
+/// process before it gives the uid back.
+#[test]
+fn a_process_holding_the_agent_uid_outside_the_sandbox_dies_before_the_uid_serves_again() {
+    let l = Launcher::start(Options::default());
+    let ws = l.workspace("stray1");
+    let _gw = l.gateway_socket("stray1");
+    start_agent(
+        &l,
+        "stray1",
+        "echo \"ids $(id -u) $(id -g)\"; while [ ! -e go ]; do sleep 0.0731; done; echo ended",
+    );
+    let (uid, gid, _) = agent_identity(&l, "stray1", "0.0731");
+    // On the host, outside the sandbox and its cgroup: the uid's real, effective and saved ids.
+    let mut stray = std::process::Command::new("setpriv")
+        .args([
+            &format!("--reuid={uid}"),
+            &format!("--regid={gid}"),
+            "--clear-groups",
+            "sleep",
+            "600",
+        ])
+        .spawn()
+        .unwrap();
+    std::fs::write(ws.join("go"), b"").unwrap();
+    let v = l.wait_agent("stray1");
+    assert!(v["stdout"].as_str().unwrap_or("").contains("ended"), "{v}");
+    // The answer comes once the uid is given back, so the stray is dead by now.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = stray.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = stray.kill();
+            panic!("a process holding uid {uid} outlived the run: {v}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "{status:?}"
+    );
 }
