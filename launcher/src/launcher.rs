@@ -316,9 +316,6 @@ fn limit_disk(
     }
 }
 
-/// Where the identity sweep reads the host's processes.
-const PROC_ROOT: &str = "/proc";
-
 impl Launcher {
     /// Builds the launcher; call [`Launcher::recover`] before serving.
     pub fn new(settings: Settings) -> Result<Arc<Launcher>, LauncherError> {
@@ -970,36 +967,6 @@ impl Launcher {
         self.data.remove_logs(tid, log_kind);
     }
 
-    /// Gives `agent` back to the pool once no process on the host holds its uid or gid
-    /// ([`proc::sweep_identity`]): its run's cgroup is empty by now, so whatever still holds
-    /// either got it outside the sandbox (a setuid file the agent left, executed by a local
-    /// user) and would meet the next run the identity serves. Kept, and logged, if the sweep
-    /// cannot finish.
-    pub(crate) async fn release_agent(&self, tid: &Tid, agent: Owner) {
-        let swept = tokio::task::spawn_blocking(move || {
-            proc::sweep_identity(
-                std::path::Path::new(PROC_ROOT),
-                agent.uid..agent.uid + 1,
-                agent.gid..agent.gid + 1,
-            )
-        })
-        .await;
-        match swept {
-            Ok(Ok(killed)) => {
-                if killed > 0 {
-                    tracing::warn!(%tid, uid = agent.uid, killed, "killed processes that held the agent identity outside the sandbox");
-                }
-                self.agents.give_back(agent);
-            }
-            Ok(Err(e)) => {
-                tracing::error!(%tid, uid = agent.uid, error = %e, "agent uid kept");
-            }
-            Err(e) => {
-                tracing::error!(%tid, uid = agent.uid, error = %e, "agent uid kept: the sweep did not finish");
-            }
-        }
-    }
-
     /// After the sandbox is gone: the disk limit released and the workspace handed back. Returns
     /// whether the workspace reached its limit (the quota's usage; in watch mode what the
     /// hand-back found, so no walk of its own measures the tree) and the hand-back's outcome.
@@ -1169,9 +1136,8 @@ impl Launcher {
         let handed_back = match back {
             Ok(report) => {
                 // Its processes are dead (the cgroup is empty) and the workspace holds nothing
-                // of it any more: once nothing outside the sandbox holds it either, the uid may
-                // serve the next run.
-                self.release_agent(&tid, agent).await;
+                // of it any more: the uid may serve the next run.
+                self.agents.give_back(agent);
                 if !report.skipped.is_empty() {
                     errors.push(format!(
                         "not handed back as they were: {}",
@@ -1508,24 +1474,6 @@ impl Launcher {
                     }
                 }
             }
-        }
-        // A previous launcher's runs may have left processes holding agent identities outside
-        // their sandboxes: none may meet a run of this one.
-        let (uids, gids) = self.agents.ranges();
-        match tokio::task::spawn_blocking(move || {
-            proc::sweep_identity(std::path::Path::new(PROC_ROOT), uids, gids)
-        })
-        .await
-        {
-            Ok(Ok(0)) => {}
-            Ok(Ok(killed)) => {
-                tracing::warn!(
-                    killed,
-                    "killed processes that held agent identities outside any sandbox"
-                );
-            }
-            Ok(Err(e)) => tracing::error!(error = %e, "cannot sweep the agent identities"),
-            Err(e) => tracing::error!(error = %e, "cannot sweep the agent identities"),
         }
         self.recover_slots();
         // After the sweep above, which would have removed them.

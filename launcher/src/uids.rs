@@ -4,9 +4,8 @@
 //! identity is worth one run.
 //!
 //! An identity is taken when a run is reserved and given back only once the run's workspace was
-//! handed back (nothing on disk is owned by it any more, and its cgroup is empty) and no
-//! process on the host holds it (`Launcher::release_agent`). One whose hand-back or sweep
-//! failed stays taken for the life of the launcher.
+//! handed back (nothing on disk is owned by it any more, and its cgroup is empty). One whose
+//! hand-back failed stays taken for the life of the launcher.
 
 use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
@@ -86,14 +85,6 @@ impl AgentIds {
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(&(who.uid - self.first.uid));
         }
-    }
-
-    /// The uids and the gids of the range.
-    pub fn ranges(&self) -> (std::ops::Range<u32>, std::ops::Range<u32>) {
-        (
-            self.first.uid..self.first.uid.saturating_add(self.count),
-            self.first.gid..self.first.gid.saturating_add(self.count),
-        )
     }
 
     /// How many identities are taken.

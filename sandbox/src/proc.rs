@@ -1,8 +1,7 @@
 //! Child processes of a privileged daemon: the one `pre_exec` setup every spawn goes through
 //! (through std's `fork`, [`ChildSetup::spawn`], or without copying the daemon,
 //! [`ChildSetup::spawn_exec`], `proc/vfork.rs`), capped capture of a child's output, and
-//! termination of a process group, and the sweep of an identity's stray processes before it
-//! serves again (`proc/sweep.rs`, [`sweep_identity`]). Also the process settings a daemon's `main` needs `libc`
+//! termination of a process group. Also the process settings a daemon's `main` needs `libc`
 //! for: [`tune_malloc`] (the gateway and the bridge, whose own crates forbid `unsafe`).
 //!
 //! # The child setup
@@ -42,9 +41,7 @@ use rustix::io::Errno;
 use rustix::process::{Gid, Pid, Resource, Rlimit, Signal, Uid};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-mod sweep;
 mod vfork;
-pub use sweep::{SANDBOX_CGROUP_PREFIX, SweepError, sweep_identity};
 pub use vfork::{Child, Exec};
 
 /// Why a child could not be started.

@@ -25,11 +25,12 @@
 //! setgid bit in their mode argument (`EPERM` otherwise; a directory's setgid bit too: the
 //! hand-back strips it anyway, and no agent workload was seen to need it). A setuid file in a
 //! workspace lets any local user who can reach it start a process as the run's agent uid
-//! outside the sandbox. The filter cannot close every way: `openat2` carries its mode in memory
-//! a filter cannot read, and stays allowed because OpenClaw needs it (`RESOLVE_BENEATH`, no
-//! fallback). What makes such a process harmless is the launcher's sweep before an agent uid
-//! serves again (`proc::sweep_identity`); the filter only makes planting one take a deliberate
-//! `openat2`.
+//! outside the sandbox, one that outlives the run and meets the next run that uid serves.
+//! `openat2` carries its mode in memory a filter cannot read, and stays
+//! allowed because OpenClaw needs it (`RESOLVE_BENEATH`, no fallback); but it can only create
+//! an *empty* file with the bits, and the kernel clears both at the first write, truncation or
+//! allocation by a process without `CAP_FSETID`, so no setuid or setgid program comes of it
+//! (`tests/tests/launcher_sandbox.rs::no_setuid_or_setgid_program_while_the_run_lasts`).
 //!
 //! **Which errno.** A refusal answers `EPERM`, as Docker's does: the caller reports a permission
 //! failure instead of misreading it. `ENOSYS` ("no such call in this kernel") only where libcs

@@ -348,7 +348,7 @@ impl Launcher {
                 }
                 Err(failed) => {
                     if failed.agent_free {
-                        me.release_agent(&t, agent).await;
+                        me.agents.give_back(agent);
                     } else {
                         tracing::error!(tid = %t, uid = agent.uid, "agent uid kept: the slot's directories were not removed");
                     }
@@ -805,7 +805,7 @@ impl Launcher {
             let t = tid.clone();
             let removed = tokio::task::spawn_blocking(move || me.data.remove_slot(&t)).await?;
             match removed {
-                Ok(()) => self.release_agent(&tid, agent).await,
+                Ok(()) => self.agents.give_back(agent),
                 Err(e) => {
                     tracing::error!(%tid, uid = agent.uid, error = %e, "agent uid kept: the slot's files were not removed");
                     let msg = format!("removing the slot's files: {e}");
