@@ -1213,8 +1213,8 @@ pub(crate) mod tests {
         ));
     }
 
-    /// What an agent can leave behind: nothing of it may survive hand-back as a setuid/setgid
-    /// or world-writable entry, or as an entry the agent still owns.
+    /// The hand-back's report is the watch mode's final usage: the same bytes a measurement
+    /// just before it finds, hard links once and removed trees included.
     #[test]
     fn hand_back_reports_what_a_measurement_finds_before_it() {
         let tmp = tempfile::tempdir().unwrap();
@@ -1259,6 +1259,8 @@ pub(crate) mod tests {
         );
     }
 
+    /// What an agent can leave behind: nothing of it may survive hand-back as a setuid/setgid
+    /// or world-writable entry, or as an entry the agent still owns.
     #[test]
     fn hand_back_leaves_no_privilege_carrier() {
         let tmp = tempfile::tempdir().unwrap();
