@@ -75,6 +75,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "agentbox-api",
             "agentbox-fakellm",
+            "agentbox-http",
             "agentbox-policy",
             "agentbox-sandbox",
             "agentbox-wire",

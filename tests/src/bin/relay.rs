@@ -9,6 +9,8 @@
 //!
 //! One event loop, as the bridge's default. Prints `listening on <addr>` once bound.
 
+#![forbid(unsafe_code)]
+
 use std::sync::Arc;
 use std::time::Duration;
 
