@@ -3,10 +3,12 @@
 //!
 //! An [`LlmBody`] owns the upstream byte stream and yields the client's bytes as they arrive:
 //! passed through, or decoded as SSE and translated by a [`StreamTranslator`] ([`ChatToAnthropic`],
-//! [`ChatToResponses`]). Optionally a [`UsageMeter`] reads the bytes the
-//! client receives, and its report goes to a settle callback **exactly once**: when the body
-//! ends (cleanly or broken), or, if the client goes away first, when the body is dropped, with
-//! what was metered up to then. Dropping the body drops the upstream stream, which closes the
+//! [`ChatToResponses`]). Chunks the upstream has ready together go out as one frame (a
+//! `Hold`), so the client's connection pays one write for a burst, not one per event.
+//! Optionally a [`UsageMeter`] reads the bytes sent to the client (as they are handed to its
+//! connection, held ones included), and its report goes to a settle callback **exactly
+//! once**: when the body ends (cleanly or broken), or, if the client goes away first, when the
+//! body is dropped, with what was metered up to then. Dropping the body drops the upstream stream, which closes the
 //! connection and cancels the generation.
 //!
 //! A translated stream whose answer is complete (the translator wrote its last event) still
@@ -252,6 +254,86 @@ pub struct LlmBody {
     queued: VecDeque<Step>,
     /// The client has its whole answer; the rest of the upstream's body is being read.
     drain: Option<Drain>,
+    /// Bytes ready for the client while more may be on the way (see `Hold`).
+    hold: Hold,
+}
+
+/// Client bytes held back while the upstream may have more already read: handed out as one
+/// frame, so a burst of upstream chunks costs the client's connection one write, not one each.
+///
+/// Why a burst arrives as many polls: hyper's client hands a body over one chunk at a time
+/// (each chunk of a chunked body, i.e. each frame a streaming server wrote), and its
+/// connection task decodes the next only after this body took the last, a scheduler turn or
+/// two later. Returning each chunk as it comes made hyper's server write each: an event stream
+/// of 24 frames read in one `recvfrom` left as 10 `writev`s. So while the upstream has
+/// nothing ready the body yields (wakes itself and returns `Pending`, letting the upstream's
+/// connection task run): again after every turn that brought a chunk, and [`Hold::QUIET`]
+/// times after turns that brought none. Then the hold goes out. Measured with
+/// `llm/tests/hold.rs` on one event loop: the next chunk of a burst comes two turns after the
+/// last was taken (with only the turn after each chunk, every chunk still went alone); the
+/// second quiet turn is slack for a busier runtime. A quiet upstream (a model between tokens) thus costs a few
+/// scheduler turns per chunk, never a wait for data.
+#[derive(Default)]
+struct Hold {
+    chunks: Vec<Bytes>,
+    len: usize,
+    /// Whether the upstream gave a chunk since the last yield.
+    moved: bool,
+    /// Yields in a row that brought nothing.
+    quiet: u8,
+}
+
+impl Hold {
+    /// The most a hold keeps: a chunk that would pass it goes out on its own (after what was
+    /// held), so a large passthrough chunk is never copied.
+    const LIMIT: usize = 16 * 1024;
+
+    /// How many turns in a row that bring nothing a hold waits out.
+    const QUIET: u8 = 2;
+
+    fn takes(&self, bytes: &Bytes) -> bool {
+        self.len + bytes.len() <= Self::LIMIT
+    }
+
+    fn push(&mut self, bytes: Bytes) {
+        self.len += bytes.len();
+        self.chunks.push(bytes);
+        self.moved = true;
+    }
+
+    /// The upstream has nothing ready: yield, or hand the hold over (see [`Hold`]).
+    fn on_pending(&mut self, cx: &mut Context<'_>) -> Option<Bytes> {
+        if self.chunks.is_empty() {
+            return None;
+        }
+        if std::mem::take(&mut self.moved) {
+            self.quiet = 0;
+        } else if self.quiet < Self::QUIET {
+            self.quiet += 1;
+        } else {
+            return self.take();
+        }
+        cx.waker().wake_by_ref();
+        None
+    }
+
+    /// Everything held, as one frame.
+    fn take(&mut self) -> Option<Bytes> {
+        self.moved = false;
+        self.quiet = 0;
+        let len = std::mem::take(&mut self.len);
+        match self.chunks.len() {
+            0 => None,
+            1 => self.chunks.pop(),
+            _ => {
+                let mut joined = Vec::with_capacity(len);
+                for chunk in self.chunks.drain(..) {
+                    joined.extend_from_slice(&chunk);
+                }
+                Some(Bytes::from(joined))
+            }
+        }
+    }
 }
 
 /// Reading what an upstream sends after the answer it streamed is complete.
@@ -339,6 +421,7 @@ impl LlmBody {
             done: false,
             queued: VecDeque::new(),
             drain: None,
+            hold: Hold::default(),
         }
     }
 
@@ -364,6 +447,7 @@ impl LlmBody {
         }
         let upstream = &mut self.upstream;
         let meter = self.meter.as_ref().map(|(m, _)| m);
+        let moved = &mut self.hold.moved;
         match &mut self.mode {
             Mode::Ready(bytes) => Poll::Ready(match bytes.take() {
                 Some(bytes) => Step::Data { bytes, last: true },
@@ -391,6 +475,7 @@ impl LlmBody {
                         Some(Protocol::Anthropic | Protocol::OpenAi) | None => Step::End,
                     }),
                     Poll::Ready(Some(Ok(bytes))) => {
+                        *moved = true;
                         if !bytes.is_empty() {
                             *at_boundary = sse::ends_frame(&bytes);
                             if matches!(sse, Some(Protocol::Anthropic)) && meter.is_none() {
@@ -436,6 +521,7 @@ impl LlmBody {
                     let last = match up.as_mut().poll_next(cx) {
                         Poll::Pending => return Poll::Pending,
                         Poll::Ready(Some(Ok(chunk))) => {
+                            *moved = true;
                             let decoded = decoder.feed_with(&chunk, |ev| {
                                 translator.push(ev.data, &mut out);
                             });
@@ -500,40 +586,80 @@ impl Stream for LlmBody {
         if this.done {
             return Poll::Ready(None);
         }
-        let step = match this.next_step(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(step) => step,
-        };
+        loop {
+            let step = match this.next_step(cx) {
+                Poll::Pending => {
+                    return match this.hold.on_pending(cx) {
+                        Some(bytes) => Poll::Ready(Some(Ok(bytes))),
+                        None => Poll::Pending,
+                    };
+                }
+                Poll::Ready(step) => step,
+            };
+            match step {
+                Step::Data { bytes, last } if this.hold.takes(&bytes) => {
+                    // Metered as it is held: what the client is sent, in order (a passthrough
+                    // stream's end is judged by its meter, which must have seen these).
+                    this.meter_feed(&bytes);
+                    this.hold.push(bytes);
+                    if last {
+                        let bytes = this.hold.take().unwrap_or_default();
+                        return this.apply(Step::Data { bytes, last });
+                    }
+                }
+                step @ (Step::Data { .. } | Step::Failure(_) | Step::Abort(_) | Step::End) => {
+                    if let Some(held) = this.hold.take() {
+                        // What was held goes out first; the step follows on the next poll.
+                        this.queued.push_front(step);
+                        return Poll::Ready(Some(Ok(held)));
+                    }
+                    if let Step::Data { bytes, .. } = &step {
+                        this.meter_feed(bytes);
+                    }
+                    return this.apply(step);
+                }
+            }
+        }
+    }
+}
+
+impl LlmBody {
+    /// Bytes on their way to the client: the meter reads them as they go.
+    fn meter_feed(&mut self, bytes: &[u8]) {
+        if let Some((meter, _)) = self.meter.as_mut() {
+            meter.feed(bytes);
+        }
+    }
+
+    /// What a step gives the client (its data already metered).
+    fn apply(&mut self, step: Step) -> Poll<Option<Result<Bytes, std::io::Error>>> {
         match step {
             Step::Data { bytes, last } => {
-                if let Some((meter, _)) = this.meter.as_mut() {
-                    meter.feed(&bytes);
-                }
                 if last {
                     // The client has the whole answer: bill it now; the upstream's leftovers are
                     // read (or given up on) before the body ends.
-                    this.settle();
-                    if this.upstream.is_some() {
-                        this.drain = Some(Drain {
+                    self.settle();
+                    if self.upstream.is_some() {
+                        self.drain = Some(Drain {
                             read: 0,
                             deadline: None,
                         });
                     } else {
-                        this.queued.push_back(Step::End);
+                        self.queued.push_back(Step::End);
                     }
                 }
                 Poll::Ready(Some(Ok(bytes)))
             }
             Step::Failure(frame) => {
-                this.finish();
+                self.finish();
                 Poll::Ready(Some(Ok(frame)))
             }
             Step::Abort(e) => {
-                this.finish();
+                self.finish();
                 Poll::Ready(Some(Err(e)))
             }
             Step::End => {
-                this.finish();
+                self.finish();
                 Poll::Ready(None)
             }
         }
@@ -546,6 +672,7 @@ impl LlmBody {
     fn finish(&mut self) {
         self.done = true;
         self.queued.clear();
+        self.hold = Hold::default();
         self.settle();
         self.upstream = None;
     }
@@ -651,6 +778,87 @@ mod tests {
         (out, None)
     }
 
+    /// An upstream handing its chunks over the way hyper's client body does: each one is
+    /// ready only a scheduler turn after the last was taken.
+    fn handed_over(chunks: Vec<&'static str>) -> UpstreamStream {
+        let mut items = chunks.into_iter();
+        let mut turn = false;
+        Box::pin(futures_util::stream::poll_fn(move |cx| {
+            turn = !turn;
+            if turn {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(items.next().map(|s| Ok(Bytes::from_static(s.as_bytes()))))
+        }))
+    }
+
+    async fn frames(body: &mut LlmBody) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        while let Some(item) = body.next().await {
+            out.push(item.unwrap());
+        }
+        out
+    }
+
+    /// A burst of chunks the upstream already has goes to the client as one frame (one write),
+    /// passed through or translated; without the hold each chunk was a frame of its own.
+    #[tokio::test]
+    async fn a_burst_of_upstream_chunks_goes_out_as_one_frame() {
+        let mut body = LlmBody::passthrough(
+            handed_over(vec![START, DELTA, DELTA, END]),
+            Some(Protocol::Anthropic),
+        );
+        let got = frames(&mut body).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0], format!("{START}{DELTA}{DELTA}{END}").as_bytes());
+
+        let chunks = vec![
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            "data: {\"id\":\"c\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        let translator = ChatToAnthropic::new(ResponseOptions::default());
+        let mut body = LlmBody::translated(handed_over(chunks), Box::new(translator));
+        let got = frames(&mut body).await;
+        assert_eq!(got.len(), 1, "{got:?}");
+        let text = std::str::from_utf8(&got[0]).unwrap();
+        assert!(text.starts_with("event: message_start"), "{text}");
+        assert!(
+            text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+            "{text}"
+        );
+    }
+
+    /// What is held goes out when the upstream has nothing more, without waiting for it; a
+    /// chunk larger than a hold goes out on its own, not copied.
+    #[tokio::test]
+    async fn a_hold_never_waits_for_data_nor_copies_a_large_chunk() {
+        let up: UpstreamStream =
+            Box::pin(handed_over(vec![START, DELTA]).chain(futures_util::stream::pending()));
+        let mut body = LlmBody::passthrough(up, Some(Protocol::Anthropic));
+        let first = tokio::time::timeout(Duration::from_secs(5), body.next())
+            .await
+            .expect("held bytes go out while the upstream is quiet");
+        assert_eq!(
+            first.unwrap().unwrap(),
+            format!("{START}{DELTA}").as_bytes()
+        );
+
+        static LARGE: [u8; Hold::LIMIT + 1] = [b' '; Hold::LIMIT + 1];
+        let up: UpstreamStream = Box::pin(futures_util::stream::iter([
+            Ok(Bytes::from_static(b"a")),
+            Ok(Bytes::from_static(&LARGE)),
+            Ok(Bytes::from_static(b"b")),
+        ]));
+        let got = frames(&mut LlmBody::passthrough(up, None)).await;
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(got[0], &b"a"[..]);
+        assert_eq!(got[1].as_ptr(), LARGE.as_ptr(), "the large chunk itself");
+        assert_eq!(got[2], &b"b"[..]);
+    }
+
     #[tokio::test]
     async fn settles_once_at_the_end() {
         let up = upstream(vec![Ok(START), Ok(DELTA), Ok(END)]);
@@ -682,8 +890,12 @@ mod tests {
             LlmBody::passthrough(up, Some(Protocol::Anthropic)),
             BodyKind::EventStream,
         );
-        body.next().await.unwrap().unwrap();
-        body.next().await.unwrap().unwrap();
+        // Both chunks, however many frames they come in (a hold may join them).
+        let mut got = Vec::new();
+        while got.len() < START.len() + DELTA.len() {
+            got.extend_from_slice(&body.next().await.unwrap().unwrap());
+        }
+        assert_eq!(got, format!("{START}{DELTA}").as_bytes());
         assert!(
             reports.lock().unwrap().is_empty(),
             "nothing settled mid-stream"
