@@ -98,6 +98,10 @@ class ManagerConfig:
     status_refresh_s: float = 2.0
     health_interval_s: float = 5.0
     rpc_timeout_s: float = 10.0
+    # How long init_pool waits for a node actor it just created to start (a new Ray worker
+    # process on that node) before its first status call, which then gets rpc_timeout_s like
+    # every other: an actor still starting is not a pool that fails to answer.
+    actor_start_timeout_s: float = 120.0
     node_acquire_timeout_s: float = 30.0
     lease_ttl_s: float = 2100.0
     release_timeout_s: float = 600.0
@@ -119,6 +123,8 @@ class ManagerConfig:
                                "DRESSAGE_BLACKBOX_STATUS_REFRESH_SEC", d.status_refresh_s),
             health_interval_s=f("AGENTBOX_RAY_HEALTH_INTERVAL_SEC", None, d.health_interval_s),
             rpc_timeout_s=f("AGENTBOX_RAY_RPC_TIMEOUT_SEC", None, d.rpc_timeout_s),
+            actor_start_timeout_s=f("AGENTBOX_RAY_ACTOR_START_TIMEOUT_SEC", None,
+                                    d.actor_start_timeout_s),
             node_acquire_timeout_s=f("AGENTBOX_RAY_NODE_ACQUIRE_TIMEOUT_SEC",
                                      "DRESSAGE_BLACKBOX_NODE_ACQUIRE_TIMEOUT_SEC",
                                      d.node_acquire_timeout_s),

@@ -10,6 +10,7 @@ finding the nodes that offer slots (``agentbox_slots``, or the reference's
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any, Dict, List, Optional
 
@@ -137,6 +138,7 @@ class AgentboxClusterManager:
         nodes that joined later."""
         self._check_open()
         found = slot_nodes()
+        handles = []
         for n in found:
             handle = AgentboxNodeActor.options(
                 name=node_actor_name(n["node_id"]), namespace=self.namespace,
@@ -146,11 +148,21 @@ class AgentboxClusterManager:
             self.node_actors[n["node_id"]] = handle
             self.core.add_node(n["node_id"], n["node_ip"], n["hostname"], n["capacity"],
                                RayNode(handle))
+            handles.append(handle)
+        # Each actor started first (see ManagerConfig.actor_start_timeout_s); one that does not
+        # start in time is left to the refresh, which marks its node lost with the reason.
+        await asyncio.gather(*(self._started(h) for h in handles))
         await self.core.refresh(force=True)
         await self.core.lose_absent({n["node_id"] for n in found},
                                     "not an alive Ray node with slots")
         self.core.start_health_loop()
         return await self.status()
+
+    async def _started(self, handle: Any) -> None:
+        try:
+            await asyncio.wait_for(_ready(handle), self.config.actor_start_timeout_s)
+        except Exception:  # noqa: BLE001 - the refresh that follows reports the node's state
+            pass
 
     async def init_cluster(self) -> Dict[str, Any]:
         return await self.init_pool()
@@ -262,3 +274,8 @@ def create_manager(**kwargs: Any) -> Any:
     return AgentboxClusterManagerActor.options(
         name=manager_name(), namespace=namespace(), lifetime="detached",
         get_if_exists=False).remote(**kwargs)
+
+
+async def _ready(handle: Any) -> None:
+    """Resolves once the actor behind ``handle`` runs (Ray's built-in ``__ray_ready__``)."""
+    await handle.__ray_ready__.remote()

@@ -100,3 +100,24 @@ def test_start_status_stop_scripts(cluster):
     assert json.loads(stop.stdout)["closed"] is True
     gone = _script("agentbox-ray-status", c.address)
     assert gone.returncode == 1 and "no manager" in gone.stderr
+
+
+def test_a_node_actor_still_starting_is_not_a_silent_pool(cluster):
+    """The first status call of ``init_pool`` waits for the node actors it just created to
+    start: with an RPC timeout shorter than a Ray worker's start, each node is still lost for
+    the pool's own reason (its socket does not answer), not for ``health: timed out``."""
+    from agentbox_ray import manager as m
+
+    mgr = m.AgentboxClusterManagerActor.options(
+        name=m.manager_name(), namespace=m.namespace(), lifetime="detached",
+        get_if_exists=False,
+        runtime_env={"env_vars": {"AGENTBOX_RAY_RPC_TIMEOUT_SEC": "0.3"}},
+    ).remote(pool_mode="blackbox")
+    try:
+        st = ray.get(mgr.init_pool.remote(), timeout=120)
+        assert len(st["nodes"]) == 2
+        for n in st["nodes"]:
+            assert n["alive"] is False and "PoolUnavailable" in n["last_error"], n
+    finally:
+        ray.get(mgr.shutdown.remote(), timeout=60)
+        ray.kill(mgr)
