@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentbox_llm::{AnthropicTarget, Auth, ClientOptions, Upstream};
+use agentbox_llm::{AnthropicTarget, Auth, ClientOptions, LlmBody, Upstream};
 use futures_util::StreamExt;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -17,16 +17,15 @@ const EVENTS: [&str; 5] = [
     "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":5}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 ];
 
-#[tokio::test]
-async fn a_stream_read_at_once_goes_out_as_one_frame() {
+/// An upstream that answers one request with [`EVENTS`] in one write, each event a chunk of
+/// its own (how a server that writes each event sends them when they are ready together).
+async fn upstream_in_one_write() -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/v1/messages", listener.local_addr().unwrap());
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
         let mut buf = vec![0u8; 65536];
         let _ = s.read(&mut buf).await;
-        // The whole answer in one write, each event a chunk of its own (how a server that
-        // writes each event sends them when they are ready together).
         let mut answer = String::from(
             "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
         );
@@ -37,19 +36,29 @@ async fn a_stream_read_at_once_goes_out_as_one_frame() {
         s.write_all(answer.as_bytes()).await.unwrap();
         let _ = s.read(&mut buf).await;
     });
-    let up = Upstream::new(&ClientOptions::default()).unwrap();
-    let url = agentbox_llm::upstream_url(&url).unwrap();
+    url
+}
+
+/// The streamed answer of `url` through the engine's client.
+async fn answer_of(up: &Upstream, url: &str) -> LlmBody {
+    let url = agentbox_llm::upstream_url(url).unwrap();
     let target = AnthropicTarget {
         url: &url,
         auth: Auth::None,
         version: "2023-06-01",
         size_hint: 0,
     };
-    let answer = up
-        .anthropic_bytes(target, br#"{"model":"m","stream":true}"#.to_vec())
+    up.anthropic_bytes(target, br#"{"model":"m","stream":true}"#.to_vec())
         .await
-        .unwrap();
-    let mut body = answer.body;
+        .unwrap()
+        .body
+}
+
+#[tokio::test]
+async fn a_stream_read_at_once_goes_out_as_one_frame() {
+    let url = upstream_in_one_write().await;
+    let up = Upstream::new(&ClientOptions::default()).unwrap();
+    let mut body = answer_of(&up, &url).await;
     let mut frames = Vec::new();
     while let Some(f) = body.next().await {
         frames.push(f.unwrap());
@@ -66,22 +75,7 @@ async fn a_stream_read_at_once_is_one_frame_when_served() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let up_url = format!("http://{}/v1/messages", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = vec![0u8; 65536];
-        let _ = s.read(&mut buf).await;
-        let mut answer = String::from(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
-        );
-        for e in EVENTS {
-            answer.push_str(&format!("{:x}\r\n{e}\r\n", e.len()));
-        }
-        answer.push_str("0\r\n\r\n");
-        s.write_all(answer.as_bytes()).await.unwrap();
-        let _ = s.read(&mut buf).await;
-    });
+    let up_url = upstream_in_one_write().await;
     let frames = Arc::new(AtomicUsize::new(0));
     let counted = frames.clone();
     let up = Arc::new(Upstream::new(&ClientOptions::default()).unwrap());
@@ -92,18 +86,7 @@ async fn a_stream_read_at_once_is_one_frame_when_served() {
             let counted = counted.clone();
             let up_url = up_url.clone();
             async move {
-                let url = agentbox_llm::upstream_url(&up_url).unwrap();
-                let target = AnthropicTarget {
-                    url: &url,
-                    auth: Auth::None,
-                    version: "2023-06-01",
-                    size_hint: 0,
-                };
-                let answer = up
-                    .anthropic_bytes(target, br#"{"model":"m","stream":true}"#.to_vec())
-                    .await
-                    .unwrap();
-                let body = answer.body.inspect(move |_| {
+                let body = answer_of(&up, &up_url).await.inspect(move |_| {
                     counted.fetch_add(1, Ordering::SeqCst);
                 });
                 axum::body::Body::from_stream(body)
