@@ -8,8 +8,8 @@
 //! Optionally a [`UsageMeter`] reads the bytes sent to the client (as they are handed to its
 //! connection, held ones included), and its report goes to a settle callback **exactly
 //! once**: when the body ends (cleanly or broken), or, if the client goes away first, when the
-//! body is dropped, with what was metered up to then. Dropping the body drops the upstream stream, which closes the
-//! connection and cancels the generation.
+//! body is dropped, with what was metered up to then. Dropping the body drops the upstream
+//! stream, which closes the connection and cancels the generation.
 //!
 //! A translated stream whose answer is complete (the translator wrote its last event) still
 //! reads what the upstream sends after it (its `[DONE]` and the end of the body), for at most
@@ -271,8 +271,8 @@ pub struct LlmBody {
 /// times after turns that brought none. Then the hold goes out. Measured with
 /// `llm/tests/hold.rs` on one event loop: the next chunk of a burst comes two turns after the
 /// last was taken (with only the turn after each chunk, every chunk still went alone); the
-/// second quiet turn is slack for a busier runtime. A quiet upstream (a model between tokens) thus costs a few
-/// scheduler turns per chunk, never a wait for data.
+/// second quiet turn is slack for a busier runtime. A quiet upstream (a model between tokens)
+/// thus costs a few scheduler turns per chunk, never a wait for data.
 #[derive(Default)]
 struct Hold {
     chunks: Vec<Bytes>,
