@@ -1476,7 +1476,7 @@ impl Launcher {
             }
         }
         self.recover_slots();
-        // After the sweep above, which would have removed them.
+        // After the orphaned cgroups were removed above, which would have taken them too.
         self.refill_spares();
         for record in self.store.load_all() {
             let tid = record.tid.clone();
