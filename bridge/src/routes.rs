@@ -128,7 +128,7 @@ async fn messages(
             .upstream
             .chat_for_anthropic(target, chat, resp_opts, stream)
             .await?;
-        return Ok(answer.into_response());
+        return Ok(answer.into_response().await);
     }
     let request = raw::parse(&bytes).map_err(refusal)?;
     let model_id = match small(request.member("model"))? {
@@ -219,7 +219,7 @@ async fn messages(
             }
         }
     };
-    Ok(answer.into_response())
+    Ok(answer.into_response().await)
 }
 
 /// How an `openai` model's translated request is sent to its endpoint with `key`; `body_len`

@@ -345,7 +345,7 @@ pub(crate) async fn detached(
         }
     });
     match rx.await {
-        Ok(answer) => Ok(answer?.into_response()),
+        Ok(answer) => Ok(answer?.into_response().await),
         // The call's task ended without an answer (the runtime is shutting down).
         Err(_) => Err(ProxyError::Llm(LlmError::Unreachable(
             "the upstream call ended without an answer".into(),

@@ -401,7 +401,7 @@ async fn model_call(
                 translated(upstream, guard, Box::new(ChatToResponses::new(*opts)))
             }
         };
-        return Ok(stream_response(body, passed));
+        return Ok(stream_response(body, passed).await);
     }
     let raw = read_capped(resp, MAX_ANSWER_BODY)
         .await
@@ -449,13 +449,13 @@ fn translated(
 }
 
 /// An event-stream response: the upstream's headers when passed through, else ours.
-fn stream_response(body: LlmBody, mut headers: HeaderMap) -> Response {
+async fn stream_response(body: LlmBody, mut headers: HeaderMap) -> Response {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    let mut r = Response::new(Body::from_stream(body));
+    let mut r = Response::new(body.into_body().await);
     *r.headers_mut() = headers;
     r
 }
@@ -531,10 +531,11 @@ async fn plain(
         .map_err(|e| LlmError::from_transport(&e))?;
     let status = resp.status();
     let passed = response_headers(resp.headers());
-    let mut r = Response::new(Body::from_stream(LlmBody::passthrough(
-        upstream_stream(resp),
-        None,
-    )));
+    let mut r = Response::new(
+        LlmBody::passthrough(upstream_stream(resp), None)
+            .into_body()
+            .await,
+    );
     *r.status_mut() = status;
     *r.headers_mut() = passed;
     Ok(r)
