@@ -191,6 +191,24 @@ pub struct Parts {
     len: u64,
 }
 
+/// How short a request body piece is to be copied together with its short neighbours rather
+/// than sent as a buffer of its own. hyper's client queues at most 16 buffers for one `writev`
+/// and writes the rest with another: Claude Code's request, sanitized, is the head and 17
+/// pieces (its large members between keys, commas and short values), so its last piece, a
+/// `}`, went out in a second `writev` of one byte. Copying the short ones costs a few hundred
+/// bytes a request; the large members are still sent uncopied.
+pub const SMALL_PIECE: usize = 4096;
+
+/// Appends the short pieces of `run` to `parts` as one buffer (a lone piece as it is).
+fn flush_run(run: &mut Vec<Bytes>, parts: &mut Vec<Bytes>) {
+    match run.len() {
+        0 => {}
+        1 => parts.extend(run.pop()),
+        _ => parts.push(Bytes::from(run.concat())),
+    }
+    run.clear();
+}
+
 impl Parts {
     /// The body made of `parts`, in order.
     pub fn new(parts: impl IntoIterator<Item = Bytes>) -> Self {
@@ -201,7 +219,8 @@ impl Parts {
 
     /// The sanitizer's [`Pieces`], cut from `client` (the client's body they were made from)
     /// and from what the sanitizer wrote. A span outside either (which the sanitizer never
-    /// makes) is refused rather than sent.
+    /// makes) is refused rather than sent. Pieces shorter than [`SMALL_PIECE`] next to each
+    /// other are copied into one buffer.
     pub fn from_pieces(client: &Bytes, pieces: Pieces) -> Result<Self, LlmError> {
         let (written, spans) = pieces.into_parts();
         let written = Bytes::from(written);
@@ -210,13 +229,21 @@ impl Parts {
                 .then(|| from.slice(r.clone()))
                 .ok_or_else(|| LlmError::InvalidRequest("a body piece out of range".into()))
         };
-        let parts = spans
-            .iter()
-            .map(|s| match s {
+        let mut parts = Vec::with_capacity(spans.len());
+        let mut run: Vec<Bytes> = Vec::new();
+        for s in &spans {
+            let piece = match s {
                 Span::Body(r) => cut(client, r),
                 Span::Written(r) => cut(&written, r),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+            }?;
+            if piece.len() < SMALL_PIECE {
+                run.push(piece);
+            } else {
+                flush_run(&mut run, &mut parts);
+                parts.push(piece);
+            }
+        }
+        flush_run(&mut run, &mut parts);
         Ok(Self::new(parts))
     }
 
@@ -258,5 +285,54 @@ impl http_body::Body for Parts {
 impl From<Parts> for reqwest::Body {
     fn from(parts: Parts) -> Self {
         reqwest::Body::wrap(parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use agentbox_policy::sanitize::raw;
+
+    use super::*;
+
+    /// A body whose members are mostly short goes out as few buffers: the short pieces between
+    /// large members are joined, the large members are slices of the client's body.
+    #[test]
+    fn short_pieces_are_joined_and_large_ones_lent() {
+        let big = "x".repeat(SMALL_PIECE);
+        let body = format!(
+            r#"{{"model":"a","max_tokens":5,"stream":true,"system":"{big}","a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9,"j":10,"k":11,"l":12,"m":13,"n":14,"o":15,"p":16,"q":17,"messages":[{{"role":"user","content":"{big}"}}],"temperature":1}}"#
+        );
+        let client = Bytes::from(body);
+        let opts = raw::Options {
+            model: "up",
+            allow_url_sources: false,
+            max_tokens_cap: None,
+            strip_metadata_user_id: false,
+            estimate: None,
+        };
+        let pieces = raw::sanitize_to_pieces(&client, &opts).unwrap().body;
+        let want = pieces.to_vec(&client);
+        assert!(pieces.spans().len() > 16, "{pieces:?}");
+        let mut parts = Parts::from_pieces(&client, pieces).unwrap();
+        assert_eq!(parts.len(), want.len() as u64);
+        let got: Vec<Bytes> = parts.parts.drain(..).collect();
+        assert_eq!(got.concat(), want);
+        // Short, system, short, messages, short.
+        assert_eq!(
+            got.len(),
+            5,
+            "{:?}",
+            got.iter().map(Bytes::len).collect::<Vec<_>>()
+        );
+        let lent = |p: &Bytes| {
+            let at = p.as_ptr().addr();
+            at >= client.as_ptr().addr() && at < client.as_ptr().addr() + client.len()
+        };
+        assert!(
+            lent(&got[1]) && lent(&got[3]),
+            "large members are not copied"
+        );
     }
 }
