@@ -88,6 +88,17 @@ async fn a_stream_read_at_once_goes_out_as_one_frame() {
     assert_eq!(frames.len(), 1, "{frames:?}");
 }
 
+/// A GET of `addr` answers [`EVENTS`], whole.
+async fn assert_gets_the_events(addr: std::net::SocketAddr) {
+    let got = reqwest::get(format!("http://{addr}/"))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    assert_eq!(got, EVENTS.concat().as_bytes());
+}
+
 /// The same, with the body served by a server task of its own (as the daemons serve it): the
 /// upstream's connection task and the server's take turns on one event loop.
 #[tokio::test]
@@ -114,13 +125,7 @@ async fn a_stream_read_at_once_is_one_frame_when_served() {
     let addr = server.local_addr().unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(agentbox_http::serve_tcp(server, app, stop.clone()));
-    let got = reqwest::get(format!("http://{addr}/"))
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    assert_eq!(got, EVENTS.concat().as_bytes());
+    assert_gets_the_events(addr).await;
     assert_eq!(frames.load(Ordering::SeqCst), 1);
     stop.cancel();
 }
@@ -231,13 +236,7 @@ async fn an_answer_read_at_once_is_served_in_one_write() {
             .serve_connection(hyper_util::rt::TokioIo::new(io), service)
             .await;
     });
-    let got = reqwest::get(format!("http://{addr}/"))
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    assert_eq!(got, EVENTS.concat().as_bytes());
+    assert_gets_the_events(addr).await;
     assert_eq!(
         writes.load(Ordering::SeqCst),
         1,
