@@ -189,7 +189,7 @@ async fn messages(
             // The borrowed translation where it takes the body and no URL source can be in it
             // (else the typed request, whose walk applies the rule), all before the body is
             // freed.
-            let borrowed = std::str::from_utf8(&bytes)
+            let borrowed = simdutf8::basic::from_utf8(&bytes)
                 .ok()
                 .filter(|text| model.allow_url_sources || !crate::typed::may_hold_url_source(text))
                 .and_then(AnthropicBody::parse)
@@ -266,7 +266,7 @@ fn translated_at_once<'b>(
     if !matches!(model.provider, Provider::Openai) {
         return None;
     }
-    let text = std::str::from_utf8(bytes).ok()?;
+    let text = simdutf8::basic::from_utf8(bytes).ok()?;
     let body = if model.allow_url_sources {
         AnthropicBody::parse_unique_keys(text)?
     } else {

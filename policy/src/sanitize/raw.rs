@@ -249,7 +249,7 @@ pub struct Request<'a> {
 /// Splits a body into its top-level members. Refuses what is not JSON, what is not an object
 /// and a duplicate top-level key. Nested objects are checked by [`Request::sanitize`].
 pub fn parse(body: &[u8]) -> Result<Request<'_>, SanitizeError> {
-    let Ok(text) = std::str::from_utf8(body) else {
+    let Ok(text) = simdutf8::basic::from_utf8(body) else {
         // serde_json refuses invalid UTF-8 too; its error says where.
         return Err(match serde_json::from_slice::<IgnoredAny>(body) {
             Err(e) => SanitizeError::Json(e),
@@ -367,7 +367,7 @@ impl Sanitized<PieceSink> {
 }
 
 fn one_pass<S: Sink>(body: &[u8], opts: &Options<'_>, out: S) -> Option<Sanitized<S>> {
-    let text = std::str::from_utf8(body).ok()?;
+    let text = simdutf8::basic::from_utf8(body).ok()?;
     let mut ctx = Ctx::new(opts);
     let mut de = serde_json::Deserializer::from_str(text);
     let top = de
@@ -1706,6 +1706,33 @@ mod tests {
                 new_path(bad, &opts("m")),
                 Err(SanitizeError::Json(_))
             ));
+        }
+    }
+
+    /// The body's UTF-8 check (simdutf8's) refuses exactly what std refuses: overlong forms,
+    /// encoded surrogates, code points past U+10FFFF, a sequence cut short, a stray
+    /// continuation byte; and takes the longest valid forms.
+    #[test]
+    fn utf8_is_judged_as_std_judges_it() {
+        let inside: [&[u8]; 10] = [
+            b"\xc0\xaf",
+            b"\xe0\x80\xaf",
+            b"\xed\xa0\x80",
+            b"\xf4\x90\x80\x80",
+            b"\xe2\x82",
+            b"\x80",
+            b"\xf0\x9f\x98\x80",
+            b"\xf4\x8f\xbf\xbf",
+            b"\xef\xbf\xbf",
+            "caf\u{e9} \u{2014} \u{1f600}".as_bytes(),
+        ];
+        for bytes in inside {
+            let mut body = br#"{"model":"a","messages":[{"role":"user","content":""#.to_vec();
+            body.extend_from_slice(bytes);
+            body.extend_from_slice(br#""}]}"#);
+            let valid = std::str::from_utf8(&body).is_ok();
+            assert_eq!(parse(&body).is_ok(), valid, "{bytes:x?}");
+            assert_eq!(new_path(&body, &opts("m")).is_ok(), valid, "{bytes:x?}");
         }
     }
 
