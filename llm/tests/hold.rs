@@ -6,9 +6,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use agentbox_llm::{
-    Answer, AnthropicTarget, Auth, ChatToAnthropic, ClientOptions, LlmBody, Upstream,
-};
+mod common;
+
+use agentbox_llm::{Answer, ChatToAnthropic, ClientOptions, LlmBody, Upstream};
 use agentbox_wire::translate::ResponseOptions;
 use futures_util::StreamExt;
 use std::pin::Pin;
@@ -62,14 +62,7 @@ async fn upstream_writing(chunks: &'static [&'static str]) -> String {
 
 /// The streamed answer of `url` through the engine's client.
 async fn answer_of(up: &Upstream, url: &str) -> Answer {
-    let url = agentbox_llm::upstream_url(url).unwrap();
-    let target = AnthropicTarget {
-        url: &url,
-        auth: Auth::None,
-        version: "2023-06-01",
-        size_hint: 0,
-    };
-    up.anthropic_bytes(target, br#"{"model":"m","stream":true}"#.to_vec())
+    common::anthropic_call(up, url, br#"{"model":"m","stream":true}"#)
         .await
         .unwrap()
 }

@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use agentbox_llm::{AnthropicTarget, Auth, ClientOptions, LlmError, Upstream};
+mod common;
+
+use agentbox_llm::{ClientOptions, LlmError, Upstream};
 use axum::http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -39,17 +41,7 @@ where
 }
 
 async fn call(up: &Upstream, url: &str) -> LlmError {
-    let url = agentbox_llm::upstream_url(url).unwrap();
-    let target = AnthropicTarget {
-        url: &url,
-        auth: Auth::None,
-        version: "2023-06-01",
-        size_hint: 0,
-    };
-    match up
-        .anthropic_bytes(target, br#"{"model":"m"}"#.to_vec())
-        .await
-    {
+    match common::anthropic_call(up, url, br#"{"model":"m"}"#).await {
         Ok(a) => panic!("expected an error, got {}", a.status),
         Err(e) => e,
     }
