@@ -136,7 +136,11 @@ struct Row {
     c64_through: (f64, f64),
     rps_direct: f64,
     rps_through: f64,
+    /// The daemon's CPU over the c=1 pairs' through requests, ms per request.
     cpu_ms_per_req: f64,
+    /// The same over the c=64 rounds through it: what a burst costs, page faults of fresh
+    /// buffers and all.
+    cpu_ms_per_req_c64: f64,
 }
 
 fn percentiles(mut v: Vec<Duration>) -> (f64, f64) {
@@ -262,7 +266,11 @@ async fn compare(
     let cpu_ms_per_req = (group_cpu_time(daemon_pgid)?.saturating_sub(cpu0)).as_secs_f64() * 1000.0
         / plan.pairs as f64;
     let (cd, rps_direct) = concurrent(client, direct, plan).await?;
+    let cpu0 = group_cpu_time(daemon_pgid)?;
     let (ct, rps_through) = concurrent(client, through, plan).await?;
+    let cpu_ms_per_req_c64 = (group_cpu_time(daemon_pgid)?.saturating_sub(cpu0)).as_secs_f64()
+        * 1000.0
+        / (plan.rounds * plan.round_size) as f64;
     Ok(Row {
         case: case.to_owned(),
         c1_direct: percentiles(d),
@@ -273,6 +281,7 @@ async fn compare(
         rps_direct,
         rps_through,
         cpu_ms_per_req,
+        cpu_ms_per_req_c64,
     })
 }
 
@@ -299,12 +308,12 @@ fn notes(daemon: &str, pid: u32, after: &str, work: &str, plan: Plan) -> String 
 fn print_table(title: &str, rows: &[Row], notes: &str) {
     println!("### {title}\n");
     println!(
-        "| case | c=1 direct p50/p99 ms | c=1 through p50/p99 ms | **added p50/p99 ms** | paired added p50/p99 ms | c=64 direct p50/p99 ms | c=64 through p50/p99 ms | rps direct / through (c=64) | daemon CPU ms/req |"
+        "| case | c=1 direct p50/p99 ms | c=1 through p50/p99 ms | **added p50/p99 ms** | paired added p50/p99 ms | c=64 direct p50/p99 ms | c=64 through p50/p99 ms | rps direct / through (c=64) | daemon CPU ms/req c=1 / c=64 |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     for r in rows {
         println!(
-            "| {} | {:.3} / {:.3} | {:.3} / {:.3} | **{:.3} / {:.3}** | {:.3} / {:.3} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} | {:.3} |",
+            "| {} | {:.3} / {:.3} | {:.3} / {:.3} | **{:.3} / {:.3}** | {:.3} / {:.3} | {:.2} / {:.2} | {:.2} / {:.2} | {:.0} / {:.0} | {:.3} / {:.3} |",
             r.case,
             r.c1_direct.0,
             r.c1_direct.1,
@@ -321,6 +330,7 @@ fn print_table(title: &str, rows: &[Row], notes: &str) {
             r.rps_direct,
             r.rps_through,
             r.cpu_ms_per_req,
+            r.cpu_ms_per_req_c64,
         );
     }
     println!("\n{notes}\n");
