@@ -181,8 +181,7 @@ impl Gateway {
         opts: GatewayOptions,
         shutdown: CancellationToken,
     ) -> Result<Arc<Gateway>, StartError> {
-        let store = Store::open(&opts.data_dir)?;
-        let snapshot = store.load()?;
+        let (store, snapshot) = Store::open(&opts.data_dir)?;
         let sockets = SocketsDir::open(&opts.data_dir).map_err(|source| StartError::Sockets {
             path: opts.data_dir.join("sockets"),
             source,

@@ -1,22 +1,40 @@
-//! The gateway's state file (`state/gateway/gateway.json`): every task's usage and budget, so
-//! a restart loses no money. The gateway keeps its own directory under `state/` because the
-//! launcher (root) keeps its state beside it, in a directory the service user cannot touch. Written atomically (temp file, fsync, rename, fsync of the
-//! directory), so a crash leaves either the old file or the new one, never half of either.
+//! The gateway's state: every task's usage and budget, so a restart loses no money. The
+//! gateway keeps its own directory, `state/gateway/`, because the launcher (root) keeps its
+//! state beside it, in a directory the service user cannot touch.
+//!
+//! Two slot files, `gateway.state.0` and `gateway.state.1`, written in turn and in place: a
+//! save overwrites the slot that does not hold the newest record, with one `pwrite` and one
+//! `fdatasync`, and never touches the other. A record is one header line,
+//! `agentbox-gateway-state <seq> <len> <sha256 of "<seq> <len>\n" and the body>`, then `len` bytes of the JSON
+//! snapshot (bytes past them are a longer record's leftovers, ignored). A crash in the middle
+//! of a save leaves that slot failing its checksum and the other one whole, so a load takes the
+//! whole record with the highest `seq`: the old state or the new one, never half of either.
+//! Both slots holding bytes and neither a whole record is not what one crash leaves; the
+//! gateway refuses to start then, which is safer than resetting every task's spend to zero.
+//!
+//! Why slots and not a temp file renamed into place (the format before, `gateway.json`): that
+//! is a new inode, its blocks, the directory's block and two `fsync`s on every save, most of
+//! the save's cost (BENCHMARKS.md, "The gateway's state in two slots"). A `gateway.json` left
+//! by an older gateway is read while no slot holds a record, and removed after the first save.
 //!
 //! What a crash (SIGKILL, power loss) costs: the writer runs after a settlement, at most once
-//! per [`SAVE_INTERVAL`] (every settlement of that interval goes into one write), so the file
+//! per [`SAVE_INTERVAL`] (every settlement of that interval goes into one write), so the state
 //! lags the ledger by at most the settlements of the last interval and the write under way;
 //! requests in flight at the crash were only reserved, in memory, and are never billed. A task
 //! can overshoot its budget by those, once per crash. Nothing is ever counted twice.
 //! `tests/tests/faults.rs` pins this. Control operations (open, close, budget changes) are
 //! written before they answer, whatever the interval.
 //!
-//! Why an interval: each write is two `fsync`s. Written after every settlement, they were
-//! most of the gateway's kernel time under load (BENCHMARKS.md, "The state writer"); at 50 ms
-//! they cost at most 20 writes a second, however many requests settle.
+//! Why an interval: a write is an `fdatasync`, and under load settlements come much faster
+//! than a disk wants them; at 50 ms there are at most 20 writes a second, however many
+//! requests settle.
 
-use std::io::Write;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use sha2::{Digest, Sha256};
 
 use crate::ledger::Snapshot;
 
@@ -26,14 +44,37 @@ pub const VERSION: u32 = 1;
 /// The shortest time between two writes of the state after settlements: the crash window.
 pub const SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
+/// What every record's header line starts with.
+pub const MAGIC: &str = "agentbox-gateway-state";
+
+/// The slot files' names, in `state/gateway/`.
+pub const SLOTS: [&str; 2] = ["gateway.state.0", "gateway.state.1"];
+
+/// The state file of gateways before the slots.
+const LEGACY: &str = "gateway.json";
+
+/// The longest header line read: the magic, a `u64`, a length and 64 hex digits fit well
+/// within it.
+const HEADER_MAX: usize = 160;
+
 /// Where the state lives.
 #[derive(Debug, Clone)]
 pub struct Store {
-    path: PathBuf,
-    /// Saves share one temp file: the state writer and a control operation saving at once
-    /// would rename it from under each other (the loser fails with `ENOENT`) or write into the
-    /// file just renamed into place. One save at a time.
-    saving: std::sync::Arc<std::sync::Mutex<()>>,
+    dir: PathBuf,
+    /// One save (or load) at a time: the slot to write and the sequence number are decided and
+    /// advanced under it.
+    slots: Arc<Mutex<Slots>>,
+}
+
+#[derive(Debug)]
+struct Slots {
+    files: [File; 2],
+    /// The newest whole record's sequence number (0: none yet).
+    seq: u64,
+    /// The slot holding it; the next save goes to the other one.
+    newest: Option<usize>,
+    /// A `gateway.json` from before the slots is still there, to be removed after a save.
+    legacy: bool,
 }
 
 /// Why the state could not be read or written.
@@ -47,14 +88,14 @@ pub enum StoreError {
         /// The error.
         source: std::io::Error,
     },
-    /// The file is not a state file we understand; refusing to start is safer than resetting
-    /// every task's spend to zero.
-    #[error("{path}: not a valid gateway state file: {source}")]
+    /// The state is not one we understand; refusing to start is safer than resetting every
+    /// task's spend to zero.
+    #[error("{path}: not a valid gateway state: {reason}")]
     Corrupt {
-        /// The file.
+        /// The file (the state's directory when both slots are at fault).
         path: PathBuf,
-        /// The parse error.
-        source: serde_json::Error,
+        /// What is wrong with it.
+        reason: String,
     },
     /// A newer gateway wrote it.
     #[error("{path}: state version {found} is newer than {VERSION}")]
@@ -66,102 +107,245 @@ pub enum StoreError {
     },
 }
 
+/// What one slot holds.
+enum SlotRecord<'a> {
+    /// Nothing ever written.
+    Empty,
+    /// A whole record.
+    Whole { seq: u64, body: &'a [u8] },
+    /// Bytes that are not a whole record: a save cut short, or damage.
+    Broken(String),
+}
+
+/// Reads the record in a slot's bytes.
+fn parse_slot(bytes: &[u8]) -> SlotRecord<'_> {
+    if bytes.is_empty() {
+        return SlotRecord::Empty;
+    }
+    let head = &bytes[..bytes.len().min(HEADER_MAX)];
+    let Some(nl) = head.iter().position(|&b| b == b'\n') else {
+        return SlotRecord::Broken("no header line".into());
+    };
+    let Ok(line) = std::str::from_utf8(&head[..nl]) else {
+        return SlotRecord::Broken("header is not UTF-8".into());
+    };
+    let mut words = line.split(' ');
+    let (Some(MAGIC), Some(seq), Some(len), Some(sum), None) = (
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+        words.next(),
+    ) else {
+        return SlotRecord::Broken(format!("not a record header: {line:?}"));
+    };
+    let (Ok(seq), Ok(len)) = (seq.parse::<u64>(), len.parse::<usize>()) else {
+        return SlotRecord::Broken(format!("not a record header: {line:?}"));
+    };
+    let rest = &bytes[nl + 1..];
+    let Some(body) = rest.get(..len) else {
+        return SlotRecord::Broken(format!("{} of {len} bytes", rest.len()));
+    };
+    if checksum(seq, body) != sum {
+        return SlotRecord::Broken("checksum mismatch".into());
+    }
+    SlotRecord::Whole { seq, body }
+}
+
+/// A record's checksum: of its sequence number and length as well as its body, so a save cut
+/// short after the new header's first bytes cannot pass the old body off under a new number.
+fn checksum(seq: u64, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(format!("{seq} {}\n", body.len()).as_bytes());
+    h.update(body);
+    hex::encode(h.finalize())
+}
+
+/// A snapshot's text, checked for a version this gateway understands.
+fn parse_snapshot(path: &Path, text: &[u8]) -> Result<Snapshot, StoreError> {
+    let snap: Snapshot = serde_json::from_slice(text).map_err(|e| StoreError::Corrupt {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    if snap.version > VERSION {
+        return Err(StoreError::Version {
+            path: path.to_owned(),
+            found: snap.version,
+        });
+    }
+    Ok(snap)
+}
+
+fn empty() -> Snapshot {
+    Snapshot {
+        version: VERSION,
+        ..Snapshot::default()
+    }
+}
+
 impl Store {
     /// The store under `<data_dir>/state/gateway/` (created mode 0700 if missing; `state/`
     /// itself, if the gateway has to create it, 0755 so the launcher's directory can sit
-    /// beside ours).
-    pub fn open(data_dir: &Path) -> Result<Store, StoreError> {
+    /// beside ours), its slot files created (0600) if missing, and the state it holds (see
+    /// [`Store::load`]). The store knows where the newest record is, so a save never
+    /// overwrites it.
+    pub fn open(data_dir: &Path) -> Result<(Store, Snapshot), StoreError> {
         use std::os::unix::fs::DirBuilderExt;
         let dir = data_dir.join("state").join("gateway");
-        let io = |source| StoreError::Io {
-            path: dir.clone(),
-            source,
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| StoreError::Io { path, source }
         };
         for (path, mode) in [(data_dir.join("state"), 0o755), (dir.clone(), 0o700)] {
             match std::fs::DirBuilder::new().mode(mode).create(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io(e)),
+                Err(e) => return Err(io(&path)(e)),
             }
         }
-        Ok(Store {
-            path: dir.join("gateway.json"),
-            saving: std::sync::Arc::default(),
-        })
+        let open_slot = |name: &str| {
+            let path = dir.join(name);
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .mode(0o600)
+                .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+                .open(&path)
+                .map_err(io(&path))
+        };
+        let files = [open_slot(SLOTS[0])?, open_slot(SLOTS[1])?];
+        // The slots' names, when just created, last past a crash.
+        sync_dir(&dir)?;
+        let store = Store {
+            slots: Arc::new(Mutex::new(Slots {
+                files,
+                seq: 0,
+                newest: None,
+                legacy: false,
+            })),
+            dir,
+        };
+        let snap = store.load()?;
+        Ok((store, snap))
     }
 
-    /// Loads the snapshot; a missing file is an empty state.
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        // Every field is set only after the write it describes succeeded: a panic halfway
+        // left nothing the next save would trust.
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Loads the newest whole record; with none, a `gateway.json` from before the slots; with
+    /// neither, an empty state.
     pub fn load(&self) -> Result<Snapshot, StoreError> {
-        let text = match std::fs::read(&self.path) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(Snapshot {
-                    version: VERSION,
-                    ..Snapshot::default()
-                });
-            }
-            Err(source) => {
-                return Err(StoreError::Io {
-                    path: self.path.clone(),
+        let mut slots = self.lock();
+        let mut newest: Option<(u64, usize, Vec<u8>)> = None;
+        let mut broken = Vec::new();
+        for (i, file) in slots.files.iter().enumerate() {
+            let path = self.dir.join(SLOTS[i]);
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut &*file, &mut bytes).map_err(|source| {
+                StoreError::Io {
+                    path: path.clone(),
                     source,
-                });
-            }
-        };
-        let snap: Snapshot =
-            serde_json::from_slice(&text).map_err(|source| StoreError::Corrupt {
-                path: self.path.clone(),
+                }
+            })?;
+            // The shared offset is the next read's start: back to the beginning.
+            std::io::Seek::rewind(&mut &*file).map_err(|source| StoreError::Io {
+                path: path.clone(),
                 source,
             })?;
-        if snap.version > VERSION {
-            return Err(StoreError::Version {
-                path: self.path.clone(),
-                found: snap.version,
+            match parse_slot(&bytes) {
+                SlotRecord::Empty => {}
+                SlotRecord::Broken(why) => broken.push(format!("{}: {why}", SLOTS[i])),
+                SlotRecord::Whole { seq, body } => {
+                    if newest.as_ref().is_none_or(|(s, _, _)| seq > *s) {
+                        newest = Some((seq, i, body.to_vec()));
+                    }
+                }
+            }
+        }
+        if let Some((seq, i, body)) = newest {
+            let snap = parse_snapshot(&self.dir.join(SLOTS[i]), &body)?;
+            slots.seq = seq;
+            slots.newest = Some(i);
+            slots.legacy = self.dir.join(LEGACY).exists();
+            return Ok(snap);
+        }
+        if broken.len() == SLOTS.len() {
+            return Err(StoreError::Corrupt {
+                path: self.dir.clone(),
+                reason: format!("no whole record in either slot ({})", broken.join("; ")),
             });
         }
-        Ok(snap)
+        // No save to a slot ever finished: the state from before the slots, or none.
+        slots.seq = 0;
+        slots.newest = None;
+        let legacy = self.dir.join(LEGACY);
+        match std::fs::read(&legacy) {
+            Ok(text) => {
+                slots.legacy = true;
+                parse_snapshot(&legacy, &text)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                slots.legacy = false;
+                Ok(empty())
+            }
+            Err(source) => Err(StoreError::Io {
+                path: legacy,
+                source,
+            }),
+        }
     }
 
-    /// Writes the snapshot atomically.
+    /// Writes the snapshot as the newest record, into the slot that does not hold the one
+    /// before it.
     pub fn save(&self, snap: &Snapshot) -> Result<(), StoreError> {
-        let io = |source| StoreError::Io {
-            path: self.path.clone(),
-            source,
-        };
-        let bytes = serde_json::to_vec_pretty(snap).map_err(|e| io(std::io::Error::other(e)))?;
-        // A panic while holding it left no state behind that the next save would trust.
-        let _one_at_a_time = self
-            .saving
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode_0600()
-            .open(&tmp)
-            .map_err(io)?;
-        f.write_all(&bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        drop(f);
-        std::fs::rename(&tmp, &self.path).map_err(io)?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io)?;
+        let body = serde_json::to_vec_pretty(snap).map_err(|e| StoreError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        let mut slots = self.lock();
+        let seq = slots.seq + 1;
+        let target = slots.newest.map_or(0, |i| 1 - i);
+        let header = format!("{MAGIC} {seq} {} {}\n", body.len(), checksum(seq, &body));
+        let mut record = Vec::with_capacity(header.len() + body.len());
+        record.extend_from_slice(header.as_bytes());
+        record.extend_from_slice(&body);
+        let path = self.dir.join(SLOTS[target]);
+        let file = &slots.files[target];
+        file.write_all_at(&record, 0)
+            .and_then(|()| file.sync_data())
+            .map_err(|source| StoreError::Io { path, source })?;
+        slots.seq = seq;
+        slots.newest = Some(target);
+        if slots.legacy {
+            // The slot now holds everything the old file did and more.
+            let legacy = self.dir.join(LEGACY);
+            match std::fs::remove_file(&legacy) {
+                Ok(()) => sync_dir(&self.dir)?,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(StoreError::Io {
+                        path: legacy,
+                        source,
+                    });
+                }
+            }
+            slots.legacy = false;
         }
         Ok(())
     }
 }
 
-trait Mode0600 {
-    fn mode_0600(&mut self) -> &mut Self;
-}
-
-impl Mode0600 for std::fs::OpenOptions {
-    fn mode_0600(&mut self) -> &mut Self {
-        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
-    }
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| StoreError::Io {
+            path: dir.to_owned(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -169,15 +353,8 @@ mod tests {
     use super::*;
     use crate::ledger::{Budget, Spent, TaskRecord, TaskState};
 
-    #[test]
-    fn save_then_load() {
-        let d = tempfile::tempdir().unwrap();
-        let store = Store::open(d.path()).unwrap();
-        assert!(store.load().unwrap().tasks.is_empty());
-        let mut s = Snapshot {
-            version: VERSION,
-            ..Snapshot::default()
-        };
+    fn snap(output_tokens: u64) -> Snapshot {
+        let mut s = empty();
         s.tasks.insert(
             "a".into(),
             TaskRecord {
@@ -185,52 +362,196 @@ mod tests {
                 token_sha256: "ab".into(),
                 budget: Budget::default(),
                 spent: Spent {
-                    output_tokens: 9,
+                    output_tokens,
                     ..Spent::default()
                 },
                 state: TaskState::Closed,
             },
         );
-        store.save(&s).unwrap();
-        assert_eq!(store.load().unwrap(), s);
-        assert!(!d.path().join("state/gateway/gateway.json.tmp").exists());
+        s
+    }
+
+    fn slot(d: &Path, i: usize) -> PathBuf {
+        d.join("state/gateway").join(SLOTS[i])
+    }
+
+    #[test]
+    fn save_then_load() {
+        let d = tempfile::tempdir().unwrap();
+        let (store, state) = Store::open(d.path()).unwrap();
+        assert_eq!(state, empty());
+        store.save(&snap(9)).unwrap();
+        assert_eq!(store.load().unwrap(), snap(9));
+        assert_eq!(Store::open(d.path()).unwrap().1, snap(9));
+        let names: Vec<_> = std::fs::read_dir(d.path().join("state/gateway"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    /// Saves alternate between the slots, a reopened store goes on after the newest record,
+    /// and a save never overwrites the newest record: the other slot always holds the one
+    /// before it.
+    #[test]
+    fn saves_alternate_and_never_overwrite_the_newest() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut store, _) = Store::open(d.path()).unwrap();
+        for n in 1..=7u64 {
+            store.save(&snap(n)).unwrap();
+            let (newest, older) = if n % 2 == 1 { (0, 1) } else { (1, 0) };
+            let read = |i| std::fs::read(slot(d.path(), i)).unwrap();
+            let new_bytes = read(newest);
+            let SlotRecord::Whole { seq, body } = parse_slot(&new_bytes) else {
+                panic!("slot {newest} holds no record after save {n}");
+            };
+            assert_eq!(seq, n);
+            assert_eq!(parse_snapshot(d.path(), body).unwrap(), snap(n));
+            if n > 1 {
+                let old_bytes = read(older);
+                let SlotRecord::Whole { seq, body } = parse_slot(&old_bytes) else {
+                    panic!("slot {older} lost its record at save {n}");
+                };
+                assert_eq!(seq, n - 1);
+                assert_eq!(parse_snapshot(d.path(), body).unwrap(), snap(n - 1));
+            }
+            if n % 3 == 0 {
+                store = Store::open(d.path()).unwrap().0;
+            }
+        }
+        assert_eq!(Store::open(d.path()).unwrap().1, snap(7));
+    }
+
+    /// A save cut short at any byte (a crash while the slot was being written) loads as the
+    /// state before it, and the next save succeeds; the whole record loads as itself.
+    #[test]
+    fn a_save_cut_at_any_byte_leaves_the_state_before_it() {
+        // The record the cut save would have written, taken from a store of its own, at the
+        // sequence number it would have had (3: slot 0, over the record of save 1).
+        let other = tempfile::tempdir().unwrap();
+        let (o, _) = Store::open(other.path()).unwrap();
+        for n in [1, 2, 1000] {
+            o.save(&snap(n)).unwrap();
+        }
+        let record = std::fs::read(slot(other.path(), 0)).unwrap();
+
+        let d = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(d.path()).unwrap();
+        store.save(&snap(1)).unwrap();
+        store.save(&snap(2)).unwrap();
+        let before = std::fs::read(slot(d.path(), 0)).unwrap();
+        for cut in 0..=record.len() {
+            let mut torn = before.clone();
+            if torn.len() < cut {
+                torn.resize(cut, 0);
+            }
+            torn[..cut].copy_from_slice(&record[..cut]);
+            std::fs::write(slot(d.path(), 0), &torn).unwrap();
+            let want = if cut == record.len() {
+                snap(1000)
+            } else {
+                snap(2)
+            };
+            let (reopened, state) = Store::open(d.path()).unwrap();
+            assert_eq!(state, want, "cut at {cut}");
+            // The slot that was being written is the next one written.
+            if cut % 97 == 0 {
+                reopened.save(&snap(5)).unwrap();
+                assert_eq!(Store::open(d.path()).unwrap().1, snap(5));
+                std::fs::write(slot(d.path(), 0), &before).unwrap();
+                let s1 = std::fs::read(slot(other.path(), 1)).unwrap();
+                // Slot 1 back to save 2's record (seq 2), as in `other`.
+                std::fs::write(slot(d.path(), 1), s1).unwrap();
+            }
+        }
+    }
+
+    /// Neither slot whole while both hold bytes is not what one crash leaves: refuse, rather
+    /// than start with every spend at zero.
+    #[test]
+    fn both_slots_broken_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let (store, _) = Store::open(d.path()).unwrap();
+        store.save(&snap(1)).unwrap();
+        store.save(&snap(2)).unwrap();
+        for i in 0..2 {
+            let mut bytes = std::fs::read(slot(d.path(), i)).unwrap();
+            let last = bytes.len() - 3;
+            bytes[last] ^= 1;
+            std::fs::write(slot(d.path(), i), bytes).unwrap();
+        }
+        let Err(StoreError::Corrupt { reason, .. }) = Store::open(d.path()) else {
+            panic!("two damaged slots were accepted");
+        };
+        assert!(reason.contains("checksum"), "{reason}");
+        // One damaged slot beside an empty one is a first save cut short: the empty state.
+        let d = tempfile::tempdir().unwrap();
+        Store::open(d.path()).unwrap();
+        std::fs::write(slot(d.path(), 0), b"agentbox-gateway-state 1 9999 00\n{").unwrap();
+        assert_eq!(Store::open(d.path()).unwrap().1, empty());
+    }
+
+    /// The state file of gateways before the slots is read, kept until a slot holds its
+    /// content, then removed.
+    #[test]
+    fn a_gateway_json_from_before_the_slots_is_read_then_replaced() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(d.path().join("state/gateway")).unwrap();
+        let legacy = d.path().join("state/gateway/gateway.json");
+        std::fs::write(&legacy, serde_json::to_vec_pretty(&snap(41)).unwrap()).unwrap();
+        let (store, state) = Store::open(d.path()).unwrap();
+        assert_eq!(state, snap(41));
+        assert!(legacy.exists(), "removed before anything replaced it");
+        let mut next = store.load().unwrap();
+        next.tasks.get_mut("a").unwrap().spent.output_tokens += 1;
+        store.save(&next).unwrap();
+        assert!(!legacy.exists());
+        assert_eq!(Store::open(d.path()).unwrap().1, snap(42));
     }
 
     /// The state writer and control operations save concurrently: every save succeeds and
-    /// the file is always whole.
+    /// the state is always whole.
     #[test]
     fn concurrent_saves_do_not_collide() {
         let d = tempfile::tempdir().unwrap();
-        let store = Store::open(d.path()).unwrap();
-        let s = Snapshot {
-            version: VERSION,
-            ..Snapshot::default()
-        };
+        let (store, _) = Store::open(d.path()).unwrap();
         std::thread::scope(|scope| {
-            for _ in 0..8 {
-                scope.spawn(|| {
-                    for _ in 0..50 {
-                        store.save(&s).unwrap();
+            for t in 0..8 {
+                let store = &store;
+                scope.spawn(move || {
+                    for n in 0..50 {
+                        store.save(&snap(t * 100 + n)).unwrap();
                     }
                 });
             }
         });
-        assert_eq!(store.load().unwrap(), s);
+        let last = Store::open(d.path()).unwrap().1;
+        assert_eq!(last, store.load().unwrap());
     }
 
     #[test]
-    fn corrupt_and_future_files_are_refused() {
+    fn corrupt_and_future_states_are_refused() {
         let d = tempfile::tempdir().unwrap();
-        let store = Store::open(d.path()).unwrap();
-        std::fs::write(d.path().join("state/gateway/gateway.json"), b"{not json").unwrap();
-        assert!(matches!(store.load(), Err(StoreError::Corrupt { .. })));
-        std::fs::write(
-            d.path().join("state/gateway/gateway.json"),
-            br#"{"version":99,"tasks":{}}"#,
-        )
-        .unwrap();
+        std::fs::create_dir_all(d.path().join("state/gateway")).unwrap();
+        let legacy = d.path().join("state/gateway/gateway.json");
+        std::fs::write(&legacy, b"{not json").unwrap();
         assert!(matches!(
-            store.load(),
+            Store::open(d.path()),
+            Err(StoreError::Corrupt { .. })
+        ));
+        std::fs::write(&legacy, br#"{"version":99,"tasks":{}}"#).unwrap();
+        assert!(matches!(
+            Store::open(d.path()),
+            Err(StoreError::Version { found: 99, .. })
+        ));
+        // The same in a slot: a whole record a newer gateway wrote.
+        std::fs::remove_file(&legacy).unwrap();
+        let (store, _) = Store::open(d.path()).unwrap();
+        let mut future = snap(1);
+        future.version = 99;
+        store.save(&future).unwrap();
+        assert!(matches!(
+            Store::open(d.path()),
             Err(StoreError::Version { found: 99, .. })
         ));
     }

@@ -401,17 +401,15 @@ async fn gateway_killed_mid_stream_keeps_what_was_settled_and_enforces_budgets()
     assert_eq!(send(&gw, "poor", "q", false).await.status, 403);
     // Wait for the state writer to have the settled usage on disk (it runs after each
     // settlement); a crash before that loses it, as `gateway/src/store.rs` says.
-    let state = gw.data_dir().join("state/gateway/gateway.json");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let text = std::fs::read_to_string(&state).unwrap_or_default();
-        let snap: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        let snap = gw.saved_state();
         if snap["tasks"]["done"]["spent"]["requests"] == 3
             && snap["tasks"]["poor"]["spent"]["requests"] == 2
         {
             break;
         }
-        assert!(Instant::now() < deadline, "state never written: {text}");
+        assert!(Instant::now() < deadline, "state never written: {snap}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let before_done = gw.task("done").await.unwrap();

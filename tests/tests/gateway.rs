@@ -442,12 +442,8 @@ async fn usage_survives_restarts_and_reopening() {
     );
 
     // A crash right after a request loses nothing once the state writer caught up.
-    let state = gw.data_dir().join("state/gateway/gateway.json");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&state)
-        .unwrap_or_default()
-        .contains("\"output_tokens\": 10")
-    {
+    while gw.saved_state()["tasks"]["r1"]["spent"]["output_tokens"] != 10 {
         assert!(std::time::Instant::now() < deadline, "state never written");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

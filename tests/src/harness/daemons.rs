@@ -353,6 +353,40 @@ impl GatewayProcess {
         self.data_dir().join("run/gateway.sock")
     }
 
+    /// The state the gateway last saved: the newest whole record of its two slot files
+    /// (`state/gateway/gateway.state.{0,1}`, see `gateway/src/store.rs`), read as the format
+    /// says without the gateway's code; `Value::Null` while neither holds one. The checksum is
+    /// left to the gateway's own tests: a record whose body parses is taken as whole here.
+    #[must_use]
+    pub fn saved_state(&self) -> serde_json::Value {
+        let dir = self.data_dir().join("state/gateway");
+        let mut newest: Option<(u64, serde_json::Value)> = None;
+        for name in ["gateway.state.0", "gateway.state.1"] {
+            let bytes = std::fs::read(dir.join(name)).unwrap_or_default();
+            let Some(nl) = bytes.iter().position(|&b| b == b'\n') else {
+                continue;
+            };
+            let header = String::from_utf8_lossy(&bytes[..nl]);
+            let words: Vec<&str> = header.split(' ').collect();
+            let [magic, seq, len, _sum] = words[..] else {
+                continue;
+            };
+            let (Ok(seq), Ok(len)) = (seq.parse::<u64>(), len.parse::<usize>()) else {
+                continue;
+            };
+            let Some(body) = bytes[nl + 1..].get(..len) else {
+                continue;
+            };
+            let Ok(state) = serde_json::from_slice(body) else {
+                continue;
+            };
+            if magic == "agentbox-gateway-state" && newest.as_ref().is_none_or(|(s, _)| seq > *s) {
+                newest = Some((seq, state));
+            }
+        }
+        newest.map_or(serde_json::Value::Null, |(_, state)| state)
+    }
+
     /// A task's socket.
     #[must_use]
     pub fn task_socket(&self, tid: &str) -> PathBuf {
