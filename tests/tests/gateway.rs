@@ -421,6 +421,62 @@ async fn concurrent_streams_cannot_overshoot_more_than_their_reservations() {
     assert_eq!(view["in_flight"], 0);
 }
 
+/// The state file of gateways before the slots (`state/gateway/gateway.json`, one JSON
+/// document) is taken over by the gateway that replaces them: its tasks come back with their
+/// spend, and it is removed once a slot holds everything it held and more.
+#[tokio::test]
+async fn a_state_file_from_an_older_gateway_is_taken_over() {
+    let (_fake, mut gw) = start(&replying(10, 5));
+    open(&gw, "old", "local", json!({"tokens": 1000})).await;
+    let sock = gw.task_socket("old");
+    assert_eq!(
+        send(&sock, &request(false, 10), Some(TOKEN)).await.status,
+        200
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gw.saved_state()["tasks"]["old"]["spent"]["output_tokens"] != 5 {
+        assert!(std::time::Instant::now() < deadline, "state never written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // What an older gateway would have left: the same state as one file, and no slots.
+    let dir = gw.data_dir().join("state/gateway");
+    let legacy = dir.join("gateway.json");
+    std::fs::write(
+        &legacy,
+        serde_json::to_vec_pretty(&gw.saved_state()).unwrap(),
+    )
+    .unwrap();
+    for slot in ["gateway.state.0", "gateway.state.1"] {
+        std::fs::remove_file(dir.join(slot)).unwrap();
+    }
+    gw.crash_and_restart().unwrap();
+    let view = gw.task("old").await.unwrap();
+    assert_eq!(view["usage"]["total_tokens"], 15);
+    assert_eq!(view["state"], "open");
+    assert!(legacy.exists(), "removed before a slot held it");
+
+    assert_eq!(
+        send(&sock, &request(false, 10), Some(TOKEN)).await.status,
+        200
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while gw.saved_state()["tasks"]["old"]["spent"]["output_tokens"] != 10 {
+        assert!(std::time::Instant::now() < deadline, "state never written");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The slot's bytes are readable before its save has finished (synced, then the old file
+    // removed): wait for the save, not just the bytes.
+    while legacy.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "kept after a slot held its content"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    gw.crash_and_restart().unwrap();
+    assert_eq!(gw.task("old").await.unwrap()["usage"]["total_tokens"], 30);
+}
+
 #[tokio::test]
 async fn usage_survives_restarts_and_reopening() {
     let (_fake, mut gw) = start(&replying(10, 5));
