@@ -5,10 +5,11 @@
 //! Two slot files, `gateway.state.0` and `gateway.state.1`, written in turn and in place: a
 //! save overwrites the slot that does not hold the newest record, with one `pwrite` and one
 //! `fdatasync`, and never touches the other. A record is one header line,
-//! `agentbox-gateway-state <seq> <len> <xxh3-64 of "<seq> <len>\n" and the body, in hex>`, then `len` bytes of the JSON
-//! snapshot (bytes past them are a longer record's leftovers, ignored). A crash in the middle
-//! of a save leaves that slot failing its checksum and the other one whole, so a load takes the
-//! whole record with the highest `seq`: the old state or the new one, never half of either.
+//! `agentbox-gateway-state <seq> <len> <sum>`, then `len` bytes of the JSON snapshot (bytes
+//! past them are a longer record's leftovers, ignored); `<sum>` is the xxh3-64, in hex, of
+//! `"<seq> <len>\n"` and the body. A crash in the middle of a save leaves that slot failing
+//! its checksum and the other one whole, so a load takes the whole record with the highest
+//! `seq`: the old state or the new one, never half of either.
 //! Both slots holding bytes and neither a whole record is not what one crash leaves; the
 //! gateway refuses to start then, which is safer than resetting every task's spend to zero.
 //!
