@@ -401,17 +401,11 @@ async fn gateway_killed_mid_stream_keeps_what_was_settled_and_enforces_budgets()
     assert_eq!(send(&gw, "poor", "q", false).await.status, 403);
     // Wait for the state writer to have the settled usage on disk (it runs after each
     // settlement); a crash before that loses it, as `gateway/src/store.rs` says.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let snap = gw.saved_state();
-        if snap["tasks"]["done"]["spent"]["requests"] == 3
-            && snap["tasks"]["poor"]["spent"]["requests"] == 2
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "state never written: {snap}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.saved_state_when("the settled usage of both tasks", |s| {
+        s["tasks"]["done"]["spent"]["requests"] == 3 && s["tasks"]["poor"]["spent"]["requests"] == 2
+    })
+    .await
+    .unwrap();
     let before_done = gw.task("done").await.unwrap();
     let before_poor = gw.task("poor").await.unwrap();
 

@@ -433,19 +433,16 @@ async fn a_state_file_from_an_older_gateway_is_taken_over() {
         send(&sock, &request(false, 10), Some(TOKEN)).await.status,
         200
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while gw.saved_state()["tasks"]["old"]["spent"]["output_tokens"] != 5 {
-        assert!(std::time::Instant::now() < deadline, "state never written");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let saved = gw
+        .saved_state_when("the first request's usage", |s| {
+            s["tasks"]["old"]["spent"]["output_tokens"] == 5
+        })
+        .await
+        .unwrap();
     // What an older gateway would have left: the same state as one file, and no slots.
     let dir = gw.data_dir().join("state/gateway");
     let legacy = dir.join("gateway.json");
-    std::fs::write(
-        &legacy,
-        serde_json::to_vec_pretty(&gw.saved_state()).unwrap(),
-    )
-    .unwrap();
+    std::fs::write(&legacy, serde_json::to_vec_pretty(&saved).unwrap()).unwrap();
     for slot in ["gateway.state.0", "gateway.state.1"] {
         std::fs::remove_file(dir.join(slot)).unwrap();
     }
@@ -459,20 +456,12 @@ async fn a_state_file_from_an_older_gateway_is_taken_over() {
         send(&sock, &request(false, 10), Some(TOKEN)).await.status,
         200
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while gw.saved_state()["tasks"]["old"]["spent"]["output_tokens"] != 10 {
-        assert!(std::time::Instant::now() < deadline, "state never written");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // The slot's bytes are readable before its save has finished (synced, then the old file
-    // removed): wait for the save, not just the bytes.
-    while legacy.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "kept after a slot held its content"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    // The old file goes once a slot holds its content (and more).
+    gw.saved_state_when("the second request's usage, the old file gone", |s| {
+        s["tasks"]["old"]["spent"]["output_tokens"] == 10 && !legacy.exists()
+    })
+    .await
+    .unwrap();
     gw.crash_and_restart().unwrap();
     assert_eq!(gw.task("old").await.unwrap()["usage"]["total_tokens"], 30);
 }
@@ -498,11 +487,11 @@ async fn usage_survives_restarts_and_reopening() {
     );
 
     // A crash right after a request loses nothing once the state writer caught up.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while gw.saved_state()["tasks"]["r1"]["spent"]["output_tokens"] != 10 {
-        assert!(std::time::Instant::now() < deadline, "state never written");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.saved_state_when("the requests' usage", |s| {
+        s["tasks"]["r1"]["spent"]["output_tokens"] == 10
+    })
+    .await
+    .unwrap();
     gw.crash_and_restart().unwrap();
     assert_eq!(gw.task("r1").await.unwrap()["usage"]["total_tokens"], 30);
 

@@ -387,6 +387,35 @@ impl GatewayProcess {
         newest.map_or(serde_json::Value::Null, |(_, state)| state)
     }
 
+    /// Waits (up to 30 s) until [`Gateway::saved_state`] satisfies `done`, and returns it. A
+    /// save's bytes are readable before the save has returned (synced, an older state file
+    /// removed): a test that needs those too puts them in `done`.
+    ///
+    /// # Errors
+    /// [`HarnessError::NotSeen`] with the last state read, when `done` never held.
+    pub async fn saved_state_when(
+        &self,
+        what: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> Result<serde_json::Value, HarnessError> {
+        let timeout = Duration::from_secs(30);
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let state = self.saved_state();
+            if done(&state) {
+                return Ok(state);
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(HarnessError::NotSeen {
+                    what: what.to_owned(),
+                    timeout,
+                    last: state.to_string(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A task's socket.
     #[must_use]
     pub fn task_socket(&self, tid: &str) -> PathBuf {

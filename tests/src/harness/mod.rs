@@ -137,6 +137,16 @@ pub enum HarnessError {
     /// An HTTP exchange over a unix socket failed.
     #[error(transparent)]
     Client(#[from] agentbox_api::ClientError),
+    /// What a helper waited for did not come about in time.
+    #[error("{what} not seen within {timeout:?}; last seen: {last}")]
+    NotSeen {
+        /// What was awaited.
+        what: String,
+        /// How long we waited.
+        timeout: Duration,
+        /// The last thing looked at, as text.
+        last: String,
+    },
 }
 
 /// A fresh temp dir (named `<prefix>…`) holding `name` with `contents`; the process wrappers
