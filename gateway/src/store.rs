@@ -316,6 +316,7 @@ impl Store {
         let target = slots.newest.map_or(0, |i| 1 - i);
         let (room, body) = record.split_at_mut(HEADER_MAX);
         let header = format!("{MAGIC} {seq} {} {}\n", body.len(), checksum(seq, body));
+        // At most 82 bytes (the magic, two 20-digit numbers, 16 hex digits, four separators).
         let start = HEADER_MAX - header.len();
         room[start..].copy_from_slice(header.as_bytes());
         let path = self.dir.join(SLOTS[target]);
