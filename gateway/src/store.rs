@@ -52,6 +52,10 @@ pub const SLOTS: [&str; 2] = ["gateway.state.0", "gateway.state.1"];
 /// The state file of gateways before the slots.
 const LEGACY: &str = "gateway.json";
 
+/// The most of a slot (or of the old file) read: far past any real state (a task takes ~400
+/// bytes), and a bound on what a damaged file can make the gateway allocate at start.
+pub const STATE_MAX: u64 = 256 << 20;
+
 /// The longest header line read: the magic, a `u64`, a length and 16 hex digits fit well
 /// within it.
 const HEADER_MAX: usize = 160;
@@ -246,19 +250,20 @@ impl Store {
         let mut broken = Vec::new();
         for (i, file) in slots.files.iter().enumerate() {
             let path = self.dir.join(SLOTS[i]);
-            let mut bytes = Vec::new();
-            std::io::Read::read_to_end(&mut &*file, &mut bytes).map_err(|source| {
-                StoreError::Io {
-                    path: path.clone(),
-                    source,
-                }
+            let bytes = read_capped(file, STATE_MAX).map_err(|source| StoreError::Io {
+                path: path.clone(),
+                source,
             })?;
             // The shared offset is the next read's start: back to the beginning.
             std::io::Seek::rewind(&mut &*file).map_err(|source| StoreError::Io {
                 path: path.clone(),
                 source,
             })?;
-            match parse_slot(&bytes) {
+            let record = match &bytes {
+                Some(b) => parse_slot(b),
+                None => SlotRecord::Broken(format!("larger than {STATE_MAX} bytes")),
+            };
+            match record {
                 SlotRecord::Empty => {}
                 SlotRecord::Broken(why) => broken.push(format!("{}: {why}", SLOTS[i])),
                 SlotRecord::Whole { seq, body } => {
@@ -285,11 +290,15 @@ impl Store {
         slots.seq = 0;
         slots.newest = None;
         let legacy = self.dir.join(LEGACY);
-        match std::fs::read(&legacy) {
-            Ok(text) => {
+        match File::open(&legacy).and_then(|f| read_capped(&f, STATE_MAX)) {
+            Ok(Some(text)) => {
                 slots.legacy = true;
                 parse_snapshot(&legacy, &text)
             }
+            Ok(None) => Err(StoreError::Corrupt {
+                path: legacy,
+                reason: format!("larger than {STATE_MAX} bytes"),
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 slots.legacy = false;
                 Ok(empty())
@@ -343,6 +352,14 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// The rest of a file, or `None` when it holds more than `cap` bytes (no more than `cap + 1`
+/// are read).
+fn read_capped(mut file: &File, cap: u64) -> std::io::Result<Option<Vec<u8>>> {
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(&mut file, cap + 1), &mut bytes)?;
+    Ok((bytes.len() as u64 <= cap).then_some(bytes))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), StoreError> {
@@ -533,6 +550,26 @@ mod tests {
         });
         let last = Store::open(d.path()).unwrap().1;
         assert_eq!(last, store.load().unwrap());
+    }
+
+    #[test]
+    fn reads_stop_past_the_cap() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let f = File::open(&path).unwrap();
+        assert_eq!(
+            read_capped(&f, 10).unwrap().as_deref(),
+            Some(&b"0123456789"[..])
+        );
+        let f = File::open(&path).unwrap();
+        assert_eq!(read_capped(&f, 9).unwrap(), None);
+        // A slot past the cap is a broken slot: beside a whole one, the whole one is loaded.
+        let (store, _) = Store::open(d.path()).unwrap();
+        store.save(&snap(3)).unwrap();
+        let huge = File::options().write(true).open(slot(d.path(), 1)).unwrap();
+        huge.set_len(STATE_MAX + 1).unwrap();
+        assert_eq!(Store::open(d.path()).unwrap().1, snap(3));
     }
 
     #[test]
