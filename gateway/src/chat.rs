@@ -17,8 +17,9 @@
 //! - a stream gets `stream_options.include_usage = true` (forced, whatever the client sent) so
 //!   its last chunk carries the usage the meter bills; a non-stream request loses
 //!   `stream_options` (OpenAI refuses it without `stream`);
-//! - reserved (input estimate + the output above) and admitted through the task's account: 403
-//!   before any upstream call once the budget is spent;
+//! - reserved (input estimate + the output above, times the choices asked for: `n`, or vLLM's
+//!   `best_of`, each generated up to the cap and all billed) and admitted through the task's
+//!   account: 403 before any upstream call once the budget is spent;
 //! - forwarded with the client's `x-*` headers (the rollout tags: the sticky routing header,
 //!   `X-Session-Id`, `X-Instance-Id`, `X-Turn-Id`, `X-Dressage-*`, ...) and nothing else of
 //!   the client's: never `Authorization` nor `x-api-key`, so the task token stays here;
@@ -82,6 +83,12 @@ async fn handle(ctx: TaskCtx, req: Request) -> Result<Response, ProxyError> {
         body.insert("model".into(), json!(name));
     }
     let max_output = clamp_output(body, model.max_output_tokens)?;
+    // Each of `n` choices (and each of vLLM's `best_of` candidates) is generated up to the
+    // cap and billed in `usage`: the reservation covers all of them.
+    let choices = positive(body, "n")?
+        .unwrap_or(1)
+        .max(positive(body, "best_of")?.unwrap_or(1));
+    let max_output = max_output.saturating_mul(choices);
     if body.get("stream").and_then(Value::as_bool) == Some(true) {
         let opts = body
             .entry("stream_options")

@@ -343,3 +343,47 @@ async fn a_stream_cut_before_its_usage_bills_the_estimate_and_the_deltas() {
     assert_eq!(total, input + output);
     assert_eq!(view["reserved"]["tokens"], 0, "settled once: {view}");
 }
+
+/// `n` choices are each generated up to the output cap and all billed, so the reservation
+/// covers every one: a second request that would fit beside a one-choice reservation is
+/// refused beside an eight-choice one. Without that, a task could run several `n = 64`
+/// requests at once, each reserved as one answer.
+#[tokio::test]
+async fn every_choice_asked_for_is_reserved() {
+    let (_fake, gw) = start(&json!({"fallback": {
+        "text": "ok", "delay_ms": 1500, "usage": {"input_tokens": 10, "output_tokens": 20}
+    }}));
+    open(&gw, "n1", "rollout", json!({"tokens": 1000})).await;
+    let mut body = chat(false);
+    body["n"] = json!(8);
+    let first = post(&gw, "n1", "/v1/chat/completions", &[AUTH], &body);
+    let meanwhile = async {
+        let mut view = Value::Null;
+        for _ in 0..500 {
+            view = gw.task("n1").await.unwrap();
+            if view["reserved"]["tokens"].as_u64().unwrap() > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let second = post(&gw, "n1", "/v1/chat/completions", &[AUTH], &body).await;
+        (view, second)
+    };
+    let (first, (view, second)) = tokio::join!(first, meanwhile);
+    let reserved = view["reserved"]["tokens"].as_u64().unwrap();
+    assert!(reserved >= 8 * 100, "eight choices of 100 reserved: {view}");
+    assert_eq!(second.status, 403, "{}", second.text);
+    assert_eq!(first.status, 200, "{}", first.text);
+
+    for bad in [json!(0), json!(-1), json!("8"), json!(1.5)] {
+        let mut body = chat(false);
+        body["n"] = bad.clone();
+        let r = post(&gw, "n1", "/v1/chat/completions", &[AUTH], &body).await;
+        assert_eq!(r.status, 400, "n = {bad}: {}", r.text);
+        assert!(
+            r.text.contains("n: expected a positive integer"),
+            "{}",
+            r.text
+        );
+    }
+}
