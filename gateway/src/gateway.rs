@@ -336,8 +336,10 @@ impl Gateway {
         self.shards.serving()
     }
 
-    /// Ends the task sockets' event loops and waits for their threads: call it last, after
-    /// [`Gateway::run_persister`] has returned (the sockets have drained by then).
+    /// Ends the task sockets' event loops and waits for their threads: call it after
+    /// [`Gateway::run_persister`] has returned (the sockets have drained by then, or their
+    /// grace ran out), then save once more: the connections that outlived the grace end here,
+    /// and their bodies settle what they metered as they are dropped.
     pub fn stop_shards(&self) {
         self.shards.stop();
     }

@@ -8,6 +8,8 @@
 //! - The gateway killed mid-stream: what was settled and written survives, the streams in
 //!   flight are not billed twice (nor at all: see `gateway/src/store.rs`), budgets still hold,
 //!   every task answers again on its old socket.
+//! - The gateway stopped (SIGTERM) with a stream outliving the drain's grace: that stream is
+//!   ended and billed in the last save.
 //! - The bridge killed mid-stream: the gateway ends the streams with an error event, bills each
 //!   once for what it metered, and serves again once the bridge is back.
 //! - blackbox-server killed mid-turn: no process of its agent (opencode, its tools) is left.
@@ -447,6 +449,52 @@ async fn gateway_killed_mid_stream_keeps_what_was_settled_and_enforces_budgets()
         assert_eq!(r.status, 200, "{tid}: {}", r.text());
         assert_eq!(tokens(&gw.task(tid).await.unwrap()) - before, 23, "{tid}");
     }
+}
+
+/// SIGTERM with a stream still running when the drain's grace (10 s) is over: the gateway
+/// ends it as it stops its event loops, and what that stream metered is in the state it saves
+/// last. (The final save used to come before the event loops stopped, so such a stream,
+/// billed by the upstream, was billed nowhere.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_outliving_the_stop_grace_is_billed_in_the_saved_state() {
+    let fake = FakeLlm::scripted(&json!({"rules": [
+        {"match": {"body_contains": "drain-"}, "text": "an answer that outlives the drain",
+         "usage": {"input_tokens": 300, "output_tokens": 30}, "event_delay_ms": 3000}
+    ]}))
+    .unwrap();
+    let (_bridge, mut gw) = chain(&fake);
+    open(&gw, "long", "claude", json!({})).await;
+    let sock = gw.task_socket("long");
+    let stream = tokio::spawn(async move {
+        unix_request(
+            &sock,
+            "POST",
+            "/v1/messages",
+            &HEADERS,
+            request("drain-0", true),
+        )
+        .await
+    });
+    wait_logged(&fake, "drain-", 1).await;
+    // Its `message_start` (the input's usage) has reached the meter.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(gw.task("long").await.unwrap()["in_flight"], 1);
+    gw.restart_within(Duration::from_secs(60)).unwrap();
+    if let Ok(r) = stream.await.unwrap() {
+        assert!(
+            !r.text().contains("message_stop"),
+            "the stream was to outlive the grace: {}",
+            r.text()
+        );
+    }
+    let view = gw.task("long").await.unwrap();
+    assert_eq!(view["usage"]["requests"], 1, "{view}");
+    assert_eq!(view["usage"]["input_tokens"], 300, "{view}");
+    assert!(
+        view["usage"]["output_tokens"].as_u64().unwrap() >= 1,
+        "{view}"
+    );
+    assert_eq!(view["in_flight"], 0, "{view}");
 }
 
 /// The bridge killed with streams in flight: the gateway ends each with an `error` event and

@@ -331,6 +331,17 @@ impl GatewayProcess {
         Ok(())
     }
 
+    /// Stops the gateway with SIGTERM, giving it `wait` to drain and save (SIGKILL after
+    /// that), and starts it again on the same data dir.
+    ///
+    /// # Errors
+    /// When it does not come back.
+    pub fn restart_within(&mut self, wait: Duration) -> Result<(), HarnessError> {
+        self.service.stop_within(wait);
+        self.service = Self::spawn(self.dir.path(), &self.config, &self.env, self.identity)?;
+        Ok(())
+    }
+
     /// Kills the gateway with SIGKILL (no chance to save) and starts it again.
     ///
     /// # Errors

@@ -189,15 +189,20 @@ impl Service {
         !self.has_exited()
     }
 
-    /// SIGTERM to the group, then SIGKILL if it lingers; reaps the child.
+    /// SIGTERM to the group, then SIGKILL if it lingers past 3 s; reaps the child.
     pub fn stop(&mut self) {
+        self.stop_within(Duration::from_secs(3));
+    }
+
+    /// SIGTERM to the group, then SIGKILL if it lingers past `wait`; reaps the child.
+    pub fn stop_within(&mut self, wait: Duration) {
         if self.stopped {
             return;
         }
         self.stopped = true;
         let pid = self.child.id();
         signal_group(pid, Signal::TERM);
-        let deadline = Instant::now() + Duration::from_secs(3);
+        let deadline = Instant::now() + wait;
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
                 // The leader is gone; children that ignored TERM still share the group.
