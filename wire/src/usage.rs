@@ -10,16 +10,18 @@
 //!   the real count in `message_delta`; newer API versions repeat the counts there).
 //! - a non-streamed body carries the final usage in its `usage` object.
 //!
-//! Only `message_start`, `message_delta`, `message_stop` and `error` events are parsed, each into
-//! a minimal struct that skips everything else, so the meter's cost per byte is the SSE scan.
+//! Only `message_start`, `message_delta`, `message_stop`, `error` and `content_block_delta`
+//! events are parsed, each into a minimal struct that skips everything else (of a delta, only
+//! the length of the text it carries), so the meter's cost per byte is the SSE scan.
 //!
 //! The same meter reads OpenAI chat completions ([`Dialect::Chat`], [`UsageMeter::chat`]): a
 //! body's `usage`, or in a stream the chunk carrying `usage` (the last one, when the request
 //! asked for `stream_options.include_usage`), converted to Anthropic's convention
 //! (`input_tokens = prompt_tokens - cached`, `cache_read_input_tokens = cached`); the stream is
 //! complete at `data: [DONE]`, and every chunk with choices counts as a delta for
-//! [`MeterReport::billable_usage`] (a chunk's envelope is longer than the 60 bytes subtracted,
-//! so a cut chat stream's estimate errs high, as it should).
+//! [`MeterReport::billable_usage`] (the text it carries: content, reasoning, refusal, tool
+//! names and arguments; never its envelope, which is longer than the text of a one-token
+//! chunk).
 
 use serde::{Deserialize, Serialize};
 
@@ -98,25 +100,27 @@ pub struct MeterReport {
     /// Events (or the body) whose JSON did not parse, or a stream that broke the SSE size
     /// bound; their usage, if any, is missing.
     pub malformed: u32,
-    /// `content_block_delta` events seen, and the bytes of their `data`: what was generated
-    /// before a stream was cut, for [`MeterReport::billable_usage`].
+    /// `content_block_delta` events (chat: chunks with choices) seen, and the bytes of the
+    /// text they carried (text, tool input, thinking; chat: content, reasoning, refusal, tool
+    /// names and arguments): what was generated before a stream was cut, for
+    /// [`MeterReport::billable_usage`]. A delta that does not parse counts whole.
     pub delta_events: u32,
-    pub delta_bytes: u64,
+    pub delta_text_bytes: u64,
+    /// The body was one JSON document, not a stream: the upstream generated all of it before
+    /// its head, so one cut short was billed whole upstream, whatever the meter saw of it.
+    pub whole_body: bool,
 }
 
 impl MeterReport {
     /// The usage to bill. A complete response is billed as reported. An incomplete stream
-    /// (client gone, upstream cut) never delivered its final `message_delta`, so its output
-    /// count is at least an estimate from the deltas that were forwarded: the generated text
-    /// (or tool arguments) after each event's ~60-byte JSON envelope, at 3 bytes a token, which
-    /// errs high.
+    /// (client gone, upstream cut) never delivered its final `message_delta`, and a complete
+    /// one that never reported usage (a chat stream without its usage chunk) told nothing, so
+    /// their output count is at least an estimate from the deltas that were forwarded: the
+    /// generated text at 3 bytes a token, which errs high.
     pub fn billable_usage(&self) -> MeteredUsage {
         let mut u = self.usage;
-        if !self.complete {
-            let payload = self
-                .delta_bytes
-                .saturating_sub(60u64.saturating_mul(u64::from(self.delta_events)));
-            u.output_tokens = u.output_tokens.max(payload.div_ceil(3));
+        if !self.complete || !self.saw_usage {
+            u.output_tokens = u.output_tokens.max(self.delta_text_bytes.div_ceil(3));
         }
         u
     }
@@ -300,13 +304,22 @@ impl UsageMeter {
 
     /// Ends the body (completely or not) and returns the report.
     pub fn finish(mut self) -> MeterReport {
-        if self.kind == BodyKind::Json && !self.stopped {
-            self.report = match self.dialect {
-                Dialect::Anthropic => usage_from_json(&self.json),
-                Dialect::Chat => chat_usage_from_json(&self.json),
-            };
+        if self.kind == BodyKind::Json {
+            if !self.stopped {
+                self.report = match self.dialect {
+                    Dialect::Anthropic => usage_from_json(&self.json),
+                    Dialect::Chat => chat_usage_from_json(&self.json),
+                };
+            }
+            self.report.whole_body = true;
         }
         self.report
+    }
+
+    /// Whether the meter gave up on this body (a JSON body past [`Self::MAX_JSON_BYTES`], an
+    /// event past the SSE bound): nothing more it reads changes its report.
+    pub fn is_stopped(&self) -> bool {
+        self.stopped
     }
 }
 
@@ -340,8 +353,10 @@ fn on_event(report: &mut MeterReport, e: EventRef<'_>) {
         },
         "message_stop" => report.complete = true,
         "content_block_delta" => {
+            let text = serde_json::from_str::<BlockDeltaEvent>(e.data)
+                .map_or(e.data.len() as u64, |ev| ev.delta.text_bytes());
             report.delta_events = report.delta_events.saturating_add(1);
-            report.delta_bytes = report.delta_bytes.saturating_add(e.data.len() as u64);
+            report.delta_text_bytes = report.delta_text_bytes.saturating_add(text);
         }
         "error" => match serde_json::from_str::<ErrorEvent>(e.data) {
             Ok(ev) => report.error = Some(ev.error),
@@ -351,15 +366,157 @@ fn on_event(report: &mut MeterReport, e: EventRef<'_>) {
     }
 }
 
+/// The length in bytes of a JSON string, read without keeping it; any other value (`null`, an
+/// array of parts some servers send) counts 0, so an odd delta never makes a chunk that carries
+/// usage unreadable.
+#[derive(Debug, Default, Clone, Copy)]
+struct TextLen(u64);
+
+impl<'de> Deserialize<'de> for TextLen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Len;
+        impl<'de> serde::de::Visitor<'de> for Len {
+            type Value = TextLen;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TextLen, E> {
+                Ok(TextLen(v.len() as u64))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_unit<E>(self) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_none<E>(self) -> Result<TextLen, E> {
+                Ok(TextLen(0))
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<TextLen, D::Error> {
+                d.deserialize_any(self)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<TextLen, A::Error> {
+                while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(TextLen(0))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut a: A,
+            ) -> Result<TextLen, A::Error> {
+                while a
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(TextLen(0))
+            }
+        }
+        d.deserialize_any(Len)
+    }
+}
+
+/// A `content_block_delta` event: only the length of the text it carries.
+#[derive(Deserialize)]
+struct BlockDeltaEvent {
+    #[serde(default)]
+    delta: BlockDelta,
+}
+
+#[derive(Deserialize, Default)]
+struct BlockDelta {
+    #[serde(default)]
+    text: TextLen,
+    #[serde(default)]
+    partial_json: TextLen,
+    #[serde(default)]
+    thinking: TextLen,
+}
+
+impl BlockDelta {
+    /// The generated text's bytes (a signature is not generated text).
+    fn text_bytes(&self) -> u64 {
+        self.text
+            .0
+            .saturating_add(self.partial_json.0)
+            .saturating_add(self.thinking.0)
+    }
+}
+
 /// A chat chunk or answer: only what the meter reads.
 #[derive(Deserialize)]
 struct ChatView {
     #[serde(default)]
     usage: Option<ChatUsage>,
     #[serde(default)]
-    choices: Option<Vec<serde::de::IgnoredAny>>,
+    choices: Option<Vec<ChoiceView>>,
     #[serde(default)]
     error: Option<serde::de::IgnoredAny>,
+}
+
+/// A chunk's choice: only the length of what its delta generated (an answer's `message` is
+/// skipped: a whole answer carries its usage).
+#[derive(Deserialize)]
+struct ChoiceView {
+    #[serde(default)]
+    delta: Option<ChatDeltaView>,
+}
+
+#[derive(Deserialize, Default)]
+struct ChatDeltaView {
+    #[serde(default)]
+    content: TextLen,
+    #[serde(default)]
+    reasoning_content: TextLen,
+    #[serde(default)]
+    reasoning: TextLen,
+    #[serde(default)]
+    refusal: TextLen,
+    #[serde(default)]
+    tool_calls: Option<Vec<ToolCallView>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallView {
+    #[serde(default)]
+    function: Option<FunctionView>,
+}
+
+#[derive(Deserialize)]
+struct FunctionView {
+    #[serde(default)]
+    name: TextLen,
+    #[serde(default)]
+    arguments: TextLen,
+}
+
+impl ChoiceView {
+    fn text_bytes(&self) -> u64 {
+        let Some(d) = &self.delta else { return 0 };
+        let calls = d
+            .tool_calls
+            .iter()
+            .flatten()
+            .filter_map(|c| c.function.as_ref());
+        calls.fold(
+            d.content
+                .0
+                .saturating_add(d.reasoning_content.0)
+                .saturating_add(d.reasoning.0)
+                .saturating_add(d.refusal.0),
+            |sum, f| sum.saturating_add(f.name.0).saturating_add(f.arguments.0),
+        )
+    }
 }
 
 impl From<&ChatUsage> for MeteredUsage {
@@ -390,9 +547,10 @@ fn on_chat_event(report: &mut MeterReport, data: &str) {
                 report.usage = MeteredUsage::from(u);
                 report.saw_usage = true;
             }
-            if chunk.choices.is_some_and(|c| !c.is_empty()) {
+            if let Some(choices) = chunk.choices.as_ref().filter(|c| !c.is_empty()) {
+                let text = choices.iter().map(ChoiceView::text_bytes).sum::<u64>();
                 report.delta_events = report.delta_events.saturating_add(1);
-                report.delta_bytes = report.delta_bytes.saturating_add(data.len() as u64);
+                report.delta_text_bytes = report.delta_text_bytes.saturating_add(text);
             }
             if chunk.error.is_some() {
                 report.error = Some(ErrorDetail::new(
@@ -407,7 +565,10 @@ fn on_chat_event(report: &mut MeterReport, data: &str) {
 
 /// Meters a whole non-streamed chat completion (its `usage`); complete when it has one.
 pub fn chat_usage_from_json(body: &[u8]) -> MeterReport {
-    let mut report = MeterReport::default();
+    let mut report = MeterReport {
+        whole_body: true,
+        ..MeterReport::default()
+    };
     match serde_json::from_slice::<ChatView>(body) {
         Ok(parsed) => {
             if let Some(u) = &parsed.usage {
@@ -431,7 +592,13 @@ pub fn chat_usage_from_json(body: &[u8]) -> MeterReport {
 /// The `type` of a data-only frame, read without parsing the JSON when `type` is its first key
 /// (as Anthropic and every compatible server write it).
 fn sniff_type(data: &str) -> &'static str {
-    const NAMES: [&str; 4] = ["message_start", "message_delta", "message_stop", "error"];
+    const NAMES: [&str; 5] = [
+        "message_start",
+        "message_delta",
+        "message_stop",
+        "error",
+        "content_block_delta",
+    ];
     let first_key_value = data
         .trim_start()
         .strip_prefix('{')
@@ -461,7 +628,10 @@ fn sniff_type(data: &str) -> &'static str {
 
 /// Meters a whole non-streamed body: a message (its `usage`) or an error body (no usage).
 pub fn usage_from_json(body: &[u8]) -> MeterReport {
-    let mut report = MeterReport::default();
+    let mut report = MeterReport {
+        whole_body: true,
+        ..MeterReport::default()
+    };
     match serde_json::from_slice::<JsonBody>(body) {
         Ok(parsed) if parsed.kind.as_deref() == Some("error") => {
             report.error = parsed.error;
@@ -616,6 +786,93 @@ mod billable_tests {
         let billed = r.billable_usage();
         assert_eq!(billed.input_tokens, 10);
         assert!(billed.output_tokens >= 100, "{billed:?}");
+    }
+
+    /// A cut stream of one-token chunks bills about a token a chunk: the text, never the
+    /// chunks' envelopes (which made a chat chunk with an id and a model name bill 40 to 70).
+    #[test]
+    fn cut_streams_bill_the_text_not_the_envelopes() {
+        let mut chat = UsageMeter::chat(BodyKind::EventStream);
+        let mut anthropic = UsageMeter::event_stream();
+        for _ in 0..50 {
+            chat.feed(b"data: {\"id\":\"chatcmpl-9f8e7d6c5b4a39281706\",\"object\":\"chat.completion.chunk\",\"created\":1733000000,\"model\":\"gpt-4o-mini-2024-07-18\",\"system_fingerprint\":\"fp_0123456789\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"ab\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n");
+            anthropic.feed(b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"ab\"}}\n\n");
+        }
+        for r in [chat.finish(), anthropic.finish()] {
+            assert!(!r.complete);
+            assert_eq!((r.delta_events, r.delta_text_bytes), (50, 100), "{r:?}");
+            assert_eq!(r.billable_usage().output_tokens, 34);
+        }
+    }
+
+    /// Every kind of generated text counts, unescaped; a signature does not; an odd `content`
+    /// (a list of parts) neither breaks the chunk nor hides the usage beside it.
+    #[test]
+    fn deltas_count_every_kind_of_text() {
+        let mut m = UsageMeter::event_stream();
+        for delta in [
+            r#"{"type":"text_delta","text":"a\"b"}"#,
+            r#"{"type":"input_json_delta","partial_json":"{\"k\": 1}"}"#,
+            r#"{"type":"thinking_delta","thinking":"hmm"}"#,
+            r#"{"type":"signature_delta","signature":"c2lnbmF0dXJlc2lnbmF0dXJl"}"#,
+        ] {
+            m.feed(
+                format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{delta}}}\n\n")
+                    .as_bytes(),
+            );
+        }
+        let r = m.finish();
+        assert_eq!((r.delta_events, r.delta_text_bytes), (4, 3 + 8 + 3));
+
+        let mut m = UsageMeter::chat(BodyKind::EventStream);
+        m.feed(br#"data: {"choices":[{"index":0,"delta":{"reasoning_content":"think","tool_calls":[{"index":0,"function":{"name":"Bash","arguments":"{\"c\":1}"}}]}}]}"#);
+        m.feed(b"\n\n");
+        m.feed(br#"data: {"choices":[{"index":0,"delta":{"content":[{"type":"text","text":"x"}]}}],"usage":{"prompt_tokens":9,"completion_tokens":4}}"#);
+        m.feed(b"\n\n");
+        let r = m.finish();
+        assert_eq!(r.malformed, 0, "{r:?}");
+        assert!(r.saw_usage);
+        assert_eq!(r.usage.output_tokens, 4);
+        assert_eq!((r.delta_events, r.delta_text_bytes), (2, 5 + 4 + 7));
+    }
+
+    /// Data-only frames (no `event:` line) are classified by their JSON type, deltas too, so a
+    /// cut data-only stream bills its deltas.
+    #[test]
+    fn a_cut_data_only_stream_bills_its_deltas() {
+        let mut m = UsageMeter::event_stream();
+        m.feed(b"data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n");
+        let text = "x".repeat(300);
+        m.feed(
+            format!("data: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"{text}\"}}}}\n\n")
+                .as_bytes(),
+        );
+        let r = m.finish();
+        assert!(!r.complete);
+        assert_eq!((r.delta_events, r.delta_text_bytes), (1, 300));
+        assert_eq!(r.billable_usage().output_tokens, 100);
+    }
+
+    /// A chat stream that ends with `[DONE]` but never sent its usage chunk (a router that
+    /// ignores `include_usage`) bills its deltas, not nothing.
+    #[test]
+    fn a_complete_chat_stream_without_usage_bills_its_deltas() {
+        let mut m = UsageMeter::chat(BodyKind::EventStream);
+        let text = "y".repeat(300);
+        m.feed(format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}}}}]}}\n\ndata: [DONE]\n\n").as_bytes());
+        let r = m.finish();
+        assert!(r.complete && !r.saw_usage);
+        assert_eq!(r.billable_usage().output_tokens, 100);
+    }
+
+    #[test]
+    fn only_a_json_body_is_whole() {
+        let mut m = UsageMeter::json();
+        m.feed(br#"{"type":"message","usage":{"input_tokens":5,"out"#);
+        let r = m.finish();
+        assert!(r.whole_body && !r.complete && r.malformed == 1, "{r:?}");
+        assert!(usage_from_json(b"{}").whole_body && chat_usage_from_json(b"{}").whole_body);
+        assert!(!UsageMeter::event_stream().finish().whole_body);
     }
 
     #[test]
