@@ -7,10 +7,16 @@
 //! What an admission bills (the meter never counts less than the upstream bills, as far as the
 //! gateway can know it):
 //! - a complete answer: the upstream's own usage;
-//! - an answer cut after its head (client gone mid-stream, upstream broke, the background
-//!   drain's time limit): the metered usage, output at least the deltas that were read
+//! - a stream cut after its head (client gone mid-stream, upstream broke, the background
+//!   drain's time limit), or complete without ever reporting usage (a chat stream without its
+//!   usage chunk): the metered usage, output at least the deltas that were read
 //!   ([`MeterReport::billable_usage`]), input at least the reservation's input estimate when
 //!   the upstream never reported its input;
+//! - a whole (non-stream) answer whose usage the meter could not read (cut, unparseable, past
+//!   the meter's bound, or without `usage`): the reservation's input estimate and its whole
+//!   output, because the upstream generated all of it before the head, and billed it. A client
+//!   that hangs up during such a body does not get there: the rest is read in the background
+//!   and billed as the upstream reported it (`agentbox_llm::Answer::read_rest_with`);
 //! - the upstream refused the request (an error status) or could not be reached: nothing;
 //! - an admission dropped after it was sent upstream without any of the above (an upstream
 //!   that timed out, a task cancelled at shutdown): its whole reservation, because the
@@ -119,11 +125,17 @@ impl Admission {
     /// Books a metered answer (see the module doc) and releases the reservation.
     pub fn settle(mut self, report: &MeterReport) {
         let mut usage = report.billable_usage();
-        if !report.complete
-            && !report.saw_usage
-            && let Some(r) = &self.reservation
-        {
-            usage.input_tokens = usage.input_tokens.max(r.input_tokens);
+        if let Some(r) = &self.reservation {
+            // An error body or event that ended the answer bills what was metered, no more.
+            let unreported = report.error.is_none() || !report.complete;
+            if !report.saw_usage && unreported {
+                usage.input_tokens = usage.input_tokens.max(r.input_tokens);
+            }
+            if report.whole_body && !report.complete && report.error.is_none() {
+                usage.output_tokens = usage
+                    .output_tokens
+                    .max(r.tokens.saturating_sub(r.input_tokens));
+            }
         }
         self.settle_once(&usage);
     }
@@ -151,5 +163,109 @@ impl Drop for Admission {
             (Some(_), false) | (None, _) => MeteredUsage::default(),
         };
         self.settle_once(&usage);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Mutex;
+
+    use agentbox_wire::anthropic::{ErrorDetail, ErrorType};
+
+    use super::*;
+
+    /// Records what each admission settles with.
+    #[derive(Default)]
+    struct Books(Mutex<Vec<MeteredUsage>>);
+
+    impl Accounts for Books {
+        fn check_token(&self, _: &Tid, _: &[u8]) -> Result<(), AccountError> {
+            Ok(())
+        }
+        fn model_of(&self, _: &Tid) -> Result<Model, AccountError> {
+            Err(AccountError::TaskClosed)
+        }
+        fn admit(&self, _: &Tid, _: Reservation) -> Result<(), AccountError> {
+            Ok(())
+        }
+        fn settle(&self, _: &Tid, _: Reservation, usage: &MeteredUsage) {
+            self.0.lock().unwrap().push(*usage);
+        }
+    }
+
+    /// What `report` settles to, for a request reserved as 40 input and 1,000 output tokens.
+    fn billed(report: &MeterReport) -> (u64, u64) {
+        let books = Arc::new(Books::default());
+        let account = TaskAccount::new(books.clone(), Tid::parse("t1").unwrap());
+        let mut admission = account
+            .admit(Reservation::for_request(40, 1000, None))
+            .unwrap();
+        admission.sent();
+        admission.settle(report);
+        let usage = books.0.lock().unwrap()[0];
+        (usage.input_tokens, usage.output_tokens)
+    }
+
+    fn usage(input: u64, output: u64) -> MeteredUsage {
+        MeteredUsage {
+            input_tokens: input,
+            output_tokens: output,
+            ..MeteredUsage::default()
+        }
+    }
+
+    #[test]
+    fn what_each_kind_of_answer_bills() {
+        let complete = MeterReport {
+            usage: usage(7, 9),
+            saw_usage: true,
+            complete: true,
+            ..MeterReport::default()
+        };
+        assert_eq!(billed(&complete), (7, 9));
+        let whole = MeterReport {
+            whole_body: true,
+            ..complete.clone()
+        };
+        assert_eq!(billed(&whole), (7, 9));
+        // A stream cut after its `message_start` and 300 bytes of text.
+        let cut = MeterReport {
+            usage: usage(7, 1),
+            saw_usage: true,
+            delta_events: 3,
+            delta_text_bytes: 300,
+            ..MeterReport::default()
+        };
+        assert_eq!(billed(&cut), (7, 100));
+        // Cut before anything reported its input: the estimate.
+        let blind = MeterReport {
+            delta_events: 1,
+            delta_text_bytes: 30,
+            ..MeterReport::default()
+        };
+        assert_eq!(billed(&blind), (40, 10));
+        // A chat stream complete without its usage chunk: the same floors.
+        let silent = MeterReport {
+            complete: true,
+            ..blind.clone()
+        };
+        assert_eq!(billed(&silent), (40, 10));
+        // A whole answer the meter could not read: generated whole, so the whole reservation.
+        let unread = MeterReport {
+            whole_body: true,
+            malformed: 1,
+            ..MeterReport::default()
+        };
+        assert_eq!(billed(&unread), (40, 1000));
+        // An error the upstream answered with (a complete error body): nothing.
+        let error = MeterReport {
+            whole_body: true,
+            complete: true,
+            error: Some(ErrorDetail::new(ErrorType::ApiError, "x")),
+            ..MeterReport::default()
+        };
+        assert_eq!(billed(&error), (0, 0));
     }
 }

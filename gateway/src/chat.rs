@@ -131,12 +131,14 @@ async fn handle(ctx: TaskCtx, req: Request) -> Result<Response, ProxyError> {
         match cfg.upstream.chat(target, value).await {
             Ok(answer) => {
                 let tid = tid.clone();
-                Ok(answer.metered_chat(move |report| {
-                    if !report.complete {
-                        tracing::warn!(%tid, "chat answer ended incomplete; billing what was generated");
-                    }
-                    admission.settle(&report);
-                }))
+                Ok(answer
+                    .metered_chat(move |report| {
+                        if !report.complete {
+                            tracing::warn!(%tid, "chat answer ended incomplete; billing what was generated");
+                        }
+                        admission.settle(&report);
+                    })
+                    .read_rest_with(cfg.background.clone(), cfg.shutdown.clone()))
             }
             Err(e) => {
                 settle_failed(admission, &e);

@@ -395,12 +395,14 @@ impl Call {
         match self.cfg.upstream.anthropic_parts(target, self.body).await {
             Ok(answer) => {
                 let tid = self.tid;
-                Ok(answer.metered(move |report| {
-                    if !report.complete {
-                        tracing::warn!(%tid, "response ended incomplete; billing what was generated");
-                    }
-                    admission.settle(&report);
-                }))
+                Ok(answer
+                    .metered(move |report| {
+                        if !report.complete {
+                            tracing::warn!(%tid, "response ended incomplete; billing what was generated");
+                        }
+                        admission.settle(&report);
+                    })
+                    .read_rest_with(self.cfg.background.clone(), self.cfg.shutdown.clone()))
             }
             Err(e) => {
                 settle_failed(admission, &e);

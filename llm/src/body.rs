@@ -11,7 +11,10 @@
 //! connection, held ones included), and its report goes to a settle callback **exactly
 //! once**: when the body ends (cleanly or broken), or, if the client goes away first, when the
 //! body is dropped, with what was metered up to then. Dropping the body drops the upstream
-//! stream, which closes the connection and cancels the generation.
+//! stream, which closes the connection and cancels the generation. A whole (non-stream) answer
+//! was generated before its head, so cancelling saves nothing: with
+//! [`Answer::read_rest_with`], one whose client goes away first is read to its end in the
+//! background and settles on the usage the upstream reported.
 //!
 //! A translated stream whose answer is complete (the translator wrote its last event) still
 //! reads what the upstream sends after it (its `[DONE]` and the end of the body), for at most
@@ -42,6 +45,8 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt, TryStreamExt};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::Protocol;
 
@@ -70,6 +75,16 @@ pub const DRAIN_WAIT: Duration = Duration::from_millis(250);
 /// How many bytes after the last translated event are read and dropped before giving up on the
 /// upstream's connection.
 pub const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// How long the rest of a whole answer whose client went away is read for (see
+/// [`Answer::read_rest_with`]); the upstream has it generated already, so this is transfer time.
+pub const REST_WAIT: Duration = Duration::from_secs(60);
+
+/// Where the rest of a whole answer is read when its client goes away first.
+struct RestReader {
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
 
 /// Turns the `data` of the upstream's SSE events into the client protocol's frames.
 pub trait StreamTranslator: Send {
@@ -258,6 +273,8 @@ pub struct LlmBody {
     drain: Option<Drain>,
     /// Bytes ready for the client while more may be on the way (see `Hold`).
     hold: Hold,
+    /// Set by [`Answer::read_rest_with`].
+    rest: Option<RestReader>,
 }
 
 /// Client bytes held back while the upstream may have more already read: handed out as one
@@ -447,6 +464,7 @@ impl LlmBody {
             queued: VecDeque::new(),
             drain: None,
             hold: Hold::default(),
+            rest: None,
         }
     }
 
@@ -734,10 +752,57 @@ impl LlmBody {
 
 impl Drop for LlmBody {
     fn drop(&mut self) {
+        // A whole answer's client went away before its end: read the rest for its usage.
+        if let Some(rest) = self.rest.take()
+            && !self.done
+            && matches!(self.mode, Mode::Passthrough { sse: None, .. })
+            && self.meter.is_some()
+            && let Some(upstream) = self.upstream.take()
+            && let Some((mut meter, settle)) = self.meter.take()
+        {
+            // Taken from the upstream but not yet sent (so not yet metered), in order.
+            for step in self.queued.drain(..) {
+                if let Step::Data { bytes, .. } = step {
+                    meter.feed(&bytes);
+                }
+            }
+            rest.tracker
+                .spawn(read_rest(upstream, meter, settle, rest.shutdown));
+            return;
+        }
         // The client went away (or the server is shutting down) before the end: the upstream
         // stream is dropped with us, which cancels the generation; bill what the meter saw.
         self.settle();
     }
+}
+
+/// Reads the rest of a whole answer into its meter (until its end, the meter's bound,
+/// [`REST_WAIT`] or shutdown), then settles.
+async fn read_rest(
+    mut upstream: UpstreamStream,
+    mut meter: UsageMeter,
+    settle: Settle,
+    shutdown: CancellationToken,
+) {
+    {
+        let read = async {
+            while !meter.is_stopped() {
+                match upstream.next().await {
+                    Some(Ok(chunk)) => meter.feed(&chunk),
+                    Some(Err(_)) | None => break,
+                }
+            }
+        };
+        tokio::select! {
+            () = read => {}
+            () = tokio::time::sleep(REST_WAIT) => {
+                tracing::warn!("the rest of an abandoned answer did not come in time; billing it as cut");
+            }
+            () = shutdown.cancelled() => {}
+        }
+    }
+    drop(upstream);
+    settle(meter.finish());
 }
 
 /// A successful upstream answer, ready to become the client's response.
@@ -762,6 +827,17 @@ impl Answer {
     pub fn metered(mut self, settle: impl FnOnce(MeterReport) + Send + 'static) -> Self {
         let meter = UsageMeter::new(self.body_kind());
         self.body = self.body.metered(meter, Box::new(settle));
+        self
+    }
+
+    /// A whole (non-stream) answer whose client goes away before its end is read to its end
+    /// in a task of `tracker` (for at most [`REST_WAIT`], never past `shutdown`), so its meter
+    /// settles on the usage the upstream reported rather than on the part the client took: the
+    /// upstream generated, and bills, all of it. A stream is cancelled as before (the rest of
+    /// it is not generated yet). Call it after metering.
+    #[must_use]
+    pub fn read_rest_with(mut self, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
+        self.body.rest = Some(RestReader { tracker, shutdown });
         self
     }
 
@@ -912,6 +988,46 @@ mod tests {
         assert_eq!(got[0], &b"a"[..]);
         assert_eq!(got[1].as_ptr(), LARGE.as_ptr(), "the large chunk itself");
         assert_eq!(got[2], &b"b"[..]);
+    }
+
+    /// A whole answer whose client took its first part and left: with `read_rest_with` the
+    /// rest is read in the background and the usage the upstream reported is billed; without
+    /// it, the meter has half a JSON document.
+    #[tokio::test]
+    async fn a_whole_answer_left_early_is_read_to_its_end_for_its_usage() {
+        const A: &str = r#"{"type":"message","content":[{"type":"text","text":"a long"#;
+        const B: &str = r#" answer"}],"usage":{"input_tokens":5,"output_tokens":70}}"#;
+        for rest in [false, true] {
+            let later = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, BodyError>(Bytes::from_static(B.as_bytes()))
+            });
+            let up: UpstreamStream = Box::pin(upstream(vec![Ok(A)]).chain(later));
+            let (body, reports) = metered(LlmBody::passthrough(up, None), BodyKind::Json);
+            let mut answer = Answer {
+                status: StatusCode::OK,
+                content_type: HeaderValue::from_static("application/json"),
+                body,
+            };
+            let tracker = TaskTracker::new();
+            if rest {
+                answer = answer.read_rest_with(tracker.clone(), CancellationToken::new());
+            }
+            let mut body = answer.body;
+            assert_eq!(body.next().await.unwrap().unwrap(), A.as_bytes());
+            drop(body);
+            tracker.close();
+            tracker.wait().await;
+            let r = reports.lock().unwrap();
+            assert_eq!(r.len(), 1, "settled once");
+            assert!(r[0].whole_body);
+            if rest {
+                assert!(r[0].complete, "{:?}", r[0]);
+                assert_eq!((r[0].usage.input_tokens, r[0].usage.output_tokens), (5, 70));
+            } else {
+                assert!(!r[0].complete && r[0].malformed == 1, "{:?}", r[0]);
+            }
+        }
     }
 
     #[tokio::test]

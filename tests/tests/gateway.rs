@@ -610,6 +610,42 @@ async fn client_disconnect_is_metered_for_what_was_generated() {
     );
 }
 
+/// A whole (non-stream) answer is generated, and billed upstream, before its head: a client
+/// that reads the head and a little of the body, then hangs up, is billed the usage the upstream
+/// reported (the gateway reads the rest for it), not a cut document's nothing.
+#[tokio::test]
+async fn a_hang_up_during_a_whole_answer_bills_its_reported_usage() {
+    let (_fake, gw) = start(&json!({"fallback": {
+        "huge_text_bytes": 4 << 20, "usage": {"input_tokens": 500, "output_tokens": 400}
+    }}));
+    open(&gw, "hw", "local", json!({})).await;
+    let sock = gw.task_socket("hw");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let body = request(false, 1000).to_string();
+    s.write_all(format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < 64 << 10 {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+    drop(s);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let view = loop {
+        let v = gw.task("hw").await.unwrap();
+        if v["in_flight"] == 0 && v["usage"]["requests"] == 1 {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never settled: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(view["usage"]["input_tokens"], 500, "{view}");
+    assert_eq!(view["usage"]["output_tokens"], 400, "{view}");
+}
+
 #[tokio::test]
 async fn bad_input_gets_clear_errors_and_creates_nothing() {
     let (fake, gw) = start(&json!({"fallback": {"text": "fine"}}));
