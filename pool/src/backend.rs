@@ -14,7 +14,7 @@ use agentbox_api::launcher::{
     RunState, SlotExecRequest, SlotExecResult, SlotFile, SlotReadRequest, SlotRequest,
     SlotWriteRequest, SlotWriteResult,
 };
-use agentbox_api::{ClientError, GatewayClient, LauncherClient, UnixClient};
+use agentbox_api::{ClientError, GatewayClient, LauncherClient, RawResponse, UnixClient};
 use agentbox_policy::config::ModelId;
 use agentbox_policy::id::Tid;
 use tokio_util::sync::CancellationToken;
@@ -229,12 +229,11 @@ impl Real {
 
     async fn wait_healthy(&self, started: &Started) -> Result<(), BackendError> {
         let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
-        let probe = UnixClient::new(&started.socket).with_timeout(Some(HEALTH_TIMEOUT));
         loop {
             if self.shutdown.is_cancelled() {
                 return Err(BackendError::Failed("the pool is shutting down".into()));
             }
-            if let Ok(r) = probe.raw("GET", "/health", &[], Vec::new()).await
+            if let Ok(r) = probe_health(&started.socket).await
                 && r.status < 500
             {
                 return Ok(());
@@ -271,6 +270,19 @@ fn tail(s: &str) -> &str {
         start += 1;
     }
     s[start..].trim()
+}
+
+/// `GET /health` on a slot's server, through its socket itself ([`crate::slot_socket`]: never
+/// through what the agent put in its place).
+async fn probe_health(socket: &std::path::Path) -> Result<RawResponse, ClientError> {
+    let pinned = crate::slot_socket::pin(socket).map_err(|e| ClientError::Transport {
+        socket: socket.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    UnixClient::new(pinned.path())
+        .with_timeout(Some(HEALTH_TIMEOUT))
+        .raw("GET", "/health", &[], Vec::new())
+        .await
 }
 
 fn ignore_not_found(r: Result<(), ClientError>) -> Result<(), ClientError> {
@@ -351,8 +363,7 @@ impl SlotBackend for Real {
             }
             Err(e) => return Health::Unhealthy(format!("launcher GET /slots: {e}")),
         }
-        let probe = UnixClient::new(&started.socket).with_timeout(Some(HEALTH_TIMEOUT));
-        match probe.raw("GET", "/health", &[], Vec::new()).await {
+        match probe_health(&started.socket).await {
             Ok(r) if r.status < 500 => Health::Alive,
             Ok(r) => Health::Unhealthy(format!("/health answered {}", r.status)),
             Err(e) => Health::Unhealthy(format!("/health: {e}")),

@@ -3,11 +3,13 @@
 //! `sandbox_url` without the slot ever having a network. The listener exists only while the
 //! lease does: [`Forwarder::close`] stops accepting and cuts the open connections, and
 //! dropping a forwarder does the same (nothing outlives its lease, even on an error path).
+//! Each connection reaches the slot's socket itself, never what its agent put in its place
+//! ([`crate::slot_socket`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -101,7 +103,7 @@ async fn connection(
     peer: SocketAddr,
 ) {
     let _ = tcp.set_nodelay(true);
-    let mut unix = match UnixStream::connect(&socket).await {
+    let mut unix = match crate::slot_socket::connect(&socket).await {
         Ok(u) => u,
         Err(e) => {
             tracing::debug!(%peer, error = %e, "slot socket unreachable; closing the connection");
@@ -121,6 +123,7 @@ async fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
@@ -149,5 +152,31 @@ mod tests {
         assert_eq!(c.read_to_end(&mut rest).await.unwrap_or(0), 0);
         echo.await.unwrap();
         assert!(TcpStream::connect(addr).await.is_err());
+    }
+
+    /// The slot's agent replaced its server's socket with a symlink to another socket (the
+    /// launcher's, in the attack): a connection to the lease port is closed without reaching
+    /// it.
+    #[tokio::test]
+    async fn a_symlink_in_place_of_the_socket_reaches_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("launcher.sock");
+        let victim = tokio::net::UnixListener::bind(&target).unwrap();
+        let sock = dir.path().join("server.sock");
+        std::os::unix::fs::symlink(&target, &sock).unwrap();
+        let fwd = Forwarder::open("127.0.0.1:0".parse().unwrap(), sock).unwrap();
+        let mut c = TcpStream::connect(fwd.addr().unwrap()).await.unwrap();
+        let _ = c
+            .write_all(b"GET /agents HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await;
+        let reached = tokio::time::timeout(Duration::from_millis(300), victim.accept()).await;
+        assert!(
+            reached.is_err(),
+            "the forwarder connected through the symlink"
+        );
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut rest)).await;
+        assert!(closed.is_ok(), "the connection stays open");
+        fwd.close().await;
     }
 }

@@ -12,6 +12,7 @@ pub mod forward;
 pub mod pool;
 pub mod routes;
 pub mod slot;
+pub mod slot_socket;
 #[cfg(test)]
 mod testing;
 
