@@ -413,6 +413,49 @@ fn files_round_trip_and_refuse_symlinks_and_escapes() {
     delete(&l, "s-files");
 }
 
+/// Writes into one directory at once each land whole under their own name: each write's
+/// temporary file is its own (they all used one name per launcher, so one write could rename
+/// another's half-written file over its target, and the other failed).
+#[test]
+fn concurrent_writes_into_one_directory_each_land_whole() {
+    let l = launcher(66130);
+    let _slot = start(&l, "s-writes");
+    let content = |i: usize| format!("{i}:").repeat(5_000 + i * 500);
+    std::thread::scope(|scope| {
+        let writes: Vec<_> = (0..16)
+            .map(|i| {
+                let l = &l;
+                scope.spawn(move || {
+                    l.post(
+                        "/slots/s-writes/files/write",
+                        &json!({"path": format!("out/f{i}"), "content_base64": b64(content(i).as_bytes())}),
+                    )
+                })
+            })
+            .collect();
+        for (i, w) in writes.into_iter().enumerate() {
+            let w = w.join().unwrap();
+            assert_eq!(w.status, 200, "write {i}: {}", w.raw);
+        }
+    });
+    for i in 0..16 {
+        let r = l.post(
+            "/slots/s-writes/files/read",
+            &json!({"path": format!("out/f{i}"), "max_bytes": 1 << 20}),
+        );
+        assert_eq!(r.status, 200, "{}", r.raw);
+        assert!(
+            r.body["content_base64"] == b64(content(i).as_bytes()),
+            "out/f{i} holds another write's content: size {} truncated {}",
+            r.body["size"],
+            r.body["truncated"]
+        );
+    }
+    let names = exec_ok(&l, "s-writes", "ls -A out | wc -l");
+    assert_eq!(names.trim(), "16", "no temporary file left");
+    delete(&l, "s-writes");
+}
+
 fn files_under(dir: &Path) -> Vec<String> {
     walkdir::WalkDir::new(dir)
         .min_depth(1)

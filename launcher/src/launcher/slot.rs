@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use agentbox_policy::path::{EqualsRoot, RelPath, RequestPath, validate_root};
@@ -1128,8 +1129,14 @@ impl Launcher {
                     .write_all(&content)
                     .map_err(|e| unsafe_io("write", &e))?;
             } else {
-                // A fresh file renamed over the name: a failure leaves no partial file.
-                let tmp = format!(".agentbox-write-{}", std::process::id());
+                // A fresh file renamed over the name: a failure leaves no partial file. Its name
+                // is this write's own: writes into one directory may run at once.
+                static WRITES: AtomicU64 = AtomicU64::new(0);
+                let tmp = format!(
+                    ".agentbox-write-{}-{}",
+                    std::process::id(),
+                    WRITES.fetch_add(1, Ordering::Relaxed)
+                );
                 let _ = rfs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
                 let fd = rfs::openat(
                     &dir,
