@@ -38,6 +38,7 @@ use std::time::Duration;
 use agentbox_policy::id::{AgentBranch, Tid};
 use agentbox_policy::path::{EqualsRoot, RelPath, RequestPath, RootPath};
 use agentbox_policy::resolve::{Identity, Kind, ResolveError, Resolved, Root};
+use agentbox_sandbox::proc;
 use agentbox_sandbox::walk::Owner;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, StatxFlags};
 use rustix::io::Errno;
@@ -105,6 +106,29 @@ pub enum GitError {
 pub const GIT: &str = "/usr/bin/git";
 /// How long one git command may run.
 pub const GIT_TIMEOUT: Duration = Duration::from_secs(600);
+/// The most of a git command's stdout kept: every command we run prints an id or a short
+/// list; more is an error, never a silently cut answer.
+pub const STDOUT_MAX: u64 = 4 << 20;
+/// The most of its stderr kept: its end, what an error shows (`shown`). git writes a line per
+/// file for some workspace contents (an agent's `.gitattributes` can ask for CRLF warnings on
+/// every file), so kept whole it could grow root's heap by gigabytes.
+pub const STDERR_KEPT: usize = 64 << 10;
+
+/// The end of a stream: at most [`STDERR_KEPT`] bytes (up to twice that between trims).
+#[derive(Debug, Default)]
+struct Tail(Vec<u8>);
+
+impl proc::Sink for &mut Tail {
+    async fn write(&mut self, chunk: &[u8]) {
+        self.0.extend_from_slice(chunk);
+        if self.0.len() > 2 * STDERR_KEPT {
+            let cut = self.0.len() - STDERR_KEPT;
+            self.0.drain(..cut);
+        }
+    }
+
+    async fn finish(&mut self) {}
+}
 /// The ref in the shadow holding the snapshot commit.
 pub const BASE_REF: &str = "refs/heads/base";
 
@@ -117,6 +141,7 @@ const HARDENING: &[&str] = &[
     "core.askPass=/bin/false",
     "core.pager=cat",
     "core.autocrlf=false",
+    "core.safecrlf=false",
     "core.symlinks=true",
     "credential.helper=",
     "protocol.allow=never",
@@ -171,7 +196,8 @@ impl Git {
     }
 
     /// Runs `git <hardening> <args>` in `cwd` with `env` added to the fixed environment;
-    /// returns stdout, or the failure with stderr.
+    /// returns stdout, or the failure with stderr. Both are read as they come: at most
+    /// [`STDOUT_MAX`] of stdout (past it, `BadOutput`), the last [`STDERR_KEPT`] of stderr.
     pub async fn run(
         &self,
         cwd: &Path,
@@ -214,7 +240,30 @@ impl Git {
             .map(|a| a.to_string_lossy())
             .collect::<Vec<_>>()
             .join(" ");
-        let out = match tokio::time::timeout(self.timeout, cmd.output()).await {
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => return Err(GitError::Spawn { what, source }),
+        };
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let (mut out, mut err) = (Vec::new(), Tail::default());
+        // The child is killed on drop: on a timeout, when this function returns.
+        let finished = tokio::time::timeout(self.timeout, async {
+            let read_out = async {
+                match stdout {
+                    Some(p) => proc::capture(p, &mut out, Some(STDOUT_MAX)).await,
+                    None => proc::Captured::default(),
+                }
+            };
+            let read_err = async {
+                if let Some(p) = stderr {
+                    proc::capture(p, &mut err, None).await;
+                }
+            };
+            let (seen, (), status) = tokio::join!(read_out, read_err, child.wait());
+            status.map(|s| (s, seen.truncated))
+        })
+        .await;
+        let (status, cut) = match finished {
             Err(_) => {
                 return Err(GitError::Timeout {
                     what,
@@ -222,18 +271,20 @@ impl Git {
                 });
             }
             Ok(Err(source)) => return Err(GitError::Spawn { what, source }),
-            Ok(Ok(out)) => out,
+            Ok(Ok(done)) => done,
         };
-        if out.status.success() {
-            Ok(out.stdout)
-        } else {
-            Err(GitError::Failed {
+        if !status.success() {
+            return Err(GitError::Failed {
                 what,
-                code: out.status.code(),
-                status: out.status.to_string(),
-                stderr: shown(&out.stderr),
-            })
+                code: status.code(),
+                status: status.to_string(),
+                stderr: shown(&err.0),
+            });
         }
+        if cut {
+            return Err(GitError::BadOutput { what });
+        }
+        Ok(out)
     }
 
     async fn rev_parse(&self, git_dir: &Path, spec: &str) -> Result<Option<String>, GitError> {
@@ -1062,6 +1113,44 @@ mod tests {
             nested_repos(dir_fd(&task2).as_fd()),
             Err(GitError::Workspace(_))
         ));
+    }
+
+    /// What git prints is read within bounds: 20 MB on stdout is an error, not an answer
+    /// held whole in root's heap; of 20 MB on stderr the end is kept, for the error.
+    #[tokio::test]
+    async fn git_output_is_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let flood = |name: &str, code: u8| {
+            let path = tmp.path().join(name);
+            std::fs::write(
+                &path,
+                format!("#!/bin/sh\nhead -c 20000000 /dev/zero | tr '\\0' e >&2 &\nhead -c 20000000 /dev/zero\nwait\necho the end >&2\nexit {code}\n"),
+            )
+            .unwrap();
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            Git {
+                run_as: Owner { uid: 0, gid: 0 },
+                binary: path,
+                timeout: Duration::from_secs(60),
+            }
+        };
+        let err = flood("ok-git", 0)
+            .run(tmp.path(), &[], &["status".as_ref()])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, GitError::BadOutput { .. }), "{err}");
+        let err = flood("failing-git", 1)
+            .run(tmp.path(), &[], &["status".as_ref()])
+            .await
+            .unwrap_err();
+        let GitError::Failed { stderr, .. } = &err else {
+            panic!("{err}");
+        };
+        assert!(
+            stderr.len() < 3000 && stderr.ends_with("eethe end\""),
+            "{stderr}"
+        );
     }
 
     /// A timed-out git is a timeout (504 `git_timeout`), never a missing ref.

@@ -357,6 +357,15 @@ impl Sink for tokio::fs::File {
     }
 }
 
+/// Output kept in memory (bound it with the capture's cap).
+impl Sink for &mut Vec<u8> {
+    async fn write(&mut self, chunk: &[u8]) {
+        self.extend_from_slice(chunk);
+    }
+
+    async fn finish(&mut self) {}
+}
+
 /// What a capture saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Captured {
