@@ -208,10 +208,15 @@ impl DataDir {
         }
         let root = Root::open(path).map_err(|e| bad(path, e.to_string()))?;
         let id = *root.identity();
-        if id.uid != 0 && id.uid != service.uid {
+        // Root only: in a directory the service user owned, it could rename root's `state/`,
+        // `backends/` or `mnt/` away and put directories (or links) of its own in their place.
+        if id.uid != 0 {
             return Err(bad(
                 path,
-                format!("owned by uid {}, expected root or the service uid", id.uid),
+                format!(
+                    "owned by uid {}, expected root (the service user could swap root's directories in it)",
+                    id.uid
+                ),
             ));
         }
         if id.mode & 0o022 != 0 {
@@ -663,6 +668,22 @@ mod tests {
         std::fs::set_permissions(&data, std::os::unix::fs::PermissionsExt::from_mode(0o777))
             .unwrap();
         assert!(DataDir::prepare(&data, SERVICE).is_err());
+    }
+
+    /// A data dir the service user owns is refused: it could rename root's `state/` away and
+    /// make its own, with links to wherever root should write.
+    #[test]
+    fn a_data_dir_of_the_service_user_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::os::unix::fs::chown(&data, Some(SERVICE.uid), Some(SERVICE.gid)).unwrap();
+        let err = DataDir::prepare(&data, SERVICE).unwrap_err().to_string();
+        assert!(err.contains("expected root"), "{err}");
+        assert!(
+            std::fs::read_dir(&data).unwrap().next().is_none(),
+            "nothing made in it"
+        );
     }
 
     #[test]
