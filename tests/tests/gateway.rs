@@ -553,6 +553,36 @@ async fn upstream_failures_are_reported_and_billed_for_what_was_generated() {
     assert_eq!(gw2.task("down").await.unwrap()["in_flight"], 0);
 }
 
+/// Posts `body` to `/v1/messages` on `sock` and reads the answer until `enough` says so, then
+/// hangs up; returns what was read.
+async fn post_and_hang_up(sock: &Path, body: &Value, enough: impl Fn(&[u8]) -> bool) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(sock).await.unwrap();
+    let body = body.to_string();
+    s.write_all(format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !enough(&got) {
+        let n = s.read(&mut buf).await.unwrap();
+        assert!(n > 0, "the answer ended first");
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
+/// The task's view once its one request has settled.
+async fn settled_once(gw: &GatewayProcess, tid: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = gw.task(tid).await.unwrap();
+        if v["in_flight"] == 0 && v["usage"]["requests"] == 1 {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never settled: {v}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn client_disconnect_is_metered_for_what_was_generated() {
     let long = "word ".repeat(400);
@@ -562,27 +592,12 @@ async fn client_disconnect_is_metered_for_what_was_generated() {
     open(&gw, "dc", "local", json!({})).await;
     let sock = gw.task_socket("dc");
     // Read the head and a few frames, then hang up.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
-    let body = request(true, 1000).to_string();
-    s.write_all(format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await.unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&got).contains("text_delta") {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0);
-        got.extend_from_slice(&buf[..n]);
-    }
-    drop(s);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let view = loop {
-        let v = gw.task("dc").await.unwrap();
-        if v["in_flight"] == 0 && v["usage"]["requests"] == 1 {
-            break v;
-        }
-        assert!(std::time::Instant::now() < deadline, "never settled: {v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let got = post_and_hang_up(&sock, &request(true, 1000), |got| {
+        String::from_utf8_lossy(got).contains("text_delta")
+    })
+    .await;
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    let view = settled_once(&gw, "dc").await;
     assert_eq!(view["usage"]["input_tokens"], 500);
     // The upstream request was cancelled: fakellm saw its client go away mid-stream.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -619,29 +634,12 @@ async fn a_hang_up_during_a_whole_answer_bills_its_reported_usage() {
         "huge_text_bytes": 4 << 20, "usage": {"input_tokens": 500, "output_tokens": 400}
     }}));
     open(&gw, "hw", "local", json!({})).await;
-    let sock = gw.task_socket("hw");
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::UnixStream::connect(&sock).await.unwrap();
-    let body = request(false, 1000).to_string();
-    s.write_all(format!("POST /v1/messages HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len()).as_bytes()).await.unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    while got.len() < 64 << 10 {
-        let n = s.read(&mut buf).await.unwrap();
-        assert!(n > 0);
-        got.extend_from_slice(&buf[..n]);
-    }
-    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
-    drop(s);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let view = loop {
-        let v = gw.task("hw").await.unwrap();
-        if v["in_flight"] == 0 && v["usage"]["requests"] == 1 {
-            break v;
-        }
-        assert!(std::time::Instant::now() < deadline, "never settled: {v}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let got = post_and_hang_up(&gw.task_socket("hw"), &request(false, 1000), |got| {
+        got.len() >= 64 << 10
+    })
+    .await;
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    let view = settled_once(&gw, "hw").await;
     assert_eq!(view["usage"]["input_tokens"], 500, "{view}");
     assert_eq!(view["usage"]["output_tokens"], 400, "{view}");
 }
