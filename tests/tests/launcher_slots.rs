@@ -12,7 +12,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use agentbox_tests::harness::launcher::{
-    AGENT_UID_COUNT, Launcher, cmdlines_containing, eventually,
+    AGENT_UID_COUNT, Launcher, Options, cmdlines_containing, eventually,
 };
 use agentbox_tests::harness::workspace_bin;
 use base64::Engine;
@@ -22,6 +22,11 @@ use serde_json::{Value, json};
 /// passes its own `first` (from 66000 on, 10 apart), so looking for processes by uid never
 /// sees another test's slots.
 fn launcher(first: u32) -> Launcher {
+    launcher_with(first, |_| {})
+}
+
+/// [`launcher`] with more settings.
+fn launcher_with(first: u32, more: impl FnOnce(&mut Options)) -> Launcher {
     // Caches made before `install-clients.sh` set the mode are 0700; the slot's agent uid
     // must be able to enter the directory the launcher binds.
     let clients = agentbox_tests::harness::clients_dir().unwrap();
@@ -35,6 +40,7 @@ fn launcher(first: u32) -> Launcher {
         o.slot_server = Some(workspace_bin("agentbox-blackbox", "blackbox-server").unwrap());
         o.memory_mb = 1024;
         o.pids = 256;
+        more(o);
     })
 }
 
@@ -497,6 +503,29 @@ fn delete_leaves_nothing_and_frees_the_uid() {
     let _again = start(&l, "s-del2");
     assert_eq!(slot_uid(&l, "s-del2"), uid);
     delete(&l, "s-del2");
+}
+
+/// A slot is held to `launcher.limits.disk_mb` (plus its capped logs) like a run's workspace:
+/// filling its `/tmp` (on disk, under `slots/<tid>`) stops it as `disk_exceeded`, and its files
+/// go with DELETE.
+#[test]
+fn a_slot_that_fills_its_disk_is_stopped() {
+    let l = launcher_with(66140, |o| o.disk_mb = 4);
+    let _slot = start(&l, "s-disk");
+    // 4 MiB + 4 logs of 64 KiB allowed; each file under the 4 MiB file-size limit.
+    exec_ok(
+        &l,
+        "s-disk",
+        "for i in 1 2 3; do head -c 3000000 /dev/zero > /tmp/fill$i; done",
+    );
+    let ended = eventually("the slot is stopped for its disk", || {
+        let g = l.get("/slots/s-disk");
+        (g.body["state"] == "disk_exceeded").then_some(g.body)
+    });
+    assert!(ended["pid"].is_null(), "{ended}");
+    let fin = delete(&l, "s-disk");
+    assert_eq!(fin["state"], "disk_exceeded", "{fin}");
+    assert_eq!(files_under(&l.data.join("slots")), Vec::<String>::new());
 }
 
 #[test]

@@ -43,6 +43,7 @@ use crate::validate;
 use agentbox_policy::id::Tid;
 use agentbox_sandbox::bwrap::{self, CLIENTS_IN_SANDBOX, Mounts, Plan, Program, RunAs};
 use agentbox_sandbox::cgroup::{Cgroups, TaskCgroup};
+use agentbox_sandbox::disk;
 use agentbox_sandbox::proc;
 use agentbox_sandbox::stage::{Sources, Staged};
 use agentbox_sandbox::walk::Owner;
@@ -696,7 +697,7 @@ impl Launcher {
             cgroup,
             staged,
             captures,
-            info: _,
+            info,
         } = running;
         let timer = async move {
             match timeout {
@@ -704,8 +705,30 @@ impl Launcher {
                 None => std::future::pending().await,
             }
         };
+        // The slot's disk: everything under `slots/<tid>` (workspace, home, /tmp, what `exec`
+        // and `files/write` add), watched as a run's workspace is; its root-owned logs (four,
+        // each capped at the output cap) are allowed on top of `launcher.limits.disk_mb`.
+        let allowance = self
+            .disk
+            .bytes
+            .saturating_add(self.output_cap().saturating_mul(4));
+        let watched = info.dirs.dir.try_clone();
+        let walk_limits = self.walk_limits;
+        let watcher = async move {
+            match watched {
+                Ok(fd) => disk::watch(fd, allowance, walk_limits).await,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot watch a slot's disk");
+                    std::future::pending().await
+                }
+            }
+        };
         let status = tokio::select! {
             s = child.wait() => s,
+            exceeded = watcher => {
+                tracing::warn!(%tid, reason = %exceeded.reason, "slot over its disk limit: stopping it");
+                self.stop_sandbox(&tid, StopReason::DiskExceeded, &cgroup, &mut child).await
+            }
             () = timer => {
                 self.stop_sandbox(&tid, StopReason::Timeout, &cgroup, &mut child).await
             }
