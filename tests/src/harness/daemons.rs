@@ -261,8 +261,10 @@ impl GatewayProcess {
         Self::start_as(config, env, None)
     }
 
-    /// Like [`GatewayProcess::start`], running as `identity` (uid, gid) as in production, where
-    /// the gateway is the service user and owns the data dir.
+    /// Like [`GatewayProcess::start`], running as `identity` (uid, gid) as in production: the
+    /// gateway is the service user, in a data dir laid out as `packaging/tmpfiles.d` lays it
+    /// out (root's, with the service user's `state/gateway`, `tasks` and `sockets`), so a
+    /// launcher can share it.
     ///
     /// # Errors
     /// When the binary cannot be built or the gateway does not come up.
@@ -286,8 +288,21 @@ impl GatewayProcess {
                 std::os::unix::fs::PermissionsExt::from_mode(0o755),
             )
             .map_err(io)?;
-            std::fs::create_dir_all(dir.path().join("data")).map_err(io)?;
-            std::os::unix::fs::chown(dir.path().join("data"), Some(uid), Some(gid)).map_err(io)?;
+            let data = dir.path().join("data");
+            for (sub, owner, mode) in [
+                ("", (0, 0), 0o711),
+                ("run", (0, gid), 0o1770),
+                ("state", (0, 0), 0o711),
+                ("state/gateway", (uid, gid), 0o700),
+                ("tasks", (uid, gid), 0o755),
+                ("sockets", (uid, gid), 0o755),
+            ] {
+                let path = data.join(sub);
+                std::fs::create_dir_all(&path).map_err(io)?;
+                std::os::unix::fs::chown(&path, Some(owner.0), Some(owner.1)).map_err(io)?;
+                std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                    .map_err(io)?;
+            }
         }
         let service = Self::spawn(dir.path(), &path, &env, identity)?;
         Ok(Self {
