@@ -752,11 +752,13 @@ impl LlmBody {
 
 impl Drop for LlmBody {
     fn drop(&mut self) {
-        // A whole answer's client went away before its end: read the rest for its usage.
+        // A whole answer's client went away before its end: read the rest for its usage (on
+        // the runtime the body lived on; without one there is nothing to read it with).
         if let Some(rest) = self.rest.take()
             && !self.done
             && matches!(self.mode, Mode::Passthrough { sse: None, .. })
             && self.meter.is_some()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
             && let Some(upstream) = self.upstream.take()
             && let Some((mut meter, settle)) = self.meter.take()
         {
@@ -767,7 +769,7 @@ impl Drop for LlmBody {
                 }
             }
             rest.tracker
-                .spawn(read_rest(upstream, meter, settle, rest.shutdown));
+                .spawn_on(read_rest(upstream, meter, settle, rest.shutdown), &runtime);
             return;
         }
         // The client went away (or the server is shutting down) before the end: the upstream
@@ -1028,6 +1030,23 @@ mod tests {
                 assert!(!r[0].complete && r[0].malformed == 1, "{:?}", r[0]);
             }
         }
+    }
+
+    /// Dropped where no runtime runs, a whole answer settles on what it read, no panic.
+    #[test]
+    fn a_whole_answer_dropped_outside_a_runtime_settles_at_once() {
+        let up = upstream(vec![Ok(r#"{"type":"message","#)]);
+        let (body, reports) = metered(LlmBody::passthrough(up, None), BodyKind::Json);
+        let answer = Answer {
+            status: StatusCode::OK,
+            content_type: HeaderValue::from_static("application/json"),
+            body,
+        }
+        .read_rest_with(TaskTracker::new(), CancellationToken::new());
+        drop(answer);
+        let r = reports.lock().unwrap();
+        assert_eq!(r.len(), 1);
+        assert!(r[0].whole_body && !r[0].complete, "{:?}", r[0]);
     }
 
     #[tokio::test]
