@@ -336,12 +336,17 @@ impl Gateway {
         self.shards.serving()
     }
 
-    /// Ends the task sockets' event loops and waits for their threads: call it after
-    /// [`Gateway::run_persister`] has returned (the sockets have drained by then, or their
-    /// grace ran out), then save once more: the connections that outlived the grace end here,
-    /// and their bodies settle what they metered as they are dropped.
-    pub fn stop_shards(&self) {
+    /// The end of a shutdown, after [`Gateway::run_persister`] has returned (the task sockets
+    /// have drained, or their grace ran out): ends the task sockets' event loops and waits for
+    /// their threads, then writes the state a last time. The connections that outlived the grace
+    /// end here, and their bodies settle what they metered as they are dropped, so that write
+    /// has them.
+    ///
+    /// # Errors
+    /// When the last write fails.
+    pub async fn stop_and_save(&self) -> Result<(), StoreError> {
         self.shards.stop();
+        self.persist_now().await
     }
 
     /// `POST /tasks`: opens a task, or re-opens a closed one keeping its spend. Opening a task
@@ -491,7 +496,7 @@ impl Gateway {
 
     /// Writes the state whenever usage changed, at most once per [`crate::store::SAVE_INTERVAL`]
     /// (the settlements of that interval share one write), until shutdown; then waits for the
-    /// task sockets to drain and writes a final time.
+    /// task sockets to drain. The last write is [`Gateway::stop_and_save`]'s.
     pub async fn run_persister(self: Arc<Self>) {
         loop {
             tokio::select! {
@@ -510,9 +515,6 @@ impl Gateway {
         }
         self.tracker.close();
         self.tracker.wait().await;
-        if let Err(e) = self.persist_now().await {
-            tracing::error!(error = %e, "cannot save gateway state at shutdown");
-        }
     }
 }
 

@@ -55,16 +55,13 @@ async fn run(opts: GatewayOptions) -> ExitCode {
     socket
         .serve(agentbox_gateway::control::router(gw.clone()), shutdown)
         .await;
-    let saved = persister.await;
-    // Connections still open after the drain's grace run on the shards: ending them drops their
-    // bodies, which settle what they metered, so the last save comes after that.
-    gw.stop_shards();
-    if let Err(e) = saved {
-        eprintln!("agentbox-gateway: state writer failed: {e}");
+    let drained = persister.await;
+    if let Err(e) = gw.stop_and_save().await {
+        eprintln!("agentbox-gateway: cannot save the state at shutdown: {e}");
         return ExitCode::FAILURE;
     }
-    if let Err(e) = gw.persist_now().await {
-        eprintln!("agentbox-gateway: cannot save the state at shutdown: {e}");
+    if let Err(e) = drained {
+        eprintln!("agentbox-gateway: state writer failed: {e}");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
