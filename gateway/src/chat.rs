@@ -46,7 +46,7 @@ use serde_json::{Map, Value, json};
 use crate::error::ProxyError;
 use crate::estimate;
 use crate::ledger::Reservation;
-use crate::proxy::{TaskCtx, detached, read_json, settle_failed};
+use crate::proxy::{TaskCtx, call_permit, detached, read_json, settle_failed};
 
 /// The output a request reserves when it states no limit and its model has no
 /// `max_output_tokens`.
@@ -113,6 +113,7 @@ async fn handle(ctx: TaskCtx, req: Request) -> Result<Response, ProxyError> {
     ))?;
     let forwarded = forwarded_headers(&headers);
     // From here every path settles exactly once (see `proxy::detached`).
+    let permit = call_permit(&ctx)?;
     let mut admission = ctx.account.admit(reservation)?;
     let cfg = ctx.cfg.clone();
     let tid = ctx.account.tid().clone();
@@ -147,7 +148,7 @@ async fn handle(ctx: TaskCtx, req: Request) -> Result<Response, ProxyError> {
         }
     };
     let cfg = ctx.cfg.clone();
-    detached(&cfg, ctx.account.tid().clone(), call).await
+    detached(&cfg, ctx.account.tid().clone(), permit, call).await
 }
 
 /// A positive integer field, if present.

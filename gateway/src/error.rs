@@ -39,6 +39,12 @@ pub enum ProxyError {
     /// This task already has `gateway.max_connections_per_task` connections open.
     #[error("too many connections from this task")]
     TooManyConnections,
+    /// This task already has `gateway.max_connections_per_task` model calls in flight, answers
+    /// its clients left and the gateway still reads included.
+    #[error(
+        "too many model calls in flight from this task (answers left early are still read); retry later"
+    )]
+    TooManyCalls,
     /// This task's bodies already hold `gateway.max_inflight_body_mb_per_task`.
     #[error("too many request bytes in flight from this task; retry later")]
     TooManyBodyBytes,
@@ -79,7 +85,9 @@ impl ProxyError {
             ProxyError::BodyTimeout => {
                 own(StatusCode::REQUEST_TIMEOUT, ErrorType::InvalidRequestError)
             }
-            ProxyError::TooManyConnections | ProxyError::TooManyBodyBytes => {
+            ProxyError::TooManyConnections
+            | ProxyError::TooManyCalls
+            | ProxyError::TooManyBodyBytes => {
                 own(StatusCode::TOO_MANY_REQUESTS, ErrorType::RateLimitError)
             }
             ProxyError::Overloaded => {

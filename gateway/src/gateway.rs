@@ -319,7 +319,12 @@ impl Gateway {
             client: BodyBudget::new(self.opts.max_inflight_body_bytes_per_task),
             server: self.body_memory.clone(),
         };
-        let router = crate::proxy::router(place.state().clone(), account, bodies);
+        let router = crate::proxy::router(
+            place.state().clone(),
+            account,
+            bodies,
+            self.opts.max_connections_per_task,
+        );
         let limit = ConnectionLimit::new(self.opts.max_connections_per_task, over_limit_router());
         let shard = place.index;
         place.spawn(self.tracker.track_future(agentbox_http::serve_unix_limited(

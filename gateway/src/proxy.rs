@@ -47,7 +47,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -140,10 +140,19 @@ pub(crate) struct TaskCtx {
     pub(crate) cfg: Arc<ProxyConfig>,
     pub(crate) account: TaskAccount,
     pub(crate) bodies: BodyBudgets,
+    /// The task's model calls in flight, those whose client has gone included (see
+    /// [`call_permit`]).
+    pub(crate) calls: Arc<Semaphore>,
 }
 
-/// The router of one task's socket; its request bodies are charged to `bodies`.
-pub fn router(cfg: Arc<ProxyConfig>, account: TaskAccount, bodies: BodyBudgets) -> Router {
+/// The router of one task's socket; its request bodies are charged to `bodies`, and at most
+/// `max_calls` of its model calls run at once.
+pub fn router(
+    cfg: Arc<ProxyConfig>,
+    account: TaskAccount,
+    bodies: BodyBudgets,
+    max_calls: usize,
+) -> Router {
     Router::new()
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
@@ -154,7 +163,22 @@ pub fn router(cfg: Arc<ProxyConfig>, account: TaskAccount, bodies: BodyBudgets) 
             cfg,
             account,
             bodies,
+            calls: Arc::new(Semaphore::new(max_calls)),
         })
+}
+
+/// A place among the task's model calls in flight, held until its upstream call is over.
+///
+/// The connection limit alone does not bound them: an answer whose client hangs up before its
+/// head is read in the background (to bill it), and so is the rest of a whole answer left
+/// midway, so a task that asks and hangs up at once would otherwise have any number of calls
+/// running upstream while holding no connection. The limit is the connection limit's: a task
+/// that stays connected never meets it first.
+pub(crate) fn call_permit(ctx: &TaskCtx) -> Result<OwnedSemaphorePermit, ProxyError> {
+    ctx.calls
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ProxyError::TooManyCalls)
 }
 
 async fn not_found(req: Request) -> ProxyError {
@@ -305,6 +329,7 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
     }
     // From here every path settles exactly once: the admission moves into the upstream call's
     // own task, which outlives this handler if the client hangs up.
+    let permit = call_permit(&ctx)?;
     let admission = ctx.account.admit(reservation)?;
     let bridge_token = if dest.bridge {
         Some(
@@ -325,21 +350,29 @@ async fn messages(State(ctx): State<TaskCtx>, req: Request) -> Result<Response, 
         body,
     };
     let cfg = ctx.cfg.clone();
-    detached(&cfg, ctx.account.tid().clone(), call.forward(admission)).await
+    detached(
+        &cfg,
+        ctx.account.tid().clone(),
+        permit,
+        call.forward(admission),
+    )
+    .await
 }
 
 /// Runs an upstream call in a task of its own (see the module doc): the client gets its answer
 /// while it waits; if it hung up before the head, the answer is read in the background so its
-/// metered body settles on the upstream's usage.
+/// metered body settles on the upstream's usage. `permit` is held until the call is over,
+/// background reads included.
 pub(crate) async fn detached(
     cfg: &Arc<ProxyConfig>,
     tid: Tid,
+    permit: OwnedSemaphorePermit,
     call: impl std::future::Future<Output = Result<Answer, ProxyError>> + Send + 'static,
 ) -> Result<Response, ProxyError> {
     let (tx, rx) = oneshot::channel();
     let shutdown = cfg.shutdown.clone();
     cfg.background.spawn(async move {
-        let result = call.await;
+        let result = call.await.map(|answer| answer.hold_while_upstream(permit));
         if let Err(Ok(answer)) = tx.send(result) {
             drain(answer, &tid, &shutdown).await;
         }

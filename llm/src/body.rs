@@ -275,7 +275,13 @@ pub struct LlmBody {
     hold: Hold,
     /// Set by [`Answer::read_rest_with`].
     rest: Option<RestReader>,
+    /// Set by [`Answer::hold_while_upstream`]: dropped when the upstream call is over (the
+    /// body's end, its drop, or the end of the background read of its rest).
+    guard: Option<CallGuard>,
 }
+
+/// What [`Answer::hold_while_upstream`] keeps.
+type CallGuard = Box<dyn std::any::Any + Send + Sync>;
 
 /// Client bytes held back while the upstream may have more already read: handed out as one
 /// frame, so a burst of upstream chunks costs the client's connection one write, not one each.
@@ -465,6 +471,7 @@ impl LlmBody {
             drain: None,
             hold: Hold::default(),
             rest: None,
+            guard: None,
         }
     }
 
@@ -747,6 +754,7 @@ impl LlmBody {
         self.hold = Hold::default();
         self.settle();
         self.upstream = None;
+        self.guard = None;
     }
 }
 
@@ -768,8 +776,14 @@ impl Drop for LlmBody {
                     meter.feed(&bytes);
                 }
             }
-            rest.tracker
-                .spawn_on(read_rest(upstream, meter, settle, rest.shutdown), &runtime);
+            let guard = self.guard.take();
+            rest.tracker.spawn_on(
+                async move {
+                    read_rest(upstream, meter, settle, rest.shutdown).await;
+                    drop(guard);
+                },
+                &runtime,
+            );
             return;
         }
         // The client went away (or the server is shutting down) before the end: the upstream
@@ -840,6 +854,15 @@ impl Answer {
     #[must_use]
     pub fn read_rest_with(mut self, tracker: TaskTracker, shutdown: CancellationToken) -> Self {
         self.body.rest = Some(RestReader { tracker, shutdown });
+        self
+    }
+
+    /// Keeps `guard` until the upstream call is over: the body's end, its drop, or (with
+    /// [`Answer::read_rest_with`]) the end of the background read of its rest. A caller that
+    /// bounds the calls in flight per client holds its permit here, so an answer its client
+    /// left still counts while it is read.
+    pub fn hold_while_upstream(mut self, guard: impl Send + Sync + 'static) -> Self {
+        self.body.guard = Some(Box::new(guard));
         self
     }
 
@@ -1015,11 +1038,16 @@ mod tests {
             if rest {
                 answer = answer.read_rest_with(tracker.clone(), CancellationToken::new());
             }
+            // The caller's place among its calls in flight lasts as long as the upstream call.
+            let guard = Arc::new(());
+            answer = answer.hold_while_upstream(guard.clone());
             let mut body = answer.body;
             assert_eq!(body.next().await.unwrap().unwrap(), A.as_bytes());
             drop(body);
+            assert_eq!(Arc::strong_count(&guard), if rest { 2 } else { 1 });
             tracker.close();
             tracker.wait().await;
+            assert_eq!(Arc::strong_count(&guard), 1, "the guard outlived the call");
             let r = reports.lock().unwrap();
             assert_eq!(r.len(), 1, "settled once");
             assert!(r[0].whole_body);

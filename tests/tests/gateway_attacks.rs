@@ -219,6 +219,49 @@ async fn hanging_up_before_the_head_is_billed_what_upstream_billed() {
     assert_eq!(fake.requests().unwrap().len() as u64, upstream);
 }
 
+/// Hanging up does not give a task more model calls than its connections: an answer whose
+/// client left before its head is still read (to bill it), so it still counts against
+/// `max_connections_per_task`. Without that, a task that asks and hangs up at once ran any
+/// number of calls upstream while holding no connection.
+#[tokio::test]
+async fn hanging_up_does_not_escape_the_connection_limit() {
+    let fake = FakeLlm::scripted(&json!({"fallback": {
+        "text": "slow", "usage": {"input_tokens": 10, "output_tokens": 5}, "delay_ms": 3000
+    }}))
+    .unwrap();
+    let gw = GatewayProcess::start(
+        &format!(
+            "[gateway]\nollama_url = \"{}\"\nmax_connections_per_task = 2\n\n\
+             [models.local]\nbackend = \"ollama\"\nupstream_model = \"local-upstream\"\n",
+            fake.base_url()
+        ),
+        &[],
+    )
+    .unwrap();
+    open(&gw, "left", "local", json!({})).await;
+    let sock = gw.task_socket("left");
+    for _ in 0..2 {
+        send_and_hang_up(&sock, &user(json!("hi")), Duration::from_millis(100)).await;
+    }
+    wait_for(&gw, "left", |v| v["in_flight"] == 2).await;
+    // Both calls are still upstream (fakellm answers after 3 s); no connection is open.
+    let r = send(&sock, &user(json!("a third"))).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(error_type(&r.body), "rate_limit_error");
+    let view = gw.task("left").await.unwrap();
+    assert_eq!(
+        view["in_flight"], 2,
+        "the refused call was admitted: {view}"
+    );
+    // Once they are read and billed, the task has its calls back.
+    wait_for(&gw, "left", |v| v["in_flight"] == 0).await;
+    let r = send(&sock, &user(json!("again"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let view = wait_for(&gw, "left", |v| v["usage"]["requests"] == 3).await;
+    assert_eq!(view["usage"]["input_tokens"], 30, "{view}");
+    assert_eq!(fake.requests().unwrap().len(), 3);
+}
+
 // ---- 5: media with URL sources --------------------------------------------------------------
 
 /// A user turn with a URL PDF whose URL carries "workspace data".
