@@ -600,6 +600,36 @@ async fn a_non_zero_exit_mid_turn_fails_the_turn(row: &Row) {
     );
 }
 
+/// The router preempts every generation (a weight update made the rollout stale): the turn is
+/// not committed, whatever the agent made of the proxy's empty answer (Claude Code ended its
+/// turn with it and exited 0), and the session is desynced, as the reference does.
+async fn a_preempted_generation_is_never_committed(row: &Row) {
+    let script = json!({"fallback": {"error": {"status": 502, "body":
+        {"detail": {"error": "generation_preempted", "message": "stale weights"}}}}});
+    let (fake, bb, _) = setup(row, &script, &[], &Value::Null).await;
+    let r = bb
+        .post(
+            &format!("/v1/sessions/{SESSION}/messages"),
+            &json!({"turn_id": "turn-p", "messages": user("write a file")}),
+        )
+        .await;
+    assert_ne!(
+        r.status,
+        200,
+        "a preempted turn was committed: {r}\n{}",
+        bb.diag(&fake)
+    );
+    assert!(
+        r.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("generation_preempted")),
+        "{r}"
+    );
+    let s = bb.get(&format!("/v1/sessions/{SESSION}")).await;
+    assert_eq!(s.body["state"], "desynced", "{s}");
+    assert_eq!(s.body["turn_count"], 0, "{s}");
+}
+
 async fn a_missing_binary_is_a_register_error_and_the_server_stays_usable(row: &Row) {
     let fake = FakeLlm::start(fakellm_bin(), &json!({})).unwrap();
     let bb = BlackboxProcess::start(&[]).unwrap();
@@ -679,6 +709,10 @@ macro_rules! conformance {
             #[tokio::test]
             async fn a_non_zero_exit_mid_turn_fails_the_turn() {
                 super::a_non_zero_exit_mid_turn_fails_the_turn(&$row).await;
+            }
+            #[tokio::test]
+            async fn a_preempted_generation_is_never_committed() {
+                super::a_preempted_generation_is_never_committed(&$row).await;
             }
             #[tokio::test]
             async fn a_missing_binary_is_a_register_error_and_the_server_stays_usable() {

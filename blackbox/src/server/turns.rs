@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{Bound, Server};
-use crate::backend::{BackendError, TurnInput};
+use crate::backend::{BackendError, TurnInput, agent};
 use crate::error::{ApiError, TurnError, TurnErrorCode, obj};
 use crate::hashing::messages_fingerprint;
 use crate::model::{
@@ -428,6 +428,10 @@ impl Server {
                 }
             };
             tracing::debug!(turn = turn_id, ok = result.is_ok(), "agent call returned");
+            // What the router refused explains the turn's end, whatever the agent made of it:
+            // Claude Code takes the proxy's empty answer to a preempted generation as the
+            // end of its turn and exits 0, and an overflow as an error of its own.
+            agent::proxy_errors(&bound.proxy).await?;
             let resp = result?;
             if let Some(p) = bound.proxy.consume_max_steps_error().await {
                 return Err(BackendError::from_max_steps(&p));
