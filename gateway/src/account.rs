@@ -9,14 +9,17 @@
 //! - a complete answer: the upstream's own usage;
 //! - a stream cut after its head (client gone mid-stream, upstream broke, the background
 //!   drain's time limit), or complete without ever reporting usage (a chat stream without its
-//!   usage chunk): the metered usage, output at least the deltas that were read
-//!   ([`MeterReport::billable_usage`]), input at least the reservation's input estimate when
-//!   the upstream never reported its input;
+//!   usage chunk, a translated stream whose usage the bridge estimated; an error that ended a
+//!   stream after its first delta counts as unreported too): the metered usage, output at
+//!   least the deltas that were read ([`MeterReport::billable_usage`]), input at least the
+//!   reservation's input estimate when the upstream never reported its input;
 //! - a whole (non-stream) answer whose usage the meter could not read (cut, unparseable, past
-//!   the meter's bound, or without `usage`): the reservation's input estimate and its whole
-//!   output, because the upstream generated all of it before the head, and billed it. A client
-//!   that hangs up during such a body does not get there: the rest is read in the background
-//!   and billed as the upstream reported it (`agentbox_llm::Answer::read_rest_with`);
+//!   the meter's bound, without `usage`, or with a usage the bridge made up because the
+//!   provider reported none, `agentbox_wire::anthropic::ESTIMATE_MARK`): the reservation's
+//!   input estimate and its whole output, because the upstream generated all of it before the
+//!   head, and billed it. A client that hangs up during such a body does not get there: the
+//!   rest is read in the background and billed as the upstream reported it
+//!   (`agentbox_llm::Answer::read_rest_with`);
 //! - the upstream refused the request (an error status) or could not be reached: nothing;
 //! - an admission dropped after it was sent upstream without any of the above (an upstream
 //!   that timed out, a task cancelled at shutdown): its whole reservation, because the
@@ -126,12 +129,16 @@ impl Admission {
     pub fn settle(mut self, report: &MeterReport) {
         let mut usage = report.billable_usage();
         if let Some(r) = &self.reservation {
-            // An error body or event that ended the answer bills what was metered, no more.
-            let unreported = report.error.is_none() || !report.complete;
+            // An error body or event that ended the answer bills what was metered, no more,
+            // unless the model had begun answering: then it read the prompt.
+            let unreported = report.error.is_none() || !report.complete || report.delta_events > 0;
             if !report.saw_usage && unreported {
                 usage.input_tokens = usage.input_tokens.max(r.input_tokens);
             }
-            if report.whole_body && !report.complete && report.error.is_none() {
+            if report.whole_body
+                && (!report.complete || !report.saw_usage)
+                && report.error.is_none()
+            {
                 usage.output_tokens = usage
                     .output_tokens
                     .max(r.tokens.saturating_sub(r.input_tokens));
@@ -267,5 +274,24 @@ mod tests {
             ..MeterReport::default()
         };
         assert_eq!(billed(&error), (0, 0));
+        // A whole answer whose usage the bridge made up (the provider reported none): as if
+        // it had none.
+        let estimated = MeterReport {
+            usage: usage(10, 3),
+            whole_body: true,
+            complete: true,
+            ..MeterReport::default()
+        };
+        assert_eq!(billed(&estimated), (40, 1000));
+        // An error event after the model began answering (vLLM ends with one, then `[DONE]`):
+        // the prompt was read.
+        let broke = MeterReport {
+            complete: true,
+            error: Some(ErrorDetail::new(ErrorType::ApiError, "x")),
+            delta_events: 5,
+            delta_text_bytes: 300,
+            ..MeterReport::default()
+        };
+        assert_eq!(billed(&broke), (40, 100));
     }
 }

@@ -53,6 +53,18 @@ command = ["vllm", "serve"]
     )
 }
 
+/// A bridge whose `gpt` is an OpenAI-compatible provider at `fake`.
+fn openai_bridge(fake: &FakeLlm) -> BridgeProcess {
+    BridgeProcess::start(
+        &format!(
+            "[bridge]\nlisten = \"127.0.0.1:0\"\n[models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nupstream_model = \"gpt-upstream\"\nkey_env = \"OPENAI_KEY\"\n",
+            fake.base_url()
+        ),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN), ("OPENAI_KEY", "sk-provider")],
+    )
+    .unwrap()
+}
+
 /// A fakellm playing `script` and a gateway in front of it (keep both alive).
 fn start(script: &Value) -> (FakeLlm, GatewayProcess) {
     let fake = FakeLlm::scripted(script).unwrap();
@@ -272,14 +284,7 @@ async fn remote_models_go_through_the_bridge_with_the_bridge_token() {
     let fake = FakeLlm::scripted(&json!({"steps": [
         {"text": "via bridge", "usage": {"input_tokens": 40, "output_tokens": 4, "cache_read_input_tokens": 10}}
     ]})).unwrap();
-    let bridge = BridgeProcess::start(
-        &format!(
-            "[bridge]\nlisten = \"127.0.0.1:0\"\n[models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nupstream_model = \"gpt-upstream\"\nkey_env = \"OPENAI_KEY\"\n",
-            fake.base_url()
-        ),
-        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN), ("OPENAI_KEY", "sk-provider")],
-    )
-    .unwrap();
+    let bridge = openai_bridge(&fake);
     let gw = GatewayProcess::start(
         &config(&fake, Some(&bridge)),
         &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
@@ -642,6 +647,40 @@ async fn a_hang_up_during_a_whole_answer_bills_its_reported_usage() {
     let view = settled_once(&gw, "hw").await;
     assert_eq!(view["usage"]["input_tokens"], 500, "{view}");
     assert_eq!(view["usage"]["output_tokens"], 400, "{view}");
+}
+
+/// A translated stream cut after its head: the bridge's `message_start` carries its own guess
+/// of the input (4 bytes a token of the body), which is not the provider's count, so the
+/// gateway bills at least its reservation's estimate (3 bytes a token of the text, about a
+/// token a character for CJK) instead of taking the guess as reported.
+#[tokio::test]
+async fn a_cut_translated_stream_bills_the_gateways_input_estimate() {
+    let long = "word ".repeat(400);
+    let fake = FakeLlm::scripted(&json!({"fallback": {
+        "text": long, "usage": {"input_tokens": 9000, "output_tokens": 400}, "event_delay_ms": 20
+    }}))
+    .unwrap();
+    let bridge = openai_bridge(&fake);
+    let gw = GatewayProcess::start(
+        &config(&fake, Some(&bridge)),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
+    )
+    .unwrap();
+    open(&gw, "cjk", "gpt", json!({})).await;
+    let mut body = request(true, 1000);
+    body["messages"][0]["content"] = json!("\u{6f22}".repeat(3000));
+    let got = post_and_hang_up(&gw.task_socket("cjk"), &body, |got| {
+        String::from_utf8_lossy(got).contains("text_delta")
+    })
+    .await;
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    let view = settled_once(&gw, "cjk").await;
+    // 3,000 CJK characters are about 3,000 tokens; the bridge's guess was about 2,500.
+    let input = view["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(
+        input >= 3000,
+        "billed {input} input tokens for 3,000 CJK characters: {view}"
+    );
 }
 
 #[tokio::test]
@@ -1017,14 +1056,7 @@ fn numbered(len: usize, tag: char) -> String {
 #[tokio::test]
 async fn large_bodies_back_to_back_reach_the_model_whole() {
     let fake = FakeLlm::scripted(&replying(5, 1)).unwrap();
-    let bridge = BridgeProcess::start(
-        &format!(
-            "[bridge]\nlisten = \"127.0.0.1:0\"\n[models.gpt]\nbackend = \"remote\"\nprovider = \"openai\"\nbase_url = \"{}/v1\"\nupstream_model = \"gpt-upstream\"\nkey_env = \"OPENAI_KEY\"\n",
-            fake.base_url()
-        ),
-        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN), ("OPENAI_KEY", "sk-provider")],
-    )
-    .unwrap();
+    let bridge = openai_bridge(&fake);
     let gw = GatewayProcess::start(
         &config(&fake, Some(&bridge)).replace("[gateway]\n", "[gateway]\nthreads = 1\n"),
         &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],

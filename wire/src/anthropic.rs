@@ -21,6 +21,26 @@ pub use crate::serde_util::{RawJson, TextOrList};
 /// Unknown fields of an object, kept in arrival order.
 pub type Extra = Map<String, Value>;
 
+/// The member a translator adds (`true`) to a `usage` it made up because the upstream reported
+/// none (a `message_start` before the real count, a chat upstream without usage): a meter
+/// reading such a usage bills it as unreported, with its own floors, never as the provider's
+/// word. It can only make a meter bill more, so an upstream that sends it gains nothing.
+pub const ESTIMATE_MARK: &str = "agentbox_estimate";
+
+/// Whether a `usage`'s other members carry [`ESTIMATE_MARK`].
+pub fn is_estimate(extra: &Extra) -> bool {
+    extra
+        .get(ESTIMATE_MARK)
+        .is_some_and(|v| v == &Value::Bool(true))
+}
+
+/// [`ESTIMATE_MARK`] as a usage's other members.
+pub fn estimate_mark() -> Extra {
+    let mut m = Extra::new();
+    m.insert(ESTIMATE_MARK.to_owned(), Value::Bool(true));
+    m
+}
+
 /// `POST /v1/messages` request body (also the shape of `count_tokens`, which omits
 /// `max_tokens`).
 #[serde_with::skip_serializing_none]
@@ -874,6 +894,12 @@ impl StreamAccumulator {
                 }
                 if let Some(n) = usage.cache_creation_input_tokens {
                     message.usage.cache_creation_input_tokens = Some(n);
+                }
+                // Whether the count is an estimate is the last usage's to say.
+                if is_estimate(&usage.extra) {
+                    message.usage.extra.extend(estimate_mark());
+                } else {
+                    message.usage.extra.remove(ESTIMATE_MARK);
                 }
                 Ok(())
             }

@@ -25,7 +25,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::anthropic::{DeltaUsage, ErrorDetail, StopReason, Usage};
+use crate::anthropic::{DeltaUsage, ErrorDetail, StopReason, Usage, is_estimate};
 use crate::chat::ChatUsage;
 use crate::sse::{self, EventRef};
 
@@ -88,7 +88,9 @@ impl From<&Usage> for MeteredUsage {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MeterReport {
     pub usage: MeteredUsage,
-    /// A `message_start` (stream) or a message body with `usage` (JSON) was seen.
+    /// A `message_start` (stream) or a message body with `usage` (JSON) was seen, and the last
+    /// usage read was the provider's, not a translator's estimate
+    /// ([`crate::anthropic::ESTIMATE_MARK`]).
     pub saw_usage: bool,
     /// The response completed: `message_stop` was seen, or a JSON message body parsed.
     /// `false` means the usage may be short (client disconnect, upstream cut): settle with an
@@ -335,7 +337,8 @@ fn on_event(report: &mut MeterReport, e: EventRef<'_>) {
         "message_start" => match serde_json::from_str::<StartEvent>(e.data) {
             Ok(ev) => {
                 report.usage.apply_start(&ev.message.usage);
-                report.saw_usage = true;
+                // A translator's guess before the real count is not the provider's word.
+                report.saw_usage |= !is_estimate(&ev.message.usage.extra);
             }
             Err(_) => report.malformed += 1,
         },
@@ -343,7 +346,7 @@ fn on_event(report: &mut MeterReport, e: EventRef<'_>) {
             Ok(ev) => {
                 if let Some(u) = &ev.usage {
                     report.usage.apply_delta(u);
-                    report.saw_usage = true;
+                    report.saw_usage = !is_estimate(&u.extra);
                 }
                 if ev.delta.stop_reason.is_some() {
                     report.stop_reason = ev.delta.stop_reason;
@@ -640,7 +643,7 @@ pub fn usage_from_json(body: &[u8]) -> MeterReport {
         Ok(parsed) => {
             if let Some(u) = &parsed.usage {
                 report.usage = MeteredUsage::from(u);
-                report.saw_usage = true;
+                report.saw_usage = !is_estimate(&u.extra);
             }
             report.stop_reason = parsed.stop_reason;
             report.complete = parsed.usage.is_some();

@@ -775,3 +775,49 @@ fn claude_code_role_system_messages_parse() {
     .unwrap();
     assert_eq!(req.messages[0].role, Role::System);
 }
+
+/// The bridge's own guesses (the `message_start` input before the real count, a chat upstream
+/// that never reported usage) reach the gateway's meter marked, so it bills them as unreported
+/// with its own floors; the provider's own usage is taken as reported.
+#[test]
+fn translated_usage_is_the_providers_only_when_the_provider_reported_it() {
+    let opts = || ResponseOptions {
+        input_tokens_estimate: 10,
+        ..ResponseOptions::default()
+    };
+    let meter = |events: &[StreamEvent]| {
+        let values: Vec<Value> = events
+            .iter()
+            .map(|e| serde_json::to_value(e).unwrap())
+            .collect();
+        let mut m = UsageMeter::event_stream();
+        m.feed(&anthropic_sse(&values));
+        m.finish()
+    };
+    let text = chunk(json!({"content": "hello"}), None);
+    let end = chunk(json!({}), Some("stop"));
+    // The provider's count arrives: reported.
+    let told = translate_stream(&[text.clone(), end.clone(), usage_chunk(900, 7, 0)], opts());
+    let r = meter(&told);
+    assert!(r.complete && r.saw_usage, "{r:?}");
+    assert_eq!((r.usage.input_tokens, r.usage.output_tokens), (900, 7));
+    // Cut after the text: only the bridge's guess was seen.
+    let r = meter(&told[..told.len() - 3]);
+    assert!(!r.complete && !r.saw_usage, "{r:?}");
+    // Complete, but the provider never said: the bridge's estimate is not its word.
+    let silent = translate_stream(&[text.clone(), end], opts());
+    let r = meter(&silent);
+    assert!(r.complete && !r.saw_usage, "{r:?}");
+    // A whole answer without usage, likewise.
+    let resp: ChatResponse = serde_json::from_value(json!({
+        "id": "c", "object": "chat.completion", "created": 0, "model": "up",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hello"}, "finish_reason": "stop"}]
+    }))
+    .unwrap();
+    let whole = chat_to_anthropic_response(resp, &opts()).unwrap();
+    let r = agentbox_wire::usage::usage_from_json(&serde_json::to_vec(&whole).unwrap());
+    assert!(r.whole_body && !r.saw_usage, "{r:?}");
+    // A mark can only make a meter bill more: an Anthropic upstream's real usage is unmarked.
+    let plain = json!({"type": "message", "usage": {"input_tokens": 3, "output_tokens": 4}});
+    assert!(agentbox_wire::usage::usage_from_json(plain.to_string().as_bytes()).saw_usage);
+}

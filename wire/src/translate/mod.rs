@@ -317,7 +317,7 @@ fn estimated_usage(input_tokens: u64, output_bytes: usize) -> Usage {
         cache_creation_input_tokens: Some(0),
         cache_read_input_tokens: Some(0),
         output_tokens: u64::try_from(output_bytes.div_ceil(4)).unwrap_or(u64::MAX),
-        extra: Default::default(),
+        extra: crate::anthropic::estimate_mark(),
     }
 }
 

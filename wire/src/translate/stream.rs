@@ -149,7 +149,8 @@ impl Render for ToAnthropic {
             cache_creation_input_tokens: Some(0),
             cache_read_input_tokens: Some(0),
             output_tokens: 0,
-            extra: Extra::new(),
+            // The real count comes with the upstream's last chunk, if at all.
+            extra: crate::anthropic::estimate_mark(),
         };
         out.push(StreamEvent::MessageStart {
             message,
@@ -288,7 +289,7 @@ impl Render for ToAnthropic {
                 cache_creation_input_tokens: usage.cache_creation_input_tokens,
                 cache_read_input_tokens: usage.cache_read_input_tokens,
                 output_tokens: usage.output_tokens,
-                extra: Extra::new(),
+                extra: usage.extra.clone(),
             },
             extra: Extra::new(),
         });
