@@ -674,10 +674,13 @@ class ClusterManagerCore:
                           env: Optional[Mapping[str, str]] = None,
                           timeout: Optional[float] = None,
                           stdin: Optional[str] = None) -> Dict[str, Any]:
-        req: Dict[str, Any] = {"command": command, "cwd": cwd, "env": dict(env or {}),
-                               "timeout": timeout, "stdin": stdin}
         rpc_timeout = self.config.rpc_timeout_s + (float(timeout) if timeout else
                                                     self.config.release_timeout_s)
+        # The node waits for the pool's answer as long as we wait for the node: its own RPC
+        # timeout would cut a command that outlasts it and make a busy node look lost.
+        req: Dict[str, Any] = {"command": command, "cwd": cwd, "env": dict(env or {}),
+                               "timeout": timeout, "stdin": stdin,
+                               "reply_timeout": rpc_timeout}
         reply = await self._on_lease(trajectory_id, lease_id,
                                      lambda c, r: c.run_command(r), req, rpc_timeout)
         return reply

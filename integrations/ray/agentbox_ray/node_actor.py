@@ -6,7 +6,8 @@ the environment ``ray start`` ran in on that node (the actor is created without 
 ``runtime_env``), so each host names its own pool.
 
 It is a threaded actor (plain methods, ``max_concurrency`` threads): each call is one blocking
-HTTP request on its own connection, bounded by the client's timeout.
+HTTP request on its own connection, bounded by the client's timeout (a command: by how long
+the manager waits for it).
 """
 
 from __future__ import annotations
@@ -63,11 +64,15 @@ class AgentboxNode:
         return self.client.release(trajectory_id=trajectory_id, reason=reason)
 
     def run_command(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        # `reply_timeout`: how long the manager waits for this answer. The HTTP read waits as
+        # long (not this actor's RPC timeout), so a command that outlasts the RPC timeout is
+        # not taken for a pool that stopped answering, and the thread is freed once the
+        # manager has given up.
         return self.client.run_command(
             request["command"], trajectory_id=request.get("trajectory_id"),
             lease_id=request.get("lease_id"), cwd=request.get("cwd"),
             env=request.get("env"), timeout=request.get("timeout"),
-            stdin=request.get("stdin"))
+            stdin=request.get("stdin"), reply_timeout=request.get("reply_timeout"))
 
     def read_file(self, request: Dict[str, Any]) -> Dict[str, Any]:
         return self.client.read_file(

@@ -80,10 +80,14 @@ _BY_CODE = {
 }
 
 
+# `_request`'s default timeout: the client's own (``None`` there means no bound).
+_CLIENT_TIMEOUT: Any = object()
+
+
 class _UnixConnection(http.client.HTTPConnection):
     """``http.client`` over a unix socket: the host name is only the ``Host`` header."""
 
-    def __init__(self, path: str, timeout: float):
+    def __init__(self, path: str, timeout: Optional[float]):
         super().__init__("localhost", timeout=timeout)
         self._path = path
 
@@ -116,7 +120,8 @@ def _lease_ref(trajectory_id: Optional[str], lease_id: Optional[str]) -> Dict[st
 
 
 class PoolClient:
-    """One host's pool. ``timeout`` bounds every request (connect, send and reply)."""
+    """One host's pool. ``timeout`` bounds every request (connect, send and reply) but a
+    command's, whose answer waits for the command (:meth:`run_command`)."""
 
     def __init__(self, socket_path: Optional[str] = None, timeout: float = 30.0):
         self.socket_path = socket_path or socket_from_env()
@@ -129,9 +134,11 @@ class PoolClient:
 
     def _request(
         self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
-        timeout: Optional[float] = None,
+        timeout: Any = _CLIENT_TIMEOUT,
     ) -> Dict[str, Any]:
-        conn = _UnixConnection(self.socket_path, self.timeout if timeout is None else timeout)
+        """One request; ``timeout`` in seconds, ``None`` for none, by default this client's."""
+        conn = _UnixConnection(self.socket_path,
+                               self.timeout if timeout is _CLIENT_TIMEOUT else timeout)
         try:
             payload = None if body is None else json.dumps(body).encode("utf-8")
             headers = {"Accept": "application/json"}
@@ -204,10 +211,14 @@ class PoolClient:
         self, command: Union[str, Sequence[str]], *, trajectory_id: Optional[str] = None,
         lease_id: Optional[str] = None, cwd: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
-        stdin: Optional[str] = None,
+        stdin: Optional[str] = None, reply_timeout: Optional[float] = None,
     ) -> Dict[str, Any]:
-        """``POST /run_command`` in the leased slot's workspace. The HTTP timeout is the
-        command's plus this client's, so a long command is not cut by the transport."""
+        """``POST /run_command`` in the leased slot's workspace. The answer comes when the
+        command ends, so the HTTP timeout is not this client's: it is ``reply_timeout`` when
+        the caller says how long it waits (the cluster manager does), else the command's
+        ``timeout`` plus this client's; with neither, none (the pool runs a command without a
+        timeout up to the launcher's maximum, which this client does not know). So a long
+        command is not cut before its caller gives up and taken for a dead pool."""
         body: Dict[str, Any] = _lease_ref(trajectory_id, lease_id)
         body["command"] = command if isinstance(command, str) else [str(c) for c in command]
         if cwd is not None:
@@ -218,7 +229,12 @@ class PoolClient:
             body["timeout"] = float(timeout)
         if stdin is not None:
             body["stdin"] = stdin
-        http_timeout = None if timeout is None else self.timeout + float(timeout)
+        if reply_timeout is not None:
+            http_timeout: Optional[float] = float(reply_timeout)
+        elif timeout is not None:
+            http_timeout = self.timeout + float(timeout)
+        else:
+            http_timeout = None
         return self._request("POST", "/run_command", body, timeout=http_timeout)
 
     def read_file(
