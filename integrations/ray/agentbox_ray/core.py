@@ -35,13 +35,16 @@ from .pool_client import (
     PoolError,
     PoolRequestError,
     PoolUnavailable,
+    SlotFailed,
     decode_content,
 )
 
 POOL_MODE = "blackbox"
 
-# A node's answer that proves it is healthy even though it refused the call.
-_REFUSALS = (LeaseNotFound, LeaseLost, NoFreeSlot, Draining, PoolRequestError, ValueError)
+# A node's answer that proves it is healthy even though it refused the call (a failed slot
+# included: one slot's launcher or gateway call failed, the pool answered).
+_REFUSALS = (LeaseNotFound, LeaseLost, NoFreeSlot, Draining, SlotFailed, PoolRequestError,
+             ValueError)
 
 
 class NodeClient(Protocol):
@@ -504,10 +507,12 @@ class ClusterManagerCore:
             async with self._lock:
                 rec.reserved -= 1
                 del self._inflight[trajectory_id]
-                if isinstance(err, (NoFreeSlot, Draining, LeaseLost, LeaseNotFound)):
+                if isinstance(err, (NoFreeSlot, Draining, LeaseLost, LeaseNotFound,
+                                    SlotFailed)):
                     # Our cached counts were stale (or the pool still holds a dead lease of
-                    # this trajectory): nothing free there until the next refresh, so the
-                    # retry goes elsewhere or waits instead of spinning on this node.
+                    # this trajectory, or the slot it chose failed): nothing free there until
+                    # the next refresh, so the retry goes elsewhere or waits instead of
+                    # spinning on this node.
                     rec.ready = 0
                     rec.pool_draining = rec.pool_draining or isinstance(err, Draining)
                     rec.last_refresh_ts = 0.0

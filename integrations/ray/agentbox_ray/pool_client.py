@@ -8,9 +8,10 @@ Errors come back as exceptions, split in two families, because the cluster manag
 them differently:
 
 * the pool answered and refused (:class:`LeaseNotFound`, :class:`LeaseLost`,
-  :class:`NoFreeSlot`, :class:`Draining`, :class:`PoolRequestError`): the node is healthy;
-* the pool could not be reached or answered nonsense (:class:`PoolUnavailable`): the node is
-  treated as lost.
+  :class:`NoFreeSlot`, :class:`Draining`, :class:`SlotFailed`, :class:`PoolRequestError`):
+  the node is healthy;
+* the pool could not be reached, answered nonsense, or failed as a whole
+  (:class:`PoolUnavailable`): the node is treated as lost.
 """
 
 from __future__ import annotations
@@ -72,11 +73,18 @@ class Draining(PoolError):
     """409 ``draining``: the pool takes no new leases."""
 
 
+class SlotFailed(PoolError):
+    """502 ``slot_failed``: the launcher or the gateway failed this request for one slot (a
+    command, a file, a port to expose). A 5xx, but the pool answered: the node and its other
+    slots are not lost."""
+
+
 _BY_CODE = {
     "lease_not_found": LeaseNotFound,
     "lease_lost": LeaseLost,
     "no_free_slot": NoFreeSlot,
     "draining": Draining,
+    "slot_failed": SlotFailed,
 }
 
 
@@ -175,7 +183,8 @@ class PoolClient:
         message = f"{code}: {error.get('message', '')}"
         cls = _BY_CODE.get(code)
         if cls is None:
-            # A 5xx we do not know means the pool itself is broken; a 4xx is our request.
+            # Any other 5xx (`internal`, `shutting_down`) means the pool itself is broken or
+            # going away; a 4xx is our request.
             cls = PoolUnavailable if status >= 500 else PoolRequestError
         raise cls(message, code, status)
 
@@ -281,6 +290,6 @@ def decode_content(reply: Mapping[str, Any], encoding: Optional[str]) -> Union[s
 
 __all__: List[str] = [
     "DEFAULT_SOCKET", "SOCKET_ENV", "PoolClient", "PoolError", "PoolUnavailable",
-    "PoolRequestError", "LeaseNotFound", "LeaseLost", "NoFreeSlot", "Draining",
+    "PoolRequestError", "LeaseNotFound", "LeaseLost", "NoFreeSlot", "Draining", "SlotFailed",
     "socket_from_env", "decode_content",
 ]

@@ -218,6 +218,19 @@ def test_a_pool_refusing_an_acquire_is_not_retried_in_a_loop():
     run(body())
 
 
+def test_a_failed_slot_on_acquire_goes_elsewhere_and_keeps_the_node():
+    async def body():
+        from agentbox_ray.pool_client import SlotFailed
+
+        a, b = FakeNode("node-a", 8), FakeNode("node-b", 1)
+        core = await manager(a, b, config=fast_config(status_refresh_s=60))
+        a.acquire_error = SlotFailed("slot_failed: slot 0: cannot listen", "slot_failed", 502)
+        lease = await core.acquire("traj")
+        assert lease["node_id"] == "node-b"
+        assert a.count("acquire") == 1 and core.nodes["node-a"].alive
+    run(body())
+
+
 def test_ttl_expiry_force_releases_with_slot_and_lease_id():
     async def body():
         clock = Clock()

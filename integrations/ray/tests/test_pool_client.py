@@ -23,6 +23,7 @@ from agentbox_ray.pool_client import (
     PoolClient,
     PoolRequestError,
     PoolUnavailable,
+    SlotFailed,
     decode_content,
     socket_from_env,
 )
@@ -113,7 +114,9 @@ def test_routes_and_bodies(pool):
     ("no_free_slot", 503, NoFreeSlot),
     ("draining", 409, Draining),
     ("bad_request", 400, PoolRequestError),
+    ("slot_failed", 502, SlotFailed),
     ("internal", 500, PoolUnavailable),
+    ("shutting_down", 503, PoolUnavailable),
 ])
 def test_errors_are_typed(pool, code, status, cls):
     srv, client = pool
@@ -232,4 +235,24 @@ def test_a_command_without_timeout_outlasting_the_rpc_timeout_is_waited_for(pool
         # With a timeout of its own, the command gets it plus the RPC timeout.
         out = await core.run_command(command="sleep 1", trajectory_id="traj", timeout=0.9)
         assert out["returncode"] == 0 and core.nodes["node-a"].alive
+    asyncio.run(body())
+
+
+def test_a_failed_slot_is_refused_and_its_node_kept(pool):
+    # 502 `slot_failed`: the launcher or the gateway failed one slot's request. The pool
+    # answered, so the node and its other leases are fine; the caller gets the refusal.
+    srv, _ = pool
+    srv.answers["/run_command"] = _err("slot_failed", 502)
+
+    async def body():
+        from agentbox_ray.core import LeaseState
+
+        core = _core_over(srv)
+        await core.refresh(force=True)
+        await core.acquire("traj")
+        with pytest.raises(SlotFailed) as info:
+            await core.run_command(command="true", trajectory_id="traj")
+        assert info.value.code == "slot_failed" and info.value.status == 502
+        assert core.nodes["node-a"].alive
+        assert core.leases["traj"].state is LeaseState.ACTIVE
     asyncio.run(body())
