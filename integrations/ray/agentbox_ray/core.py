@@ -16,6 +16,10 @@ supervisor call of up to 30 s, with no RPC timeout) is avoided here:
   second node call, so a trajectory never holds two slots);
 * health refreshes call every node concurrently, each with a timeout, outside the lock, and
   apply the answers under it; releases and TTL force-releases run as tracked tasks.
+
+A lease the manager lets go of without its pool's word (released while its node was lost, a
+release call that failed, a LOST lease acquired again or past its TTL) is not forgotten: its
+release is *owed* to the node and tried again after each good status of that node.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ import os
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Protocol, Tuple
+from typing import (Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional,
+                    Protocol, Tuple)
 
 from .pool_client import (
     Draining,
@@ -45,6 +50,10 @@ POOL_MODE = "blackbox"
 # included: one slot's launcher or gateway call failed, the pool answered).
 _REFUSALS = (LeaseNotFound, LeaseLost, NoFreeSlot, Draining, SlotFailed, PoolRequestError,
              ValueError)
+
+# How many failed attempts an owed release gets (each after a good status of its node) before
+# it is given up; the pool's own lease TTL is the backstop then.
+MAX_RELEASE_ATTEMPTS = 5
 
 
 class NodeClient(Protocol):
@@ -177,6 +186,22 @@ class LeaseRecord:
 
 
 @dataclass
+class OwedRelease:
+    """A lease the manager no longer holds whose pool has not confirmed its release. Kept per
+    node and tried after each good status of that node, so a pool that was unreachable gets
+    its slot back instead of keeping it leased to nobody. The pool's release is idempotent by
+    lease id (an unknown lease answers ``already_released``), so a repeat is harmless. Bounded:
+    only leases the manager held on that node are owed, and each one is dropped once the pool
+    answers or after :data:`MAX_RELEASE_ATTEMPTS` failures."""
+
+    lease: LeaseRecord
+    reason: str
+    force: bool = False  # a TTL expiry: by slot and lease id, as the reference's force release
+    attempts: int = 0
+    inflight: bool = False
+
+
+@dataclass
 class NodeRecord:
     node_id: str
     node_ip: str
@@ -269,6 +294,8 @@ class ClusterManagerCore:
         self._refreshing: Optional["asyncio.Task[None]"] = None
         self._tasks: "set[asyncio.Task[Any]]" = set()
         self._health_task: Optional["asyncio.Task[None]"] = None
+        # Releases owed to pools: node id -> lease id -> OwedRelease.
+        self._owed: Dict[str, Dict[str, OwedRelease]] = {}
 
     # -- nodes ----------------------------------------------------------------------------
 
@@ -351,6 +378,9 @@ class ClusterManagerCore:
                     self._lose_node(rec, "pool closed")
                     continue
                 self._apply_slot_views(rec, res, started)
+            # The nodes that answered get the releases they are owed.
+            due = self._take_owed(rec.node_id for rec in targets)
+        self._pay_later(due)
 
     def _apply_slot_views(self, rec: NodeRecord, st: Mapping[str, Any], started: float) -> None:
         """Leases whose slot the pool reports LOST, or no longer knows (the pool restarted),
@@ -394,43 +424,106 @@ class ClusterManagerCore:
 
     # -- TTL ------------------------------------------------------------------------------
 
-    def _sweep_ttl(self) -> List[Tuple[NodeRecord, LeaseRecord]]:
-        """Under the lock: drops expired ACTIVE leases; the caller force-releases them."""
+    def _sweep_ttl(self) -> Tuple[int, List[Tuple[NodeRecord, OwedRelease]]]:
+        """Under the lock: drops expired ACTIVE and LOST leases (a LOST one would otherwise
+        stay until its trajectory comes back) and owes their pools a force release. Returns
+        how many expired and the releases to try now (see :meth:`_take_owed`)."""
         if self.config.lease_ttl_s <= 0:
-            return []
+            return 0, []
         now = self.clock()
-        expired = []
+        expired: List[LeaseRecord] = []
         for traj, lease in list(self.leases.items()):
-            if (lease.state is LeaseState.ACTIVE and lease.deadline_ts is not None
-                    and now >= lease.deadline_ts):
+            if (lease.state in (LeaseState.ACTIVE, LeaseState.LOST)
+                    and lease.deadline_ts is not None and now >= lease.deadline_ts):
                 del self.leases[traj]
-                rec = self.nodes.get(lease.node_id)
-                if rec is not None:
-                    expired.append((rec, lease))
-        return expired
-
-    def _force_release_later(self, expired: List[Tuple[NodeRecord, LeaseRecord]]) -> None:
-        for rec, lease in expired:
-            self._spawn(self._force_release(rec, lease))
-
-    async def _force_release(self, rec: NodeRecord, lease: LeaseRecord) -> None:
-        try:
-            await self._call(
-                rec.client.force_release(lease.slot_id, lease.lease_id, "lease_ttl_expired"),
-                self.config.rpc_timeout_s,
-            )
-        except _REFUSALS:
-            pass
-        except Exception as err:  # noqa: BLE001 - any other failure is the node's
-            async with self._lock:
-                self._lose_node(rec, f"force_release: {_describe(err)}")
+                self._owe_release(lease, "lease_ttl_expired", force=True)
+                expired.append(lease)
+        return len(expired), self._take_owed(lease.node_id for lease in expired)
 
     async def reconcile(self) -> Dict[str, Any]:
         """The TTL sweep (expired leases are dropped and force-released)."""
         async with self._lock:
-            expired = self._sweep_ttl()
-        self._force_release_later(expired)
-        return {"expired": len(expired), "leases": self._lease_counts()}
+            expired, due = self._sweep_ttl()
+        self._pay_later(due)
+        return {"expired": expired, "leases": self._lease_counts()}
+
+    # -- releases owed to pools -------------------------------------------------------------
+
+    def _owe_release(self, lease: LeaseRecord, reason: str, force: bool = False) -> None:
+        """Under the lock: ``lease``'s pool is owed its release (once per lease id). A lease
+        without an id (released by trajectory) is not owed: a later release by trajectory
+        could hit a newer lease of it."""
+        if not lease.lease_id or lease.node_id not in self.nodes:
+            return
+        self._owed.setdefault(lease.node_id, {}).setdefault(
+            lease.lease_id, OwedRelease(lease, reason, force))
+
+    def _take_owed(self, node_ids: Iterable[str]) -> List[Tuple[NodeRecord, OwedRelease]]:
+        """Under the lock: the owed releases of those nodes to try now: on alive nodes only,
+        each at most once at a time (marked in flight)."""
+        due: List[Tuple[NodeRecord, OwedRelease]] = []
+        if self.closed:
+            return due
+        for node_id in set(node_ids):
+            rec = self.nodes.get(node_id)
+            if rec is None or not rec.alive:
+                continue
+            for owed in self._owed.get(node_id, {}).values():
+                if not owed.inflight:
+                    owed.inflight = True
+                    due.append((rec, owed))
+        return due
+
+    def _find_owed(self, trajectory_id: Optional[str],
+                   lease_id: Optional[str]) -> Optional[OwedRelease]:
+        for by_lease in self._owed.values():
+            for owed in by_lease.values():
+                if ((trajectory_id is not None and owed.lease.trajectory_id == trajectory_id)
+                        or (lease_id is not None and owed.lease.lease_id == lease_id)):
+                    return owed
+        return None
+
+    def _settle_owed(self, lease: LeaseRecord, owed: Optional[OwedRelease] = None) -> None:
+        """Under the lock: the pool has ``lease`` back (only ``owed``'s entry, if given)."""
+        by_lease = self._owed.get(lease.node_id)
+        if by_lease is None or lease.lease_id not in by_lease:
+            return
+        if owed is not None and by_lease[lease.lease_id] is not owed:
+            return
+        del by_lease[lease.lease_id]
+        if not by_lease:
+            del self._owed[lease.node_id]
+
+    def _pay_later(self, due: List[Tuple[NodeRecord, OwedRelease]]) -> None:
+        for rec, owed in due:
+            self._spawn(self._pay(rec, owed))
+
+    async def _pay(self, rec: NodeRecord, owed: OwedRelease) -> None:
+        """One attempt at an owed release. Any answer settles it (released, already
+        releasing or released, or a refusal: the pool no longer holds the lease); a failure
+        is the node's, as for every release, and counts against the attempts."""
+        lease = owed.lease
+        try:
+            if owed.force:
+                call = rec.client.force_release(lease.slot_id, lease.lease_id, owed.reason)
+            else:
+                call = rec.client.release(lease.lease_id, lease.trajectory_id, owed.reason)
+            await self._call(call, self.config.rpc_timeout_s)
+        except asyncio.CancelledError:
+            owed.inflight = False
+            raise
+        except _REFUSALS:
+            pass
+        except Exception as err:  # noqa: BLE001 - anything else is the node's failure
+            async with self._lock:
+                owed.inflight = False
+                owed.attempts += 1
+                if owed.attempts >= MAX_RELEASE_ATTEMPTS:
+                    self._settle_owed(lease, owed)  # given up: the pool's TTL is the backstop
+                self._lose_node(rec, f"release: {_describe(err)}")
+            return
+        async with self._lock:
+            self._settle_owed(lease, owed)
 
     # -- acquire --------------------------------------------------------------------------
 
@@ -449,17 +542,17 @@ class ClusterManagerCore:
             async with self._lock:
                 if self.closed:
                     raise RuntimeError("agentbox cluster manager is shut down")
-                expired = self._sweep_ttl()
+                _, due = self._sweep_ttl()
                 lease = self.leases.get(trajectory_id)
                 if lease is not None and lease.state is LeaseState.ACTIVE:
-                    self._force_release_later(expired)
+                    self._pay_later(due)
                     return lease.to_dict()
                 if lease is not None and lease.state is LeaseState.LOST:
+                    # Its slot died, or its node is lost: the pool is owed the dead lease,
+                    # now if it answers, else once it does.
                     del self.leases[trajectory_id]
-                    lost_on = self.nodes.get(lease.node_id)
-                    if lost_on is not None and lost_on.alive:
-                        # Its slot died but the pool lives: hand the dead lease back.
-                        self._spawn(self._release_quietly(lost_on, lease, "lease_lost"))
+                    self._owe_release(lease, "lease_lost")
+                    due += self._take_owed([lease.node_id])
                     lease = None
                 inflight = self._inflight.get(trajectory_id)
                 if inflight is not None:
@@ -472,7 +565,7 @@ class ClusterManagerCore:
                             asyncio.get_running_loop().create_future())
                         self._inflight[trajectory_id] = fut
                 # else: RELEASING — wait for the background release to drop it.
-            self._force_release_later(expired)
+            self._pay_later(due)
 
             if wait_for is not None:
                 try:
@@ -532,7 +625,8 @@ class ClusterManagerCore:
                 raise
             return None
 
-        release_back = False
+        release_back = owed_back = False
+        due: List[Tuple[NodeRecord, OwedRelease]] = []
         async with self._lock:
             rec.reserved -= 1
             del self._inflight[trajectory_id]
@@ -552,13 +646,30 @@ class ClusterManagerCore:
             )
             if self.closed or not rec.alive:
                 release_back = True
+                if not self.closed:
+                    self._owe_release(lease, "node_lost")  # paid once the node answers
+            elif lease.lease_id in self._owed.get(rec.node_id, {}):
+                # The pool still held the trajectory's old lease, whose release we owe it, and
+                # answered with it: the release would take it from the caller. Not handed out;
+                # chosen again (not on this node until its next refresh) once it is paid.
+                owed_back = True
+                rec.ready = 0
+                rec.last_refresh_ts = 0.0
+                due = self._take_owed([rec.node_id])
             else:
                 self.leases[trajectory_id] = lease
                 rec.ready = max(0, rec.ready - 1)
                 rec.leased += 1
+        if owed_back:
+            self._pay_later(due)
+            fut.set_exception(RuntimeError(f"lease {lease.lease_id} is being released"))
+            fut.exception()
+            return None
         if release_back:
-            # Shut down or lost while we waited: the slot must not stay leased to nobody.
-            self._spawn(self._release_quietly(rec, lease, "manager_closed"))
+            # Shut down or lost while we waited: the slot must not stay leased to nobody
+            # (a lost node's is owed above; a closed manager tries once).
+            if self.closed:
+                self._spawn(self._release_quietly(rec, lease, "manager_closed"))
             err = RuntimeError("agentbox cluster manager is shut down")
             fut.set_exception(err)
             fut.exception()
@@ -598,11 +709,14 @@ class ClusterManagerCore:
         async with self._lock:
             lease = self._find(trajectory_id, lease_id)
             if lease is None:
+                owed = self._find_owed(trajectory_id, lease_id)
+                if owed is not None:  # let go of, its pool not told yet: on its way back
+                    return {"released": True, "release_queued": True, "already_releasing": True,
+                            "already_released": False, "slot_reusable": False,
+                            **_ids(owed.lease)}
                 return {"released": True, "already_released": True,
                         "trajectory_id": trajectory_id, "lease_id": lease_id}
-            ids = {"trajectory_id": lease.trajectory_id, "lease_id": lease.lease_id,
-                   "slot_id": lease.slot_id, "node_id": lease.node_id,
-                   "node_ip": lease.node_ip}
+            ids = _ids(lease)
             if self.closed:
                 self.leases.pop(lease.trajectory_id, None)
                 return {"released": True, "manager_closed": True, "already_released": False,
@@ -612,7 +726,9 @@ class ClusterManagerCore:
                         "already_released": False, "slot_reusable": False, **ids}
             rec = self.nodes.get(lease.node_id)
             if rec is None or not rec.alive:
+                # The caller is done with it; its pool gets it back once it answers again.
                 self.leases.pop(lease.trajectory_id, None)
+                self._owe_release(lease, reason)
                 return {"released": True, "node_lost": True, "already_released": False,
                         "slot_reusable": False, **ids}
             lease.state = LeaseState.RELEASING
@@ -623,7 +739,8 @@ class ClusterManagerCore:
     async def _background_release(self, rec: NodeRecord, lease: LeaseRecord, reason: str) -> None:
         """Hands the lease back to its pool. The pool answers once the slot is queued for its
         reset and never leases it before the reset is done, so the lease is dropped as soon
-        as the pool has it (no polling for READY, hence no release race)."""
+        as the pool has it (no polling for READY, hence no release race). A failed call loses
+        the node and leaves the release owed to it (the caller has let go of the lease)."""
         try:
             await self._call(rec.client.release(lease.lease_id, lease.trajectory_id, reason),
                              self.config.release_timeout_s)
@@ -633,11 +750,15 @@ class ClusterManagerCore:
             pass  # the pool no longer holds it: released all the same
         except Exception as err:  # noqa: BLE001 - anything else is the node's failure
             async with self._lock:
+                if self.leases.get(lease.trajectory_id) is lease:
+                    del self.leases[lease.trajectory_id]
+                self._owe_release(lease, reason)
                 self._lose_node(rec, f"release: {_describe(err)}")
             return
         async with self._lock:
             if self.leases.get(lease.trajectory_id) is lease:
                 del self.leases[lease.trajectory_id]
+            self._settle_owed(lease)  # owed meanwhile (lost, acquired again): paid all the same
             rec.leased = max(0, rec.leased - 1)
             rec.releasing += 1  # until the next refresh says the slot is READY again
 
@@ -821,8 +942,15 @@ class ClusterManagerCore:
                 rec.ready = rec.leased = rec.releasing = rec.starting = rec.restarting = 0
                 rec.reserved = 0
             self.leases.clear()
+            self._owed.clear()  # closed: nothing is tried again; the pools' TTL is the backstop
         return {"stopped": True, "closed": True, "already_closed": was_closed,
                 "nodes": results}
+
+
+def _ids(lease: LeaseRecord) -> Dict[str, Any]:
+    """The lease's identity in a release reply."""
+    return {"trajectory_id": lease.trajectory_id, "lease_id": lease.lease_id,
+            "slot_id": lease.slot_id, "node_id": lease.node_id, "node_ip": lease.node_ip}
 
 
 def _describe(err: BaseException) -> str:

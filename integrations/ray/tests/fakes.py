@@ -30,6 +30,7 @@ class FakeNode:
         self.release_gate: Optional[asyncio.Event] = None  # held open until set
         self.files: Dict[str, bytes] = {}
         self.acquire_error: Optional[Exception] = None  # raised by every acquire
+        self.release_error: Optional[Exception] = None  # raised by every release
 
     async def _enter(self, name: str, arg: Any = None) -> None:
         self.calls.append((name, arg))
@@ -94,6 +95,8 @@ class FakeNode:
 
     async def release(self, lease_id, trajectory_id, reason):
         await self._enter("release", (lease_id, trajectory_id, reason))
+        if self.release_error is not None:
+            raise self.release_error
         if self.release_gate is not None:
             await self.release_gate.wait()
         return self._release(lease_id)
@@ -109,6 +112,8 @@ class FakeNode:
 
     async def force_release(self, slot_id, lease_id, reason):
         await self._enter("force_release", (slot_id, lease_id, reason))
+        if self.release_error is not None:
+            raise self.release_error
         return self._release(lease_id)
 
     def _slot_of(self, request) -> int:

@@ -288,6 +288,132 @@ def test_node_loss_marks_its_leases_lost_and_acquires_go_elsewhere():
     run(body())
 
 
+def test_a_release_while_the_node_is_lost_is_handed_back_once_it_answers():
+    async def body():
+        a = FakeNode("node-a", 2)
+        core = await manager(a)
+        lease = await core.acquire("traj")
+        a.down = True
+        await core.refresh(force=True)
+        r = await core.release(trajectory_id="traj", reason="paddock_terminate")
+        assert r["released"] and r["node_lost"]
+        # Asked again while it is owed: already on its way back, not forgotten.
+        again = await core.release(lease_id=lease["lease_id"])
+        assert again["already_releasing"] and not again["already_released"]
+        a.down = False
+        await core.refresh(force=True)
+        await settle(core)
+        assert a.calls.count(("release", (lease["lease_id"], "traj", "paddock_terminate"))) == 1
+        assert a.slots[lease["slot_id"]] is None  # the pool has it back
+        # Done once: later refreshes do not release it again.
+        await core.refresh(force=True)
+        await settle(core)
+        assert a.count("release") == 1
+        assert (await core.release(lease_id=lease["lease_id"]))["already_released"]
+    run(body())
+
+
+def test_a_failed_background_release_is_retried_when_the_node_answers():
+    async def body():
+        a = FakeNode("node-a", 1)
+        core = await manager(a)
+        lease = await core.acquire("traj")
+        a.down = True  # not noticed yet: the release is queued, its node call fails
+        assert (await core.release(trajectory_id="traj"))["release_queued"]
+        await settle(core)
+        assert core.nodes["node-a"].alive is False
+        assert "traj" not in core.leases  # the caller let it go; the manager owes it back
+        a.down = False
+        await core.refresh(force=True)
+        await settle(core)
+        assert a.count("release") == 2 and a.slots[lease["slot_id"]] is None
+        a.finish_resets()
+        await core.refresh(force=True)
+        assert (await core.acquire("next"))["slot_id"] == lease["slot_id"]
+    run(body())
+
+
+def test_a_lost_lease_acquired_again_elsewhere_is_handed_back_to_its_node():
+    async def body():
+        a, b = FakeNode("node-a", 2), FakeNode("node-b", 1)
+        core = await manager(a, b)
+        lease = await core.acquire("traj")
+        assert lease["node_id"] == "node-a"
+        a.down = True
+        await core.refresh(force=True)
+        assert (await core.acquire("traj"))["node_id"] == "node-b"
+        a.down = False
+        await core.refresh(force=True)
+        await settle(core)
+        assert ("release", (lease["lease_id"], "traj", "lease_lost")) in a.calls
+        assert a.slots[lease["slot_id"]] is None
+    run(body())
+
+
+def test_lost_leases_expire_with_the_ttl_and_are_handed_back():
+    async def body():
+        clock = Clock()
+        a = FakeNode("node-a", 2)
+        core = await manager(a, config=fast_config(lease_ttl_s=30), clock=clock)
+        lease = await core.acquire("traj")
+        a.down = True
+        await core.refresh(force=True)
+        assert core.leases["traj"].state is LeaseState.LOST
+        clock.now += 31
+        assert (await core.reconcile())["expired"] == 1
+        assert core.leases == {}
+        a.down = False
+        await core.refresh(force=True)
+        await settle(core)
+        assert ("force_release", (lease["slot_id"], lease["lease_id"], "lease_ttl_expired")) \
+            in a.calls
+        assert a.slots[lease["slot_id"]] is None
+    run(body())
+
+
+def test_an_owed_lease_handed_out_again_by_its_pool_is_not_taken():
+    async def body():
+        a = FakeNode("node-a", 2)
+        core = await manager(a)
+        lease = await core.acquire("traj")
+        a.down = True
+        await core.refresh(force=True)
+        await core.release(trajectory_id="traj")  # owed: the pool still holds it
+        a.down = False
+        a.release_gate = asyncio.Event()  # the owed release reaches the pool, not yet done
+        await core.refresh(force=True)
+        # The pool answers an acquire of the trajectory with the lease it still holds, which
+        # the owed release is about to take: the manager must not hand it out.
+        again = asyncio.ensure_future(core.acquire("traj"))
+        await asyncio.sleep(0.05)
+        a.release_gate.set()
+        again = await again
+        await settle(core)
+        assert again["lease_id"] != lease["lease_id"]
+        assert any(s is not None and s[0] == again["lease_id"] for s in a.slots.values())
+    run(body())
+
+
+def test_release_retries_are_bounded():
+    async def body():
+        from agentbox_ray.core import MAX_RELEASE_ATTEMPTS
+        from agentbox_ray.pool_client import PoolUnavailable
+
+        a = FakeNode("node-a", 1)
+        core = await manager(a)
+        lease = await core.acquire("traj")
+        # The pool answers its status but every release fails.
+        a.release_error = PoolUnavailable("release: connection reset")
+        await core.release(trajectory_id="traj")
+        for _ in range(MAX_RELEASE_ATTEMPTS + 3):
+            await core.refresh(force=True)
+            await settle(core)
+        assert a.count("release") == 1 + MAX_RELEASE_ATTEMPTS
+        assert core.nodes["node-a"].alive  # the last refresh brought it back
+        assert (await core.release(lease_id=lease["lease_id"]))["already_released"]
+    run(body())
+
+
 def test_a_hanging_node_times_out_is_lost_and_does_not_block_the_manager():
     async def body():
         a, b = FakeNode("node-a", 8), FakeNode("node-b", 1)
