@@ -373,7 +373,12 @@ impl Gateway {
             if let Some(t) = tasks.get(&tid) {
                 let same = t.model == model_id && bool::from(t.token_sha256.ct_eq(&token_sha256));
                 match (t.state, same) {
-                    (TaskState::Open, true) => return Ok(view(&tid, t, &self.sockets)),
+                    (TaskState::Open, true) if t.serving.is_some() => {
+                        return Ok(view(&tid, t, &self.sockets));
+                    }
+                    // Open in the state but unserved (its socket could not be restored at
+                    // start): opening it again binds it anew.
+                    (TaskState::Open, true) => {}
                     (TaskState::Open, false) => {
                         return Err(ControlError::Conflict(format!(
                             "task {tid} is already open with another model or token"
@@ -391,8 +396,11 @@ impl Gateway {
         }
         // Bind before recording: a refused socket path leaves no task behind.
         let (place, listener) = self.place(&tid, self.sockets.bind(&tid)?)?;
-        {
+        let before = {
             let mut tasks = self.lock();
+            let before = tasks
+                .get(&tid)
+                .map(|t| (t.state, t.token_sha256, t.account.budget));
             let task = tasks.entry(tid.clone()).or_insert_with(|| Task {
                 model: model_id.clone(),
                 token_sha256,
@@ -403,9 +411,15 @@ impl Gateway {
             task.token_sha256 = token_sha256;
             task.account.budget = req.budget;
             task.state = TaskState::Open;
-        }
+            before
+        };
         self.serve(&tid, place, listener);
-        self.persist_now().await?;
+        if let Err(e) = self.persist_now().await {
+            // The caller is told the open failed, so it must not have happened: a task left
+            // served would be billed and restored at every start with nobody to close it.
+            self.undo_open(&tid, before);
+            return Err(e.into());
+        }
         let tasks = self.lock();
         tasks
             .get(&tid)
@@ -438,10 +452,40 @@ impl Gateway {
         if let Some(token) = serving {
             token.cancel();
         }
-        self.sockets.remove(&tid)?;
-        self.persist_now().await?;
+        let removed = self.sockets.remove(&tid);
+        let saved = self.persist_now().await;
+        if saved.is_err() {
+            // Closed in memory: the persister writes it as soon as it can.
+            self.dirty.notify_one();
+        }
+        removed?;
+        saved?;
         tracing::info!(%tid, "task closed");
         self.task(tid.as_str())
+    }
+
+    /// Takes back an open whose state could not be saved: stops serving the socket, removes
+    /// it, and puts the task back as it was (`before`), or forgets it if it was new.
+    fn undo_open(&self, tid: &Tid, before: Option<(TaskState, [u8; 32], Budget)>) {
+        let serving = {
+            let mut tasks = self.lock();
+            match before {
+                None => tasks.remove(tid).and_then(|mut t| t.serving.take()),
+                Some((state, token_sha256, budget)) => tasks.get_mut(tid).and_then(|t| {
+                    t.state = state;
+                    t.token_sha256 = token_sha256;
+                    t.account.budget = budget;
+                    t.serving.take()
+                }),
+            }
+        };
+        if let Some(token) = serving {
+            token.cancel();
+        }
+        if let Err(e) = self.sockets.remove(tid) {
+            tracing::error!(%tid, error = %e, "cannot remove the socket of an open taken back");
+        }
+        tracing::warn!(%tid, "open taken back: the state could not be saved");
     }
 
     /// `GET /status`.
@@ -506,16 +550,22 @@ impl Gateway {
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => break,
-                () = self.dirty.notified() => {
-                    if let Err(e) = self.persist_now().await {
-                        tracing::error!(error = %e, "cannot save gateway state");
-                    }
-                }
+                () = self.dirty.notified() => {}
             }
+            let pause = match self.persist_now().await {
+                Ok(()) => crate::store::SAVE_INTERVAL,
+                Err(e) => {
+                    // Nothing else may come to ask again (the last settlement of a quiet
+                    // task), and the disk is behind memory until a write succeeds.
+                    tracing::error!(error = %e, "cannot save gateway state; retrying");
+                    self.dirty.notify_one();
+                    crate::store::SAVE_RETRY
+                }
+            };
             // Settlements meanwhile leave their permit in `dirty`: the next write has them.
             tokio::select! {
                 () = self.shutdown.cancelled() => break,
-                () = tokio::time::sleep(crate::store::SAVE_INTERVAL) => {}
+                () = tokio::time::sleep(pause) => {}
             }
         }
         self.tracker.close();
@@ -633,5 +683,116 @@ fn view(tid: &Tid, t: &Task, sockets: &SocketsDir) -> TaskView {
             usd: t.account.reserved.usd,
         },
         in_flight: t.account.in_flight,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::sync::atomic::Ordering;
+
+    use agentbox_policy::config::FixedEnv;
+
+    use super::*;
+
+    const TOKEN: &str = "task-token-0123456789abcdef";
+
+    fn gateway(data: &std::path::Path) -> (Arc<Gateway>, CancellationToken) {
+        let env = FixedEnv {
+            vars: [("AGENTBOX_DATA".to_owned(), data.display().to_string())].into(),
+            euid: rustix::process::geteuid().as_raw(),
+        };
+        let config = Config::from_toml_str(
+            "[gateway]\nthreads = 1\n[models.local]\nbackend = \"ollama\"\nupstream_model = \"q\"\n",
+            "test",
+            &env,
+        )
+        .unwrap();
+        let shutdown = CancellationToken::new();
+        let gw =
+            Gateway::new(GatewayOptions::from_config(&config, &env), shutdown.clone()).unwrap();
+        (gw, shutdown)
+    }
+
+    fn open(tid: &str) -> OpenTask {
+        OpenTask {
+            tid: tid.into(),
+            model: "local".into(),
+            token: TOKEN.into(),
+            budget: Budget::default(),
+        }
+    }
+
+    fn saved(data: &std::path::Path) -> Snapshot {
+        Store::open(data).unwrap().1
+    }
+
+    /// An open whose state cannot be saved is answered with an error, so it must not have
+    /// happened: no task served, no socket, nothing to restore.
+    #[tokio::test]
+    async fn an_open_that_cannot_be_saved_is_taken_back() {
+        let d = tempfile::tempdir().unwrap();
+        let (gw, _stop) = gateway(d.path());
+        gw.store.fail_saves.store(1, Ordering::SeqCst);
+        assert!(gw.open_task(open("t1")).await.is_err());
+        assert!(gw.task("t1").is_err(), "the task stayed");
+        assert!(!d.path().join("sockets/t1/llm.sock").exists());
+        // A task opened again after a close keeps its old state when the re-open fails.
+        gw.open_task(open("t2")).await.unwrap();
+        gw.close_task("t2").await.unwrap();
+        gw.store.fail_saves.store(1, Ordering::SeqCst);
+        assert!(gw.open_task(open("t2")).await.is_err());
+        assert_eq!(gw.task("t2").unwrap().state, TaskState::Closed);
+        assert!(!d.path().join("sockets/t2/llm.sock").exists());
+        gw.open_task(open("t2")).await.unwrap();
+        assert_eq!(saved(d.path()).tasks["t2"].state, TaskState::Open);
+    }
+
+    /// A task open in the state whose socket was not restored at start is served again when
+    /// it is opened again, not answered with a socket nothing serves.
+    #[tokio::test]
+    async fn opening_an_unserved_task_again_serves_it() {
+        let d = tempfile::tempdir().unwrap();
+        let (gw, stop) = gateway(d.path());
+        gw.open_task(open("t")).await.unwrap();
+        stop.cancel();
+        drop(gw);
+        // The next gateway on the same data dir, before (or without) its restore.
+        let (gw, _stop) = gateway(d.path());
+        assert!(gw.lock()[&Tid::parse("t").unwrap()].serving.is_none());
+        gw.open_task(open("t")).await.unwrap();
+        assert!(gw.lock()[&Tid::parse("t").unwrap()].serving.is_some());
+        tokio::net::UnixStream::connect(d.path().join("sockets/t/llm.sock"))
+            .await
+            .unwrap();
+    }
+
+    /// A failed write is tried again on its own: a quiet task's last settlement reaches the
+    /// disk without another settlement to ask for it.
+    #[tokio::test]
+    async fn a_failed_save_is_retried() {
+        let d = tempfile::tempdir().unwrap();
+        let (gw, stop) = gateway(d.path());
+        gw.open_task(open("t")).await.unwrap();
+        let persister = tokio::spawn(gw.clone().run_persister());
+        gw.store.fail_saves.store(2, Ordering::SeqCst);
+        let tid = Tid::parse("t").unwrap();
+        let r = Reservation::for_request(10, 10, None);
+        gw.admit(&tid, r).unwrap();
+        let usage = MeteredUsage {
+            input_tokens: 7,
+            output_tokens: 3,
+            ..MeteredUsage::default()
+        };
+        Accounts::settle(&*gw, &tid, r, &usage);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while saved(d.path()).tasks["t"].spent.tokens() != 10 {
+            assert!(std::time::Instant::now() < deadline, "never saved");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(gw.store.fail_saves.load(Ordering::SeqCst), 0);
+        stop.cancel();
+        persister.await.unwrap();
     }
 }

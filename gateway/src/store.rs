@@ -24,7 +24,8 @@
 //! requests in flight at the crash were only reserved, in memory, and are never billed. A task
 //! can overshoot its budget by those, once per crash. Nothing is ever counted twice.
 //! `tests/tests/faults.rs` pins this. Control operations (open, close, budget changes) are
-//! written before they answer, whatever the interval.
+//! written before they answer, whatever the interval; an open whose write fails is taken back.
+//! A failed write is tried again every [`SAVE_RETRY`] until one succeeds.
 //!
 //! Why an interval: a write is an `fdatasync`, and under load settlements come much faster
 //! than a disk wants them; at 50 ms there are at most 20 writes a second, however many
@@ -42,6 +43,10 @@ pub const VERSION: u32 = 1;
 
 /// The shortest time between two writes of the state after settlements: the crash window.
 pub const SAVE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long after a failed write (a full or failing disk) the writer tries again, whether or
+/// not anything settles meanwhile.
+pub const SAVE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What every record's header line starts with.
 pub const MAGIC: &str = "agentbox-gateway-state";
@@ -67,6 +72,9 @@ pub struct Store {
     /// One save (or load) at a time: the slot to write and the sequence number are decided and
     /// advanced under it.
     slots: Arc<Mutex<Slots>>,
+    /// Saves still to fail, for the tests of what a failed save leaves.
+    #[cfg(test)]
+    pub(crate) fail_saves: Arc<std::sync::atomic::AtomicU32>,
 }
 
 #[derive(Debug)]
@@ -231,6 +239,8 @@ impl Store {
                 legacy: false,
             })),
             dir,
+            #[cfg(test)]
+            fail_saves: Arc::default(),
         };
         let snap = store.load()?;
         Ok((store, snap))
@@ -313,6 +323,19 @@ impl Store {
     /// Writes the snapshot as the newest record, into the slot that does not hold the one
     /// before it.
     pub fn save(&self, snap: &Snapshot) -> Result<(), StoreError> {
+        #[cfg(test)]
+        {
+            use std::sync::atomic::Ordering;
+            let fail = self
+                .fail_saves
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+            if fail.is_ok() {
+                return Err(StoreError::Io {
+                    path: self.dir.clone(),
+                    source: std::io::Error::other("a failure the test asked for"),
+                });
+            }
+        }
         // The body is written after room for the header, which goes in front of it once the
         // body's length and checksum are known: the record is one buffer, never copied.
         let mut record = vec![b' '; HEADER_MAX];
