@@ -590,23 +590,41 @@ impl<B: SlotBackend> Pool<B> {
         for i in lost {
             self.begin_release(inner, i, "reacquired")?;
         }
-        let Some(i) = inner
-            .slots
-            .iter()
-            .position(|s| s.state == SlotState::Ready && s.started.is_some())
-        else {
-            return Err(PoolError::NoFreeSlot);
+        // The lowest READY slot whose port can be listened on: one whose port another process
+        // holds is passed over (and says why in its status), never left to refuse every
+        // acquire while other slots sit idle.
+        let mut refused = None;
+        let mut found = None;
+        for i in 0..inner.slots.len() {
+            let slot = &mut inner.slots[i];
+            let Some(started) = slot
+                .started
+                .as_ref()
+                .filter(|_| slot.state == SlotState::Ready)
+            else {
+                continue;
+            };
+            let port = u16::try_from(u32::from(self.opts.port_base) + slot.id)
+                .map_err(|_| PoolError::Internal(format!("slot {} has no port", slot.id)))?;
+            let addr = SocketAddr::new(self.opts.listen_host, port);
+            match self.backend.expose(addr, started) {
+                Ok(forwarder) => {
+                    found = Some((i, port, forwarder));
+                    break;
+                }
+                Err(e) => {
+                    let msg = format!("slot {}: cannot listen on {addr}: {e}", slot.id);
+                    tracing::warn!("{msg}");
+                    slot.last_error = Some(msg.clone());
+                    refused = Some(msg);
+                }
+            }
+        }
+        let Some((i, port, forwarder)) = found else {
+            return Err(refused.map_or(PoolError::NoFreeSlot, PoolError::SlotFailed));
         };
         let slot = &mut inner.slots[i];
-        let port = u16::try_from(u32::from(self.opts.port_base) + slot.id)
-            .map_err(|_| PoolError::Internal(format!("slot {} has no port", slot.id)))?;
-        let Some(started) = slot.started.as_ref() else {
-            return Err(PoolError::NoFreeSlot);
-        };
-        let addr = SocketAddr::new(self.opts.listen_host, port);
-        let forwarder = self.backend.expose(addr, started).map_err(|e| {
-            PoolError::SlotFailed(format!("slot {}: cannot listen on {addr}: {e}", slot.id))
-        })?;
+        slot.last_error = None;
         let acquired_ts = now_ts();
         let lease = Lease {
             lease_id: lease_id(

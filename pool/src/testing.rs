@@ -22,6 +22,8 @@ pub(crate) struct FakeState {
     pub(crate) started: StdMutex<Vec<String>>,
     pub(crate) stopped: StdMutex<Vec<String>>,
     pub(crate) execs: StdMutex<Vec<(String, SlotExecRequest)>>,
+    /// Ports another process holds: exposing a slot on one fails as `bind` would.
+    pub(crate) taken_ports: StdMutex<Vec<u16>>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -108,7 +110,10 @@ impl SlotBackend for Fake {
         })
     }
 
-    fn expose(&self, _addr: SocketAddr, _started: &Started) -> std::io::Result<Forwarder> {
+    fn expose(&self, addr: SocketAddr, _started: &Started) -> std::io::Result<Forwarder> {
+        if self.0.taken_ports.lock().unwrap().contains(&addr.port()) {
+            return Err(std::io::ErrorKind::AddrInUse.into());
+        }
         Ok(Forwarder::inert())
     }
 }

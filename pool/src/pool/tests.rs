@@ -135,6 +135,33 @@ async fn acquire_is_idempotent_and_takes_the_lowest_ready_slot() {
     ));
 }
 
+/// A slot whose port another process holds is passed over: the next READY slot is leased, and
+/// the held one says why in its status.
+#[tokio::test]
+async fn a_slot_whose_port_is_taken_is_passed_over() {
+    let (p, fake) = pool(options(3));
+    *fake.0.taken_ports.lock().unwrap() = vec![31000];
+    all_ready(&p).await;
+    let a = p.acquire(&acq("traj-1")).unwrap();
+    assert_eq!(a.slot_id, 1, "{a:?}");
+    let held = slot_of(&p, 0);
+    assert!(
+        held.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("cannot listen")),
+        "{held:?}"
+    );
+    assert_eq!(p.acquire(&acq("traj-2")).unwrap().slot_id, 2);
+    // Every free slot refused: the refusal says why.
+    assert!(matches!(
+        p.acquire(&acq("traj-3")),
+        Err(PoolError::SlotFailed(_))
+    ));
+    fake.0.taken_ports.lock().unwrap().clear();
+    assert_eq!(p.acquire(&acq("traj-3")).unwrap().slot_id, 0);
+    assert!(slot_of(&p, 0).last_error.is_none());
+}
+
 #[tokio::test]
 async fn no_free_slot_and_drain() {
     let (p, _) = pool(options(1));
