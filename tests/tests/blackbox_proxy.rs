@@ -741,3 +741,34 @@ async fn bad_requests_are_refused_in_the_clients_protocol() {
     assert_eq!(r.json()["type"], "error");
     assert!(upstream_calls(&fake).is_empty());
 }
+
+/// A model call spelled with dot segments is not a model call here, and the router must not
+/// get it as one after the upstream client resolves the path: refused, nothing sent.
+#[tokio::test]
+async fn a_model_call_in_disguise_is_not_forwarded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (fake, proxy) = start(&json!({"fallback": {"text": "ok"}}), &[]);
+    let addr = proxy.base_url().trim_start_matches("http://").to_owned();
+    for path in ["/v1/chat/x/../completions", "/v1/chat/x/%2e%2e/completions"] {
+        let body = chat(false).to_string();
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        let mut got = String::new();
+        s.read_to_string(&mut got).await.unwrap();
+        assert!(got.starts_with("HTTP/1.1 400"), "{path}: {got}");
+    }
+    assert!(
+        fake.requests().unwrap().is_empty(),
+        "reached the router: {:?}",
+        fake.requests().unwrap()
+    );
+}

@@ -505,12 +505,31 @@ fn upstream_failure(
     }
 }
 
+/// Whether `path` reaches the router as it reads: no `.` or `..` segment (percent-encoded
+/// ones included) and no backslash, which the upstream client's URL parser would resolve
+/// (`/v1/chat/x/../completions` becomes `/v1/chat/completions`), turning a request that is
+/// not a model call here into one at the router: untagged, unmetered, past `max_steps` and
+/// the pause.
+fn in_normal_form(path: &str) -> bool {
+    !path.contains('\\')
+        && path.split('/').all(|segment| {
+            let s = segment.to_ascii_lowercase().replace("%2e", ".");
+            s != "." && s != ".."
+        })
+}
+
 /// Anything that is not a model call: forwarded to `{origin}{path}` untagged.
 async fn plain(
     core: &Core,
     parts: &axum::http::request::Parts,
     bytes: Bytes,
 ) -> Result<Response, CallError> {
+    if !in_normal_form(parts.uri.path()) {
+        return Err(CallError::Invalid(format!(
+            "path {} has dot segments or backslashes; send it resolved",
+            parts.uri.path()
+        )));
+    }
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let url = format!("{}{path}", core.settings.origin);
     let headers = headers::upstream_headers(
@@ -544,6 +563,29 @@ async fn plain(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_a_url_parser_would_resolve_are_not_forwarded() {
+        for bad in [
+            "/v1/chat/x/../completions",
+            "/v1/chat/./completions",
+            "/v1/chat/x/%2e%2E/completions",
+            "/v1/chat/x/.%2e/completions",
+            "/v1/chat\\completions",
+            "/..",
+        ] {
+            assert!(!in_normal_form(bad), "{bad}");
+        }
+        for good in [
+            "/v1/models",
+            "/",
+            "/v1/messages/count_tokens",
+            "/a/..b/c",
+            "/a/.well-known",
+        ] {
+            assert!(in_normal_form(good), "{good}");
+        }
+    }
 
     #[test]
     fn model_calls_match_any_prefix_and_only_post() {
