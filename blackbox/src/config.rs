@@ -337,7 +337,7 @@ fn check_seconds(v: f64, positive: bool) -> Result<f64, String> {
         return Err("must not be negative".into());
     }
     // Durations are built from these; keep them within what `Duration` holds.
-    if v > 1e9 {
+    if v > MAX_SECONDS {
         return Err("too large".into());
     }
     Ok(v)
@@ -419,11 +419,16 @@ impl Config {
     }
 }
 
-/// Seconds as a `Duration` (the values were checked finite and non-negative).
+/// Seconds as a `Duration` (the values were checked finite; a negative one is zero).
 #[must_use]
 pub fn secs(v: f64) -> Duration {
-    Duration::try_from_secs_f64(v).unwrap_or(Duration::ZERO)
+    // A request's huge timeout means "as long as it takes", never "at once": capped at
+    // MAX_SECONDS (31 years), which deadlines computed from it (`Instant + Duration`) hold.
+    Duration::try_from_secs_f64(v.min(MAX_SECONDS)).unwrap_or(Duration::ZERO)
 }
+
+/// The longest duration a setting or a request's timeout stands for.
+const MAX_SECONDS: f64 = 1e9;
 
 impl ServerConfig {
     /// `backend_timeout` as a duration.
@@ -553,8 +558,16 @@ impl ServerConfigOverride {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use agentbox_policy::config::FixedEnv;
+
+    use super::*;
+
+    #[test]
+    fn a_huge_timeout_is_long_not_zero() {
+        assert_eq!(secs(1e20), Duration::from_secs(1_000_000_000));
+        assert_eq!(secs(2.5), Duration::from_millis(2500));
+        assert_eq!(secs(-1.0), Duration::ZERO);
+    }
 
     fn env(vars: &[(&str, &str)]) -> FixedEnv {
         FixedEnv {
