@@ -281,9 +281,55 @@ async fn cancel_in_flight(row: &Row) {
     let next = json!({"turn_id": "turn-b", "messages": user("go on")});
     let r = bb.post(&path, &next).await;
     assert_eq!(r.status, 200, "{r}\n{}", bb.diag(&fake));
+    // Only the second turn's answer: nothing the cancelled turn left in the agent's history.
+    let outputs = r.body["outputs"].as_array().unwrap();
+    assert_eq!(outputs.len(), 1, "{r}");
+    assert_eq!(outputs[0]["content"], "after the cancel", "{r}");
+}
+
+/// A turn cancelled after its agent ran a tool: the next turn's outputs are its own, not the
+/// cancelled turn's tool call and result that stay in a long-running agent's history.
+async fn a_cancelled_turns_tools_stay_out_of_the_next_turn(row: &Row) {
+    let (name, input) = (row.bash)("echo first");
+    let script = json!({
+        "rules": [{"match": {"has_tools": false}, "text": "title"}],
+        "steps": [
+            {"match": {"has_tools": true}, "tool_calls": [{"id": "callconfearly", "name": name, "input": input}]},
+            {"match": {"has_tools": true}, "text": "late", "delay_ms": 60_000},
+            {"match": {"has_tools": true}, "text": "after the cancel"}
+        ]
+    });
+    let (fake, bb, _) = setup(row, &script, &[], &Value::Null).await;
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let submit = json!({"turn_id": "turn-a", "mode": "async", "messages": user("run it")});
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
+    wait_for("the second model call never came", &bb, &fake, || {
+        fake.chat_requests()
+            .unwrap()
+            .iter()
+            .filter(|r| r["body"]["tools"].is_array())
+            .count()
+            >= 2
+    })
+    .await;
+    let cancel = bb
+        .post_empty(&format!("/v1/sessions/{SESSION}/turns/turn-a/cancel"))
+        .await;
+    assert_eq!(cancel.status, 200, "{cancel}");
+    let ended = bb.poll_turn(SESSION, "turn-a", 5, settled).await;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    let next = json!({"turn_id": "turn-b", "messages": user("go on")});
+    let r = bb.post(&path, &next).await;
+    assert_eq!(r.status, 200, "{r}\n{}", bb.diag(&fake));
+    let outputs = r.body["outputs"].as_array().unwrap();
+    assert!(
+        !r.body["outputs"].to_string().contains("callconfearly"),
+        "the cancelled turn's tool call is in the next turn's outputs: {r}"
+    );
     assert_eq!(
-        r.body["outputs"].as_array().unwrap().last().unwrap()["content"],
-        "after the cancel"
+        outputs.last().unwrap()["content"],
+        "after the cancel",
+        "{r}"
     );
 }
 
@@ -685,6 +731,10 @@ macro_rules! conformance {
             #[tokio::test]
             async fn cancel_in_flight() {
                 super::cancel_in_flight(&$row).await;
+            }
+            #[tokio::test]
+            async fn a_cancelled_turns_tools_stay_out_of_the_next_turn() {
+                super::a_cancelled_turns_tools_stay_out_of_the_next_turn(&$row).await;
             }
             #[tokio::test]
             async fn abort_stops_the_turn_and_its_tools() {

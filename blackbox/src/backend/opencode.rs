@@ -138,6 +138,9 @@ struct SessionSide {
     /// Messages in that session after the last committed turn: the next turn's outputs start
     /// there.
     msg_count: usize,
+    /// A turn began after `msg_count` was taken and did not commit (cancelled, aborted): the
+    /// session may hold its messages, so the next turn counts them again before it starts.
+    unsettled: bool,
 }
 
 /// Where a started opencode answers.
@@ -370,6 +373,20 @@ impl Opencode {
 
     /// The session's messages from `prev` on, converted; retried once when opencode has not
     /// stored the turn's answer yet.
+    /// How many messages the session holds now.
+    async fn message_count(&self, sid: &str) -> Result<usize, BackendError> {
+        let data = self
+            .call(
+                reqwest::Method::GET,
+                &format!("/session/{sid}/message"),
+                None,
+                None,
+            )
+            .await
+            .map_err(agent::CallError::into_backend)?;
+        Ok(extract_messages(&data.unwrap_or(Value::Null))?.len())
+    }
+
     async fn fetch_outputs(
         &self,
         sid: &str,
@@ -668,7 +685,15 @@ impl Agent for Opencode {
             .first()
             .and_then(|m| m.content.clone())
             .unwrap_or_default();
-        let prev = lock(&self.session).msg_count;
+        if lock(&self.session).unsettled {
+            let count = self.message_count(&sid).await?;
+            lock(&self.session).msg_count = count;
+        }
+        let prev = {
+            let mut side = lock(&self.session);
+            side.unsettled = true;
+            side.msg_count
+        };
         let body = json!({"parts": [{"type": "text", "text": text}], "agent": "build"});
         let answer = self
             .post_turn(&format!("/session/{sid}/message"), &body)
@@ -685,7 +710,11 @@ impl Agent for Opencode {
         agent::proxy_errors(&conn.proxy).await?;
         let (count, outputs, trace_events, usage) =
             self.fetch_outputs(&sid, turn.turn_id, prev).await?;
-        lock(&self.session).msg_count = count;
+        {
+            let mut side = lock(&self.session);
+            side.msg_count = count;
+            side.unsettled = false;
+        }
         Ok(AdapterResponse {
             outputs,
             trace_events,
