@@ -777,3 +777,78 @@ conformance!(opencode, super::OPENCODE);
 conformance!(claude_code, super::CLAUDE_CODE);
 conformance!(codex, super::CODEX);
 conformance!(openclaw, super::OPENCLAW);
+
+/// A tool that leaves a model call running when its agent ends the turn (a detached process
+/// calling the proxy) keeps the turn waiting for that call's count, but a cancel still ends
+/// the turn at once instead of waiting for the call, then committing it.
+#[tokio::test]
+async fn a_detached_model_call_does_not_hold_a_turn_past_its_cancel() {
+    let work = scratch().unwrap();
+    // The call's text ("long-call-7d1f") is in the script, never in the agent's own requests.
+    let caller = work.path().join("caller.py");
+    let cmd = format!(
+        "setsid python3 {} </dev/null >/dev/null 2>&1 &",
+        caller.display()
+    );
+    let (name, input) = (CLAUDE_CODE.bash)(&cmd);
+    let script = json!({
+        "rules": [
+            {"match": {"body_contains": "long-call-7d1f"}, "text": "late", "delay_ms": 60_000},
+            {"match": {"has_tools": false}, "text": "title"}
+        ],
+        "steps": [
+            {"match": {"has_tools": true}, "tool_calls": [{"id": "calldetach", "name": name, "input": input}]},
+            {"match": {"has_tools": true}, "text": "done"}
+        ]
+    });
+    let (fake, bb, reg) = setup(&CLAUDE_CODE, &script, &[], &Value::Null).await;
+    let port = std::fs::read_to_string(format!("{}/run/proxy.port", runtime_dir(&reg))).unwrap();
+    std::fs::write(
+        &caller,
+        format!(
+            "import urllib.request as u\n\
+             body = b'{{\"model\":\"m\",\"messages\":[{{\"role\":\"user\",\"content\":\"long-call-7d1f\"}}]}}'\n\
+             u.urlopen(u.Request('http://127.0.0.1:{}/v1/chat/completions', data=body, \
+             headers={{'content-type': 'application/json'}}), timeout=120).read()\n",
+            port.trim()
+        ),
+    )
+    .unwrap();
+    let path = format!("/v1/sessions/{SESSION}/messages");
+    let submit = json!({"turn_id": "turn-d", "mode": "async", "messages": user("start it")});
+    assert_eq!(bb.post(&path, &submit).await.status, 202);
+    let body_of = |r: &Value| r["body"].to_string();
+    wait_for(
+        "the agent never finished with the call running",
+        &bb,
+        &fake,
+        || {
+            let reqs = fake.chat_requests().unwrap();
+            reqs.iter().any(|r| body_of(r).contains("long-call-7d1f"))
+                && reqs
+                    .iter()
+                    .filter(|r| r["body"]["tools"].is_array())
+                    .count()
+                    >= 2
+        },
+    )
+    .await;
+    // Claude Code has exited (its command line names the runtime dir's settings): the turn
+    // waits only for the detached call now.
+    let runtime = runtime_dir(&reg);
+    wait_for("Claude Code never exited", &bb, &fake, || {
+        processes_with(&runtime).is_empty()
+    })
+    .await;
+    let turn = bb
+        .get(&format!("/v1/sessions/{SESSION}/turns/turn-d"))
+        .await;
+    assert_eq!(turn.body["status"], "inflight", "{turn}");
+    let cancel = bb
+        .post_empty(&format!("/v1/sessions/{SESSION}/turns/turn-d/cancel"))
+        .await;
+    assert_eq!(cancel.status, 200, "{cancel}");
+    // Without the cancel reaching the wait, the turn commits once the call ends (60 s).
+    let ended = bb.poll_turn(SESSION, "turn-d", 5, settled).await;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+}

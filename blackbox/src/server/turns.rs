@@ -333,17 +333,29 @@ impl Server {
                 Some(_) | None => return,
             }
         }
-        let outcome = tokio::select! {
+        let mut outcome = tokio::select! {
             biased;
             () = cancel.cancelled() => None,
             r = self.drive(&bound, &turn_id, &messages, &metadata) => Some(r),
         };
+        // A turn that ran to its end waits for its model calls still in flight (a tool may
+        // have started one that outlives the agent), so its counts are whole; but no longer
+        // than a turn may take, and a cancel still ends it.
+        if matches!(outcome, Some(Ok(_))) {
+            let limit = Some(bound.config.backend_timeout());
+            outcome = tokio::select! {
+                biased;
+                () = cancel.cancelled() => None,
+                drained = bound.proxy.try_drain_turn(limit) => {
+                    if drained { outcome } else { Some(Err(Failure::Timeout)) }
+                }
+            };
+        }
         let committed = matches!(outcome, Some(Ok(_)));
         // Whatever happened, the proxy's scope for this turn closes here.
-        bound
-            .proxy
-            .drain_turn((!committed).then_some(FAILED_DRAIN))
-            .await;
+        if !committed {
+            bound.proxy.drain_turn(Some(FAILED_DRAIN)).await;
+        }
         let counts = bound.proxy.clear_turn().await;
         match outcome {
             None => self.finish_interrupted(&session, &session_id, &turn_id),
