@@ -109,7 +109,8 @@ pub enum LlmError {
     /// as the protocol's request).
     #[error("{0}")]
     InvalidRequest(String),
-    /// No response: connection refused, reset, DNS, TLS, or the body broke while being read.
+    /// No response: connection refused or never made in time, reset, DNS, TLS, or the body broke
+    /// while being read.
     #[error("upstream unreachable: {0}")]
     Unreachable(String),
     /// The upstream did not answer (or stopped sending) in time.
@@ -134,7 +135,8 @@ impl LlmError {
     /// A transport error (no response, or a body that broke), logged with its whole chain.
     pub fn from_transport(e: &reqwest::Error) -> Self {
         let chain = agentbox_http::error_chain(e);
-        if e.is_timeout() {
+        // A connection that timed out was never made: nothing was sent, so nothing was run.
+        if e.is_timeout() && !e.is_connect() {
             tracing::warn!(error = %chain, "upstream timed out");
             LlmError::Timeout
         } else {

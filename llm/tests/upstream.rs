@@ -78,6 +78,39 @@ async fn a_closed_port_is_unreachable_with_502() {
     assert_generic(&e, &url);
 }
 
+/// A connection that never completes (the listener's accept queue is full, so its SYNs are
+/// dropped) is unreachable, not a timeout: nothing was sent, so nothing may be billed (the
+/// gateway refunds `Unreachable` and bills a `Timeout`'s whole reservation).
+#[tokio::test]
+async fn a_connect_that_times_out_is_unreachable() {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Never accepted: these fill the accept queue.
+    let mut queued = Vec::new();
+    for _ in 0..4 {
+        if let Ok(Ok(s)) = tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            queued.push(s);
+        }
+    }
+    let up = Upstream::new(&ClientOptions {
+        connect_timeout: Duration::from_millis(300),
+        ..ClientOptions::default()
+    })
+    .unwrap();
+    let url = format!("http://{addr}/v1/messages");
+    let e = call(&up, &url).await;
+    assert!(matches!(e, LlmError::Unreachable(_)), "{e:?}");
+    assert_eq!(e.reply().status, StatusCode::BAD_GATEWAY);
+    drop((queued, listener));
+}
+
 #[tokio::test]
 async fn an_endless_error_body_is_read_only_up_to_the_cap() {
     let url = server(|mut s| async move {
