@@ -96,6 +96,13 @@ impl BridgeError {
 impl IntoResponse for BridgeError {
     fn into_response(self) -> Response {
         let mut resp = self.reply().into_response(Protocol::Anthropic);
+        // The gateway refunds an error answer unless told the provider may have billed it.
+        if let BridgeError::Llm(e) = &self
+            && e.may_have_run()
+        {
+            resp.headers_mut()
+                .insert(agentbox_llm::RAN_HEADER, HeaderValue::from_static("1"));
+        }
         if resp.status() == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -20,7 +20,9 @@
 //!   head, and billed it. A client that hangs up during such a body does not get there: the
 //!   rest is read in the background and billed as the upstream reported it
 //!   (`agentbox_llm::Answer::read_rest_with`);
-//! - the upstream refused the request (an error status) or could not be reached: nothing;
+//! - the upstream refused the request (an error status) or could not be reached: nothing,
+//!   unless the error says the model may have run it (`agentbox_llm::RAN_HEADER`: the bridge's
+//!   provider timed out or answered garbage), which bills as below;
 //! - an admission dropped after it was sent upstream without any of the above (an upstream
 //!   that timed out, a task cancelled at shutdown): its whole reservation, because the
 //!   upstream may have run the request and nobody saw its usage.

@@ -390,12 +390,16 @@ pub(crate) async fn detached(
 pub(crate) fn settle_failed(admission: Admission, e: &LlmError) {
     match e {
         // Refused, or never reached: providers bill neither.
-        LlmError::Upstream { .. } | LlmError::Unreachable(_) | LlmError::InvalidRequest(_) => {
+        LlmError::Upstream { ran: false, .. }
+        | LlmError::Unreachable(_)
+        | LlmError::InvalidRequest(_) => {
             admission.refund();
         }
-        // It took the request and went silent (or answered garbage): it may have run it, so
-        // the drop bills the whole reservation.
-        LlmError::Timeout | LlmError::InvalidResponse(_) => drop(admission),
+        // It took the request and went silent or answered garbage (here, or behind the bridge,
+        // which says so): it may have run it, so the drop bills the whole reservation.
+        LlmError::Upstream { ran: true, .. } | LlmError::Timeout | LlmError::InvalidResponse(_) => {
+            drop(admission);
+        }
     }
 }
 

@@ -159,9 +159,14 @@ pub fn upstream_url(url: &str) -> Result<reqwest::Url, LlmError> {
 pub async fn error_from_response(resp: reqwest::Response) -> LlmError {
     let status = resp.status();
     let retry_after = resp.headers().get(header::RETRY_AFTER).cloned();
+    let said_ran = resp.headers().contains_key(crate::error::RAN_HEADER);
     // A body that breaks while being read is mapped from what arrived (often nothing).
     let body = read_capped(resp, MAX_ERROR_BODY).await.unwrap_or_default();
-    LlmError::from_upstream(status, retry_after, &body)
+    let mut e = LlmError::from_upstream(status, retry_after, &body);
+    if let LlmError::Upstream { ran, .. } = &mut e {
+        *ran = said_ran;
+    }
+    e
 }
 
 /// Reads a body up to `cap` bytes; the rest is never read (dropping the response closes the

@@ -125,11 +125,18 @@ pub enum LlmError {
         body: Box<ErrorBody>,
         /// `retry-after`, passed through.
         retry_after: Option<HeaderValue>,
+        /// The answer said ([`RAN_HEADER`]) that the model may have run the request before it
+        /// failed: an agentbox bridge whose provider timed out or answered garbage.
+        ran: bool,
     },
     /// The upstream answered 2xx with something that is not a valid response.
     #[error("upstream sent an invalid response: {0}")]
     InvalidResponse(String),
 }
+
+/// The header of an error answer whose request the model may have run (see
+/// [`LlmError::may_have_run`]); its value is `1`.
+pub const RAN_HEADER: &str = "x-agentbox-upstream-ran";
 
 impl LlmError {
     /// A transport error (no response, or a body that broke), logged with its whole chain.
@@ -174,6 +181,19 @@ impl LlmError {
             status: mapped,
             body: Box::new(reply),
             retry_after,
+            ran: false,
+        }
+    }
+
+    /// Whether the model may have run the request, and billed it, though it failed: it timed
+    /// out after the request was sent, answered 2xx with something invalid, or said so
+    /// ([`RAN_HEADER`]). A daemon answering with such an error sends [`RAN_HEADER`], so the
+    /// one in front of it bills as it would (the gateway bills the whole reservation).
+    pub fn may_have_run(&self) -> bool {
+        match self {
+            LlmError::Timeout | LlmError::InvalidResponse(_) => true,
+            LlmError::Upstream { ran, .. } => *ran,
+            LlmError::InvalidRequest(_) | LlmError::Unreachable(_) => false,
         }
     }
 
@@ -199,6 +219,7 @@ impl LlmError {
                 status,
                 body,
                 retry_after,
+                ran: _,
             } => ErrorReply {
                 status: *status,
                 body: (**body).clone(),

@@ -24,5 +24,5 @@ pub mod error;
 pub use adapter::{AnthropicTarget, ChatPassTarget, ChatTarget};
 pub use body::{Answer, ChatToAnthropic, ChatToResponses, LlmBody, StreamTranslator};
 pub use client::{Auth, ClientError, ClientOptions, Parts, Upstream, upstream_url};
-pub use error::{ErrorReply, LlmError, Protocol};
+pub use error::{ErrorReply, LlmError, Protocol, RAN_HEADER};
 pub use reqwest::Url;

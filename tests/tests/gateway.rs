@@ -683,6 +683,31 @@ async fn a_cut_translated_stream_bills_the_gateways_input_estimate() {
     );
 }
 
+/// A provider that answers 200 with something that is not a completion has run the request
+/// and billed it; the bridge answers 502, which the gateway would refund, so it says the
+/// provider may have run it, and the gateway bills the whole reservation as for its own
+/// upstream's garbage.
+#[tokio::test]
+async fn garbage_behind_the_bridge_is_billed_like_garbage_here() {
+    let fake = FakeLlm::scripted(&json!({"fallback": {
+        "error": {"status": 200, "body": {"not": "a completion"}}
+    }}))
+    .unwrap();
+    let bridge = openai_bridge(&fake);
+    let gw = GatewayProcess::start(
+        &config(&fake, Some(&bridge)),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
+    )
+    .unwrap();
+    open(&gw, "junk", "gpt", json!({})).await;
+    let r = send(&gw.task_socket("junk"), &request(false, 1000), Some(TOKEN)).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(fake.requests().unwrap().len(), 1);
+    let view = settled_once(&gw, "junk").await;
+    assert_eq!(view["usage"]["output_tokens"], 1000, "{view}");
+    assert!(view["usage"]["input_tokens"].as_u64().unwrap() > 0, "{view}");
+}
+
 #[tokio::test]
 async fn bad_input_gets_clear_errors_and_creates_nothing() {
     let (fake, gw) = start(&json!({"fallback": {"text": "fine"}}));
