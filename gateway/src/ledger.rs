@@ -64,12 +64,17 @@ impl Spent {
             .saturating_add(u.cache_creation_input_tokens);
         self.requests = self.requests.saturating_add(1);
         if let Some(p) = prices {
+            let hour = u.cache_creation_1h_input_tokens;
             self.cost_usd += p.cost_usd(
                 u.input_tokens,
                 u.output_tokens,
                 u.cache_read_input_tokens,
-                u.cache_creation_input_tokens,
-            );
+                u.cache_creation_input_tokens.saturating_sub(hour),
+            ) + Prices {
+                cache_write_per_mtok: p.cache_write_1h_per_mtok(),
+                ..*p
+            }
+            .cost_usd(0, 0, 0, hour);
         }
     }
 }
@@ -92,7 +97,7 @@ impl Reservation {
             // Input may turn out to be cache writes, the dearest input kind.
             let input_price = p
                 .input_per_mtok
-                .max(p.cache_write_per_mtok)
+                .max(p.cache_write_1h_per_mtok())
                 .max(p.cache_read_per_mtok);
             Prices {
                 input_per_mtok: input_price,
@@ -392,11 +397,39 @@ mod tests {
             ..Account::default()
         };
         let r = Reservation::for_request(1000, 1000, Some(&prices));
-        assert!((r.usd - (1000.0 * 3.75 + 1000.0 * 15.0) / 1e6).abs() < 1e-12);
+        // Input may all be hour-long cache writes, at twice the input price.
+        assert!((r.usd - (1000.0 * 6.0 + 1000.0 * 15.0) / 1e6).abs() < 1e-12);
         a.admit(r).unwrap();
         a.settle(r, &usage(1000, 1000), Some(&prices));
         assert!((a.spent.cost_usd - 0.018).abs() < 1e-12);
         assert!(matches!(a.admit(r), Err(Refusal::Usd { .. })));
+    }
+
+    /// Hour-long cache writes cost twice the input price (five-minute ones 1.25 times): a
+    /// configured five-minute price does not make them cheaper.
+    #[test]
+    fn hour_long_cache_writes_cost_twice_the_input() {
+        let prices = Prices {
+            input_per_mtok: 3.0,
+            output_per_mtok: 15.0,
+            cache_read_per_mtok: 0.3,
+            cache_write_per_mtok: 3.75,
+        };
+        let mut a = Account::default();
+        let r = Reservation::for_request(1, 1, Some(&prices));
+        a.admit(r).unwrap();
+        let u = MeteredUsage {
+            cache_creation_input_tokens: 150_000,
+            cache_creation_1h_input_tokens: 100_000,
+            ..MeteredUsage::default()
+        };
+        a.settle(r, &u, Some(&prices));
+        let want = (50_000.0 * 3.75 + 100_000.0 * 6.0) / 1e6;
+        assert!(
+            (a.spent.cost_usd - want).abs() < 1e-12,
+            "{}",
+            a.spent.cost_usd
+        );
     }
 
     #[test]

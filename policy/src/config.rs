@@ -750,13 +750,19 @@ pub struct Prices {
     /// Cache-read input tokens. Defaults to the input price: a budget may overestimate spend,
     /// never underestimate it.
     pub cache_read_per_mtok: f64,
-    /// Cache-creation input tokens. Defaults to 1.25 × input, Anthropic's highest write price,
-    /// for the same reason.
+    /// Cache-creation input tokens. Defaults to 1.25 × input, Anthropic's price for the default
+    /// five-minute writes; hour-long writes cost more ([`Prices::cache_write_1h_per_mtok`]).
     pub cache_write_per_mtok: f64,
 }
 
 impl Prices {
-    /// The cost in USD of the given token counts.
+    /// Cache-creation tokens written for an hour (`ttl = "1h"`): Anthropic charges twice the
+    /// input price, so at least that, whatever the configured write price.
+    pub fn cache_write_1h_per_mtok(&self) -> f64 {
+        self.cache_write_per_mtok.max(2.0 * self.input_per_mtok)
+    }
+
+    /// The cost in USD of the given token counts (cache writes at the five-minute price).
     pub fn cost_usd(&self, input: u64, output: u64, cache_read: u64, cache_write: u64) -> f64 {
         // Token counts stay far below 2^53, so the float conversion is exact.
         #[allow(clippy::cast_precision_loss)]

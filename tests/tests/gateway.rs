@@ -705,7 +705,10 @@ async fn garbage_behind_the_bridge_is_billed_like_garbage_here() {
     assert_eq!(fake.requests().unwrap().len(), 1);
     let view = settled_once(&gw, "junk").await;
     assert_eq!(view["usage"]["output_tokens"], 1000, "{view}");
-    assert!(view["usage"]["input_tokens"].as_u64().unwrap() > 0, "{view}");
+    assert!(
+        view["usage"]["input_tokens"].as_u64().unwrap() > 0,
+        "{view}"
+    );
 }
 
 #[tokio::test]

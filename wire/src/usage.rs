@@ -36,6 +36,17 @@ pub struct MeteredUsage {
     pub output_tokens: u64,
     pub cache_read_input_tokens: u64,
     pub cache_creation_input_tokens: u64,
+    /// Of `cache_creation_input_tokens`, those written for an hour (`cache_control.ttl =
+    /// "1h"`, reported in `usage.cache_creation.ephemeral_1h_input_tokens`): priced higher.
+    pub cache_creation_1h_input_tokens: u64,
+}
+
+/// `usage.cache_creation.ephemeral_1h_input_tokens`, if the usage has it.
+fn one_hour_writes(extra: &crate::anthropic::Extra) -> Option<u64> {
+    extra
+        .get("cache_creation")?
+        .get("ephemeral_1h_input_tokens")?
+        .as_u64()
 }
 
 impl MeteredUsage {
@@ -60,6 +71,9 @@ impl MeteredUsage {
         self.output_tokens = u.output_tokens;
         self.cache_read_input_tokens = u.cache_read_input_tokens.unwrap_or(0);
         self.cache_creation_input_tokens = u.cache_creation_input_tokens.unwrap_or(0);
+        self.cache_creation_1h_input_tokens = one_hour_writes(&u.extra)
+            .unwrap_or(0)
+            .min(self.cache_creation_input_tokens);
     }
 
     fn apply_delta(&mut self, u: &DeltaUsage) {
@@ -73,6 +87,12 @@ impl MeteredUsage {
         if let Some(n) = u.cache_creation_input_tokens {
             self.cache_creation_input_tokens = n;
         }
+        if let Some(n) = one_hour_writes(&u.extra) {
+            self.cache_creation_1h_input_tokens = n;
+        }
+        self.cache_creation_1h_input_tokens = self
+            .cache_creation_1h_input_tokens
+            .min(self.cache_creation_input_tokens);
     }
 }
 
@@ -530,6 +550,7 @@ impl From<&ChatUsage> for MeteredUsage {
             output_tokens: u.completion_tokens,
             cache_read_input_tokens: cached,
             cache_creation_input_tokens: 0,
+            cache_creation_1h_input_tokens: 0,
         }
     }
 }
@@ -670,12 +691,38 @@ mod tests {
                 input_tokens: 10,
                 output_tokens: 9,
                 cache_read_input_tokens: 100,
-                cache_creation_input_tokens: 3
+                cache_creation_input_tokens: 3,
+                cache_creation_1h_input_tokens: 0,
             }
         );
         assert_eq!(r.usage.total(), 122);
         assert!(r.complete && r.saw_usage);
         assert_eq!(r.stop_reason, Some(StopReason::EndTurn));
+    }
+
+    #[test]
+    fn hour_long_cache_writes_are_metered_apart() {
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_creation_input_tokens\":300,\"cache_creation\":{\"ephemeral_5m_input_tokens\":100,\"ephemeral_1h_input_tokens\":200},\"output_tokens\":1}}}\n\n";
+        let mut m = UsageMeter::event_stream();
+        m.feed(start.as_bytes());
+        let u = m.finish().usage;
+        assert_eq!(
+            (
+                u.cache_creation_input_tokens,
+                u.cache_creation_1h_input_tokens
+            ),
+            (300, 200)
+        );
+        let whole = br#"{"type":"message","usage":{"input_tokens":5,"cache_creation_input_tokens":50,"cache_creation":{"ephemeral_1h_input_tokens":80},"output_tokens":1}}"#;
+        let u = usage_from_json(whole).usage;
+        // Never more hour-long writes than writes.
+        assert_eq!(
+            (
+                u.cache_creation_input_tokens,
+                u.cache_creation_1h_input_tokens
+            ),
+            (50, 50)
+        );
     }
 
     #[test]
@@ -743,7 +790,8 @@ mod billable_tests {
                 input_tokens: 60,
                 output_tokens: 7,
                 cache_read_input_tokens: 40,
-                cache_creation_input_tokens: 0
+                cache_creation_input_tokens: 0,
+                cache_creation_1h_input_tokens: 0,
             }
         );
         assert_eq!(r.usage.total(), 107);
