@@ -13,6 +13,10 @@ use crate::error::{CliError, Daemon};
 /// How long an ordinary request may take (a snapshot of a large repository is one).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How long the launcher's routes that wait (a stop and its hand-back, a backend's start) are
+/// waited for: long enough for a large workspace or a large model, never forever.
+const WAIT_TIMEOUT: Duration = Duration::from_secs(1800);
+
 /// The launcher, the gateway and the pool of one configuration.
 #[derive(Debug, Clone)]
 pub struct Daemons {
@@ -34,7 +38,8 @@ impl Daemons {
                 .with_timeout(Some(REQUEST_TIMEOUT))
         };
         Daemons {
-            launcher: LauncherClient::over(http("launcher.sock")),
+            launcher: LauncherClient::over(http("launcher.sock"))
+                .with_wait_timeout(Some(WAIT_TIMEOUT)),
             gateway: GatewayClient::over(http("gateway.sock")),
             pool: PoolClient::over(http("pool.sock")),
             config,

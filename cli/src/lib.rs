@@ -179,7 +179,7 @@ fn fail(e: &CliError, json: bool) -> ExitCode {
     ExitCode::from(e.exit_code())
 }
 
-/// A token cancelled by the first SIGINT or SIGTERM.
+/// A token cancelled by the first SIGINT or SIGTERM; a second one exits at once (130).
 pub(crate) fn interrupt_token() -> Result<CancellationToken, CliError> {
     use tokio::signal::unix::{SignalKind, signal};
     let io = |e: std::io::Error| CliError::Io {
@@ -196,6 +196,15 @@ pub(crate) fn interrupt_token() -> Result<CancellationToken, CliError> {
             _ = term.recv() => {}
         }
         cancel.cancel();
+        // The handlers stay installed: a second signal would be swallowed while the first
+        // one's clean-up waits (a hand-back of a large workspace). It leaves at once instead;
+        // the launcher finishes the stop on its own.
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("agentbox: interrupted again; leaving without waiting for the clean-up");
+        std::process::exit(130);
     });
     Ok(token)
 }

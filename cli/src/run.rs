@@ -345,6 +345,11 @@ pub async fn run(
     let (status, interrupted) = match watch(d, &tid, opts.poll, started, progress, cancel).await {
         Ok(done) => done,
         Err(e) => {
+            // The run cannot be watched any more (the launcher failed to answer, or someone
+            // else removed it): stop it rather than leave a sandbox nobody delivers.
+            if let Err(stop) = d.launcher.delete_agent(&tid).await {
+                tracing::debug!(error = %stop, "stopping an unwatched run");
+            }
             close_quietly(d, &tid).await;
             return Err(e);
         }

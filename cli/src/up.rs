@@ -142,6 +142,9 @@ fn spawn(spec: &StackSpec, name: &'static str) -> Result<Running, CliError> {
         .env("AGENTBOX_DATA", &spec.config.data_dir)
         .env(&spec.config.bridge.token_env, &spec.token)
         .stdin(std::process::Stdio::null())
+        // A group of its own: the terminal's Ctrl-C reaches the CLI only, which stops the
+        // daemons after its own clean-up (a run's stop needs them running).
+        .process_group(0)
         .kill_on_drop(true);
     if name == "agentbox-launcher" {
         cmd.arg("--service-uid")
