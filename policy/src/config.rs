@@ -1365,7 +1365,9 @@ fn validate_gateway(
     };
     Ok(GatewayConfig {
         ollama_url: http_url(&raw.ollama_url).map_err(|r| invalid("gateway.ollama_url", r))?,
-        bridge_url: http_url(&raw.bridge_url).map_err(|r| invalid("gateway.bridge_url", r))?,
+        bridge_url: http_url(&raw.bridge_url)
+            .and_then(one_address)
+            .map_err(|r| invalid("gateway.bridge_url", r))?,
         max_body_bytes,
         max_connections_per_task,
         max_inflight_body_bytes_per_task: per_task,
@@ -1408,6 +1410,18 @@ fn http_url(s: &str) -> Result<url::Url, String> {
         return Err(format!("{s:?} must not have a query or fragment"));
     }
     Ok(u)
+}
+
+/// A URL whose listener the gateway checks before sending (the bridge's) names one address:
+/// `localhost` names both 127.0.0.1 and ::1, and the check of the family nobody listens on
+/// passes, while the client may connect to whichever a local user binds just after it.
+fn one_address(u: url::Url) -> Result<url::Url, String> {
+    match u.host() {
+        Some(url::Host::Domain(d)) if d.eq_ignore_ascii_case("localhost") => Err(format!(
+            "{u} names both 127.0.0.1 and ::1; give the address the bridge listens on (e.g. http://127.0.0.1:8790)"
+        )),
+        Some(url::Host::Domain(_) | url::Host::Ipv4(_) | url::Host::Ipv6(_)) | None => Ok(u),
+    }
 }
 
 fn env_name(s: &str) -> Result<String, String> {
@@ -1915,6 +1929,10 @@ mod tests {
                     "gateway.ollama_url",
                 ),
                 ("[bridge]\nlisten = \"localhost\"", "bridge.listen"),
+                (
+                    "[gateway]\nbridge_url = \"http://localhost:8790\"",
+                    "gateway.bridge_url",
+                ),
                 ("[bridge]\ntoken_env = \"\"", "bridge.token_env"),
                 ("[bridge]\nbody_timeout_s = 0", "bridge.body_timeout_s"),
                 ("[bridge]\nthreads = 0", "bridge.threads"),
