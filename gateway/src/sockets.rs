@@ -67,7 +67,8 @@ pub struct SocketsDir {
 }
 
 impl SocketsDir {
-    /// Opens (creating if missing, mode 0755) `<data_dir>/sockets`.
+    /// Opens (creating if missing, mode 0711: traversed to a task's socket, never listed, since
+    /// the names are task ids) `<data_dir>/sockets`.
     pub fn open(data_dir: &Path) -> Result<SocketsDir, std::io::Error> {
         let path = data_dir.join("sockets");
         match std::fs::create_dir(&path) {
@@ -76,7 +77,7 @@ impl SocketsDir {
             Err(e) => return Err(e),
         }
         let root = Root::open(&path).map_err(std::io::Error::other)?;
-        fs::fchmod(root_fd_for_chmod(&path)?, Mode::from_raw_mode(0o755))
+        fs::fchmod(root_fd_for_chmod(&path)?, Mode::from_raw_mode(0o711))
             .map_err(std::io::Error::from)?;
         Ok(SocketsDir {
             root,

@@ -6,8 +6,10 @@
 //! binds `run/gateway.sock` there, but cannot unlink or replace root's `launcher.sock`, so it can
 //! never swap it for a link between the launcher's bind and chmod), `state/` root 0711 (the
 //! launcher's own records under it stay root-only; the service user can only reach
-//! `state/gateway/`, its own 0700 directory), `tasks/` and `sockets/` service-owned 0755 (the
-//! service user creates `tasks/<tid>/workspace` and the gateway `sockets/<tid>`),
+//! `state/gateway/`, its own 0700 directory), `tasks/` and `sockets/` service-owned 0711 (the
+//! service user creates `tasks/<tid>/workspace` and the gateway `sockets/<tid>`; bwrap, as the
+//! agent uid, only traverses them; no other user may list them, since a task id is what reaches
+//! a snapshot's history and workspace, `tasks/<tid>` 0711 likewise),
 //! `tasks/<tid>/logs/` root:service-group 0750 with root-owned log files, so the service user can
 //! read output but never swap a log for a link the launcher would then read as root.
 //! `backends/` and `backends/<model>/` root:service-group 0750 with root-owned log files, for the
@@ -239,8 +241,8 @@ impl DataDir {
         dir.ensure_dir("run", 0, service.gid, 0o1770)?;
         dir.ensure_dir("state", 0, 0, 0o711)?;
         dir.ensure_dir("state/gateway", service.uid, service.gid, 0o700)?;
-        dir.ensure_dir("tasks", service.uid, service.gid, 0o755)?;
-        dir.ensure_dir("sockets", service.uid, service.gid, 0o755)?;
+        dir.ensure_dir("tasks", service.uid, service.gid, 0o711)?;
+        dir.ensure_dir("sockets", service.uid, service.gid, 0o711)?;
         dir.ensure_dir("backends", 0, service.gid, 0o750)?;
         dir.ensure_dir("mnt", 0, 0, 0o711)?;
         dir.ensure_dir("slots", 0, service.gid, 0o750)?;
@@ -506,7 +508,7 @@ impl DataDir {
     /// `tasks/<tid>`, created (service-owned) if missing.
     pub fn ensure_task_dir(&self, tid: &Tid) -> Result<Resolved, DataError> {
         let tasks = self.root.resolve_dir(&rel(&["tasks"])?)?;
-        match fs::mkdirat(&tasks, tid.as_str(), Mode::from_raw_mode(0o755)) {
+        match fs::mkdirat(&tasks, tid.as_str(), Mode::from_raw_mode(0o711)) {
             Ok(()) => {
                 let r = self.root.resolve_dir(&rel(&["tasks", tid.as_str()])?)?;
                 let fd = fs::openat(&r, ".", OFlags::PATH | OFlags::CLOEXEC, Mode::empty())
@@ -655,6 +657,18 @@ mod tests {
             (SERVICE.uid, 0o700)
         );
         assert_eq!(meta("tasks").uid(), SERVICE.uid);
+        // Traversed, never listed: their names are task ids, and a task id reaches a
+        // snapshot's history and workspace.
+        for listed_by_none in ["tasks", "sockets"] {
+            assert_eq!(
+                meta(listed_by_none).mode() & 0o7777,
+                0o711,
+                "{listed_by_none}"
+            );
+        }
+        let tid = Tid::parse("t1").unwrap();
+        d.ensure_task_dir(&tid).unwrap();
+        assert_eq!(meta("tasks/t1").mode() & 0o7777, 0o711);
         assert_eq!(d.socket_path(), data.join("run/launcher.sock"));
         // Idempotent.
         DataDir::prepare(&data, SERVICE).unwrap();

@@ -95,7 +95,7 @@ fn install_into_a_root_then_verify() {
     for d in ["tasks", "sockets"] {
         assert_eq!(
             (owner(&data.join(d)), mode(&data.join(d))),
-            ((su, sg), 0o755),
+            ((su, sg), 0o711),
             "{d}"
         );
     }

@@ -294,8 +294,8 @@ impl GatewayProcess {
                 ("run", (0, gid), 0o1770),
                 ("state", (0, 0), 0o711),
                 ("state/gateway", (uid, gid), 0o700),
-                ("tasks", (uid, gid), 0o755),
-                ("sockets", (uid, gid), 0o755),
+                ("tasks", (uid, gid), 0o711),
+                ("sockets", (uid, gid), 0o711),
             ] {
                 let path = data.join(sub);
                 std::fs::create_dir_all(&path).map_err(io)?;
