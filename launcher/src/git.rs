@@ -29,7 +29,7 @@
 use std::ffi::{CString, OsString};
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStringExt;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
@@ -782,9 +782,28 @@ const MAX_SCAN_DEPTH: usize = 1024;
 /// descriptors stay bounded by the depth, not the breadth).
 struct Pending {
     parent: Arc<OwnedFd>,
-    name: CString,
-    rel: PathBuf,
+    place: Arc<Place>,
     depth: usize,
+}
+
+/// A directory's place below the workspace: its parent's place and its own name, so the
+/// directories waiting to be read share their prefixes. Each used to hold its whole path: an
+/// agent's chain of 255 directories of 255-byte names with 100,000 subdirectories at the bottom
+/// made root hold 6.5 GB.
+struct Place {
+    up: Option<Arc<Place>>,
+    name: CString,
+}
+
+/// The path below the workspace of `place` (empty for the workspace itself).
+fn path_of(place: Option<&Arc<Place>>) -> PathBuf {
+    let mut names = Vec::new();
+    let mut cur = place;
+    while let Some(p) = cur {
+        names.push(std::ffi::OsStr::from_bytes(p.name.to_bytes()));
+        cur = p.up.as_ref();
+    }
+    names.iter().rev().collect()
 }
 
 /// The directories below `tasks/<tid>/workspace` (relative, the top excluded) that contain a
@@ -803,26 +822,27 @@ fn nested_repos(task_dir: BorrowedFd<'_>) -> Result<Vec<OsString>, GitError> {
     let dev = dev_of(top.as_fd()).map_err(|e| scan("workspace", e))?;
     let mut found = Vec::new();
     let mut seen = 0_usize;
-    let mut stack: Vec<(OwnedFd, PathBuf, usize)> = vec![(top, PathBuf::new(), 0)];
+    let mut stack: Vec<(OwnedFd, Option<Arc<Place>>, usize)> = vec![(top, None, 0)];
     let mut pending: Vec<Pending> = Vec::new();
     loop {
-        let (dir, rel, depth) = match stack.pop() {
+        let (dir, place, depth) = match stack.pop() {
             Some(d) => d,
             None => match pending.pop() {
                 None => break,
                 Some(p) => {
-                    let shown = p.rel.display().to_string();
-                    let fd = match rustix::fs::openat(&*p.parent, &p.name, flags, Mode::empty()) {
-                        Ok(fd) => fd,
-                        // Replaced by something else since it was listed: not a directory
-                        // any more, nothing of ours to enter.
-                        Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT) => continue,
-                        Err(e) => return Err(scan(&shown, e)),
-                    };
-                    if dev_of(fd.as_fd()).map_err(|e| scan(&shown, e))? != dev {
+                    let shown = || path_of(Some(&p.place)).display().to_string();
+                    let fd =
+                        match rustix::fs::openat(&*p.parent, &p.place.name, flags, Mode::empty()) {
+                            Ok(fd) => fd,
+                            // Replaced by something else since it was listed: not a directory
+                            // any more, nothing of ours to enter.
+                            Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT) => continue,
+                            Err(e) => return Err(scan(&shown(), e)),
+                        };
+                    if dev_of(fd.as_fd()).map_err(|e| scan(&shown(), e))? != dev {
                         continue;
                     }
-                    (fd, p.rel, p.depth)
+                    (fd, Some(p.place), p.depth)
                 }
             },
         };
@@ -844,8 +864,8 @@ fn nested_repos(task_dir: BorrowedFd<'_>) -> Result<Vec<OsString>, GitError> {
                 return Err(GitError::Workspace("too large to collect".to_owned()));
             }
             if name.to_bytes() == b".git" {
-                if !rel.as_os_str().is_empty() {
-                    found.push(rel.clone().into_os_string());
+                if place.is_some() {
+                    found.push(path_of(place.as_ref()).into_os_string());
                     if found.len() > MAX_NESTED_REPOS {
                         return Err(GitError::Workspace(
                             "too many nested repositories".to_owned(),
@@ -870,11 +890,12 @@ fn nested_repos(task_dir: BorrowedFd<'_>) -> Result<Vec<OsString>, GitError> {
                 | FileType::BlockDevice => false,
             };
             if is_dir {
-                let os_name = OsString::from_vec(name.to_bytes().to_vec());
                 pending.push(Pending {
                     parent: Arc::clone(&dir),
-                    name: name.to_owned(),
-                    rel: rel.join(os_name),
+                    place: Arc::new(Place {
+                        up: place.clone(),
+                        name: name.to_owned(),
+                    }),
                     depth: depth + 1,
                 });
             }
