@@ -577,6 +577,14 @@ impl DataDir {
         let Ok(resolved) = self.root.resolve_kind(&r, Kind::File) else {
             return String::new();
         };
+        // The launcher's logs are root's, one name each. `tasks/<tid>` is the service user's:
+        // it could put a `logs/` of its own there, holding a hard link to a file only root
+        // may read (where `fs.protected_hardlinks` is off), which this read would hand it.
+        let id = resolved.identity();
+        if id.uid != 0 || id.nlink != 1 {
+            tracing::warn!(%tid, log = %name, uid = id.uid, nlink = id.nlink, "not reading a log that is not the launcher's");
+            return String::new();
+        }
         let path = format!("/proc/self/fd/{}", resolved.as_fd().as_raw_fd());
         let Ok(fd) = fs::open(
             path.as_str(),
@@ -739,6 +747,15 @@ mod tests {
         std::fs::write(&secret, b"s3cret").unwrap();
         std::fs::remove_file(logs.join("check.stdout")).unwrap();
         symlink(&secret, logs.join("check.stdout")).unwrap();
+        assert_eq!(d.read_log(&tid, LogKind::Check, Stream::Stdout, 100), "");
+        // A hard link to it (where protected_hardlinks would allow one), or a log of another
+        // owner, in a logs/ the service user swapped in: empty too.
+        std::fs::remove_file(logs.join("check.stdout")).unwrap();
+        std::fs::hard_link(&secret, logs.join("check.stdout")).unwrap();
+        assert_eq!(d.read_log(&tid, LogKind::Check, Stream::Stdout, 100), "");
+        std::fs::remove_file(logs.join("check.stdout")).unwrap();
+        std::fs::write(logs.join("check.stdout"), b"theirs").unwrap();
+        std::os::unix::fs::chown(logs.join("check.stdout"), Some(SERVICE.uid), None).unwrap();
         assert_eq!(d.read_log(&tid, LogKind::Check, Stream::Stdout, 100), "");
         d.remove_logs(&tid, LogKind::Check);
         assert!(!logs.exists());
