@@ -66,6 +66,9 @@ pub struct Args {
 ///   git as the repository owner (with their groups).
 /// - `CAP_SYS_ADMIN`: its own mount namespace and the staged bind mounts handed to bwrap.
 /// - `CAP_KILL`: signal and kill sandboxes and backends running as other uids.
+/// - `CAP_SYS_PTRACE`: list what a run's processes hold open (`/proc/<pid>/fd`), so a file
+///   unlinked while open still counts against the run's disk limit
+///   (`agentbox_sandbox::disk::held_unlinked`).
 pub const KEPT_CAPABILITIES: &[Capability] = &[
     Capability::CAP_CHOWN,
     Capability::CAP_FOWNER,
@@ -75,6 +78,7 @@ pub const KEPT_CAPABILITIES: &[Capability] = &[
     Capability::CAP_SETGID,
     Capability::CAP_SYS_ADMIN,
     Capability::CAP_KILL,
+    Capability::CAP_SYS_PTRACE,
 ];
 
 const EX_CONFIG: u8 = 78;

@@ -1081,9 +1081,10 @@ impl Launcher {
             DiskGuard::Quota { .. } => None,
         };
         let walk_limits = self.walk_limits;
+        let procs = cgroup.procs_file();
         let watcher = async move {
             match watched {
-                Some((fd, allowance)) => disk::watch(fd, allowance, walk_limits).await,
+                Some((fd, allowance)) => disk::watch(fd, allowance, walk_limits, Some(procs)).await,
                 None => std::future::pending().await,
             }
         };

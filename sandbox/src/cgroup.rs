@@ -465,6 +465,11 @@ impl TaskCgroup {
         self.dirs.all().into_iter().map(|d| d.join(file)).collect()
     }
 
+    /// The `cgroup.procs` file listing every process in the cgroup.
+    pub fn procs_file(&self) -> PathBuf {
+        self.dirs.members().join("cgroup.procs")
+    }
+
     /// The pids currently in the cgroup.
     pub fn pids(&self) -> Result<Vec<i32>, CgroupError> {
         let path = self.dirs.members().join("cgroup.procs");

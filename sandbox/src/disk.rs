@@ -24,6 +24,11 @@
 //!   walk takes, so a big tree is walked less often, never more than about a tenth of one
 //!   core.
 //!
+//! A file the run unlinks while it holds it open is in no tree but still takes disk (and so
+//! does an `O_TMPFILE`): given the run's `cgroup.procs`, the watcher also counts every file its
+//! processes hold open on the tree's filesystem with no name left ([`held_unlinked`], through
+//! `/proc/<pid>/fd`), each inode once.
+//!
 //! The overshoot of the watcher is what the run writes within one pause; the caller also caps
 //! each file with `RLIMIT_FSIZE` at the limit, so no single write outruns it by more.
 //!
@@ -32,6 +37,7 @@
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -490,13 +496,32 @@ pub struct Exceeded {
 /// The first walk comes after [`MIN_PAUSE`], not at once: the caller has just measured the
 /// tree (the launcher's hand-over walk) and set `limit` at or above what it found, and a walk
 /// at once would take CPU from the sandbox's start for nothing.
-pub async fn watch(top: OwnedFd, limit: u64, limits: WalkLimits) -> Exceeded {
+///
+/// With `procs` (the run's `cgroup.procs`), the files its processes hold open on the tree's
+/// filesystem after unlinking them count too ([`held_unlinked`]).
+pub async fn watch(
+    top: OwnedFd,
+    limit: u64,
+    limits: WalkLimits,
+    procs: Option<PathBuf>,
+) -> Exceeded {
     let top = Arc::new(top);
+    let procs = procs.map(Arc::new);
     loop {
         tokio::time::sleep(MIN_PAUSE).await;
         let started = Instant::now();
         let fd = Arc::clone(&top);
-        let measured = tokio::task::spawn_blocking(move || measure(fd.as_fd(), limits)).await;
+        let procs = procs.clone();
+        let measured = tokio::task::spawn_blocking(move || {
+            let mut usage = measure(fd.as_fd(), limits)?;
+            if let Some(procs) = procs
+                && let Ok(dev) = dev_of(fd.as_fd())
+            {
+                usage.bytes = usage.bytes.saturating_add(held_unlinked(&procs, dev));
+            }
+            Ok::<_, WalkError>(usage)
+        })
+        .await;
         let took = started.elapsed();
         match measured {
             Ok(Ok(usage)) => {
@@ -512,6 +537,41 @@ pub async fn watch(top: OwnedFd, limit: u64, limits: WalkLimits) -> Exceeded {
     }
 }
 
+/// The device of an open file.
+fn dev_of(fd: BorrowedFd<'_>) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let file = std::fs::File::from(fd.try_clone_to_owned()?);
+    Ok(file.metadata()?.dev())
+}
+
+/// The bytes allocated to files on device `dev` that the processes listed in `procs` (a
+/// `cgroup.procs` file) hold open with no name left (unlinked, or `O_TMPFILE`), each inode once.
+/// Reading another uid's `/proc/<pid>/fd` takes `CAP_SYS_PTRACE`; a process that has exited
+/// meanwhile, or one that cannot be read, counts nothing.
+pub fn held_unlinked(procs: &Path, dev: u64) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(list) = std::fs::read_to_string(procs) else {
+        return 0;
+    };
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut bytes: u64 = 0;
+    for pid in list.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for entry in fds.flatten() {
+            // `stat` of the fd's link is the open file's: no open, no path resolved.
+            let Ok(m) = std::fs::metadata(entry.path()) else {
+                continue;
+            };
+            if m.nlink() == 0 && m.dev() == dev && m.file_type().is_file() && seen.insert(m.ino()) {
+                bytes = bytes.saturating_add(m.blocks().saturating_mul(512));
+            }
+        }
+    }
+    bytes
+}
+
 /// The pause after a walk that took `took`.
 pub fn pause_after(took: Duration) -> Duration {
     took.saturating_mul(PAUSE_FACTOR)
@@ -523,6 +583,32 @@ mod tests {
     use super::*;
     use crate::walk::tests::{nest, open_dir};
     use std::io::{Seek, SeekFrom, Write};
+
+    /// A file this process holds open after unlinking it counts once, whatever number of
+    /// descriptors hold it; one with a name does not (the walk counts it).
+    #[test]
+    fn files_held_without_a_name_are_counted_once() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let procs = tmp.path().join("cgroup.procs");
+        std::fs::write(&procs, format!("{}\n", std::process::id())).unwrap();
+        let named = tmp.path().join("named");
+        let mut kept = std::fs::File::create(&named).unwrap();
+        kept.write_all(&vec![1u8; 1 << 20]).unwrap();
+        let dev = std::fs::metadata(tmp.path()).unwrap().dev();
+        let before = held_unlinked(&procs, dev);
+        let gone = tmp.path().join("gone");
+        let mut held = std::fs::File::create(&gone).unwrap();
+        held.write_all(&vec![1u8; 4 << 20]).unwrap();
+        held.sync_all().unwrap();
+        let again = std::fs::OpenOptions::new().read(true).open(&gone).unwrap();
+        std::fs::remove_file(&gone).unwrap();
+        let now = held_unlinked(&procs, dev);
+        assert!(now - before >= 4 << 20, "{before} -> {now}");
+        assert!(now - before < 5 << 20, "counted twice: {before} -> {now}");
+        drop((held, again, kept));
+        assert_eq!(held_unlinked(&procs, dev), before);
+    }
 
     #[test]
     fn abi_sizes_match_the_kernel_headers() {

@@ -798,7 +798,8 @@ async fn a_detached_model_call_does_not_hold_a_turn_past_its_cancel() {
         ],
         "steps": [
             {"match": {"has_tools": true}, "tool_calls": [{"id": "calldetach", "name": name, "input": input}]},
-            {"match": {"has_tools": true}, "text": "done"}
+            // Late enough for the detached call to be under way when the agent ends.
+            {"match": {"has_tools": true}, "text": "done", "delay_ms": 5000}
         ]
     });
     let (fake, bb, reg) = setup(&CLAUDE_CODE, &script, &[], &Value::Null).await;

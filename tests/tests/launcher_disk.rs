@@ -160,3 +160,27 @@ fn the_final_verdict_counts_what_the_run_left_once() {
     let ws = l.data.join("tasks/disk7/workspace");
     assert!(ws.join("b").exists() != ws.join("c").exists(), "{v}");
 }
+
+/// Files unlinked while held open are in no tree the watcher walks but still take disk: 56 MiB
+/// in seven of them, held for 30 s. They count against the limit (or, under a quota, their
+/// writes fail), so the run cannot fill the data dir's filesystem through them.
+#[test]
+fn files_unlinked_while_open_count_against_the_limit() {
+    const HOLD: &str = "for i in 3 4 5 6 7 8 9; do eval \"exec $i>held-$i\"; rm held-$i; \
+        head -c 8388608 /dev/zero >&$i || exit 9; done; sleep 30; echo held-everything";
+    let l = launcher();
+    let v = l.probe("disk-held", HOLD);
+    let mode = l.get("/status").body["disk"]["mode"].clone();
+    if mode == "watcher" {
+        assert_eq!(v["disk_exceeded"], true, "{v}\n{}", l.stderr());
+    } else {
+        assert_eq!(v["exit_code"], 9, "the quota made a write fail: {v}");
+    }
+    assert!(
+        !v["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .contains("held-everything"),
+        "{v}"
+    );
+}

@@ -24,6 +24,7 @@ const KEPT: &[(u32, &str)] = &[
     (5, "CAP_KILL"),
     (6, "CAP_SETGID"),
     (7, "CAP_SETUID"),
+    (19, "CAP_SYS_PTRACE"),
     (21, "CAP_SYS_ADMIN"),
 ];
 

@@ -714,9 +714,10 @@ impl Launcher {
             .saturating_add(self.output_cap().saturating_mul(4));
         let watched = info.dirs.dir.try_clone();
         let walk_limits = self.walk_limits;
+        let procs = cgroup.procs_file();
         let watcher = async move {
             match watched {
-                Ok(fd) => disk::watch(fd, allowance, walk_limits).await,
+                Ok(fd) => disk::watch(fd, allowance, walk_limits, Some(procs)).await,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot watch a slot's disk");
                     std::future::pending().await
