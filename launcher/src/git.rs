@@ -733,6 +733,25 @@ pub async fn collect(
             .run(&task.dir, &env, &refs(&os(&["write-tree"])))
             .await?;
         let tree = String::from_utf8_lossy(&tree).trim().to_owned();
+        // An agent that changed nothing leaves the snapshot itself, not an empty commit on
+        // it, so nothing looks delivered that was not done.
+        let base_tree = git
+            .rev_parse(&task.shadow, &format!("{base}^{{tree}}"))
+            .await?;
+        if base_tree.as_deref() == Some(tree.as_str()) {
+            git.run(
+                &task.dir,
+                &env,
+                &refs(&os(&[
+                    "update-ref",
+                    "--end-of-options",
+                    &AgentBranch::for_tid(tid).refname(),
+                    &base,
+                ])),
+            )
+            .await?;
+            return Ok(base.clone());
+        }
         let message = format!("agentbox: work of agent {tid}");
         let commit = git
             .run(

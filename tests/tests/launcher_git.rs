@@ -303,6 +303,27 @@ fn snapshot_collect_deliver_delete_without_running_anything() {
     assert_nothing_ran(&sentinel);
 }
 
+/// An agent that changes nothing leaves the snapshot itself as its result, not an empty
+/// commit on it: nothing looks done that was not.
+#[test]
+fn a_run_that_changed_nothing_leaves_the_snapshot() {
+    let (l, _sentinel, repo) = hostile_launcher();
+    let head = git(&repo, &["rev-parse", "HEAD"]);
+    let r = l.post("/repo/snapshot", &json!({"tid": "g0", "path": repo}));
+    assert_eq!(r.status, 200, "{}\n{}", r.raw, l.stderr());
+    let _gw = l.gateway_socket("g0");
+    let r = l.post(
+        "/agents",
+        &json!({"tid": "g0", "model": "m1", "cmd": ["claude", "cat /workspace/README"], "timeout_s": 120}),
+    );
+    assert_eq!(r.status, 201, "{}", r.raw);
+    let v = l.get("/agents/g0?wait=1").body;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(v["result_commit"], head, "{v}");
+    let shadow = l.data.join("tasks/g0/shadow.git");
+    assert_eq!(git(&shadow, &["rev-parse", "refs/heads/agent/g0"]), head);
+}
+
 #[test]
 fn snapshot_refusals() {
     let (l, sentinel, repo) = hostile_launcher();
