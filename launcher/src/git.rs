@@ -738,37 +738,27 @@ pub async fn collect(
         let base_tree = git
             .rev_parse(&task.shadow, &format!("{base}^{{tree}}"))
             .await?;
-        if base_tree.as_deref() == Some(tree.as_str()) {
-            git.run(
-                &task.dir,
-                &env,
-                &refs(&os(&[
-                    "update-ref",
-                    "--end-of-options",
-                    &AgentBranch::for_tid(tid).refname(),
-                    &base,
-                ])),
-            )
-            .await?;
-            return Ok(base.clone());
-        }
-        let message = format!("agentbox: work of agent {tid}");
-        let commit = git
-            .run(
-                &task.dir,
-                &env,
-                &refs(&os(&[
-                    "commit-tree",
-                    "-p",
-                    &base,
-                    "-m",
-                    &message,
-                    "--end-of-options",
-                    &tree,
-                ])),
-            )
-            .await?;
-        let commit = String::from_utf8_lossy(&commit).trim().to_owned();
+        let commit = if base_tree.as_deref() == Some(tree.as_str()) {
+            base.clone()
+        } else {
+            let message = format!("agentbox: work of agent {tid}");
+            let commit = git
+                .run(
+                    &task.dir,
+                    &env,
+                    &refs(&os(&[
+                        "commit-tree",
+                        "-p",
+                        &base,
+                        "-m",
+                        &message,
+                        "--end-of-options",
+                        &tree,
+                    ])),
+                )
+                .await?;
+            String::from_utf8_lossy(&commit).trim().to_owned()
+        };
         let branch = AgentBranch::for_tid(tid);
         git.run(
             &task.dir,

@@ -65,6 +65,17 @@ fn openai_bridge(fake: &FakeLlm) -> BridgeProcess {
     .unwrap()
 }
 
+/// A gateway whose remote `gpt` goes through a bridge to `fake` (keep both alive).
+fn through_bridge(fake: &FakeLlm) -> (BridgeProcess, GatewayProcess) {
+    let bridge = openai_bridge(fake);
+    let gw = GatewayProcess::start(
+        &config(fake, Some(&bridge)),
+        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
+    )
+    .unwrap();
+    (bridge, gw)
+}
+
 /// A fakellm playing `script` and a gateway in front of it (keep both alive).
 fn start(script: &Value) -> (FakeLlm, GatewayProcess) {
     let fake = FakeLlm::scripted(script).unwrap();
@@ -284,12 +295,7 @@ async fn remote_models_go_through_the_bridge_with_the_bridge_token() {
     let fake = FakeLlm::scripted(&json!({"steps": [
         {"text": "via bridge", "usage": {"input_tokens": 40, "output_tokens": 4, "cache_read_input_tokens": 10}}
     ]})).unwrap();
-    let bridge = openai_bridge(&fake);
-    let gw = GatewayProcess::start(
-        &config(&fake, Some(&bridge)),
-        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
-    )
-    .unwrap();
+    let (_bridge, gw) = through_bridge(&fake);
     open(&gw, "rb", "gpt", json!({})).await;
     let r = send(&gw.task_socket("rb"), &request(true, 500), Some(TOKEN)).await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -660,12 +666,7 @@ async fn a_cut_translated_stream_bills_the_gateways_input_estimate() {
         "text": long, "usage": {"input_tokens": 9000, "output_tokens": 400}, "event_delay_ms": 20
     }}))
     .unwrap();
-    let bridge = openai_bridge(&fake);
-    let gw = GatewayProcess::start(
-        &config(&fake, Some(&bridge)),
-        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
-    )
-    .unwrap();
+    let (_bridge, gw) = through_bridge(&fake);
     open(&gw, "cjk", "gpt", json!({})).await;
     let mut body = request(true, 1000);
     body["messages"][0]["content"] = json!("\u{6f22}".repeat(3000));
@@ -693,12 +694,7 @@ async fn garbage_behind_the_bridge_is_billed_like_garbage_here() {
         "error": {"status": 200, "body": {"not": "a completion"}}
     }}))
     .unwrap();
-    let bridge = openai_bridge(&fake);
-    let gw = GatewayProcess::start(
-        &config(&fake, Some(&bridge)),
-        &[("AGENTBOX_BRIDGE_TOKEN", BRIDGE_TOKEN)],
-    )
-    .unwrap();
+    let (_bridge, gw) = through_bridge(&fake);
     open(&gw, "junk", "gpt", json!({})).await;
     let r = send(&gw.task_socket("junk"), &request(false, 1000), Some(TOKEN)).await;
     assert_eq!(r.status, 502, "{}", r.text());
