@@ -1084,7 +1084,7 @@ impl Launcher {
         let procs = cgroup.procs_file();
         let watcher = async move {
             match watched {
-                Some((fd, allowance)) => disk::watch(fd, allowance, walk_limits, Some(procs)).await,
+                Some((fd, allowance)) => disk::watch(fd, allowance, walk_limits, vec![procs]).await,
                 None => std::future::pending().await,
             }
         };

@@ -302,6 +302,11 @@ impl Cgroups {
         }
     }
 
+    /// The `cgroup.procs` file task `name`'s cgroup has (or will have) when created here.
+    pub fn procs_file_of(&self, name: &str) -> PathBuf {
+        self.task_dirs(name).members().join("cgroup.procs")
+    }
+
     fn task_dirs(&self, name: &str) -> TaskDirs {
         match &self.hierarchy {
             Hierarchy::V1(dirs) => TaskDirs::V1(dirs.join(name)),

@@ -714,10 +714,15 @@ impl Launcher {
             .saturating_add(self.output_cap().saturating_mul(4));
         let watched = info.dirs.dir.try_clone();
         let walk_limits = self.walk_limits;
-        let procs = cgroup.procs_file();
+        // The server's processes, and those of the slot's commands (`exec`: a cgroup of their
+        // own while one runs).
+        let mut procs = vec![cgroup.procs_file()];
+        if let Ok(cgroups) = self.ready_cgroups() {
+            procs.push(cgroups.procs_file_of(&format!("{tid}.exec")));
+        }
         let watcher = async move {
             match watched {
-                Ok(fd) => disk::watch(fd, allowance, walk_limits, Some(procs)).await,
+                Ok(fd) => disk::watch(fd, allowance, walk_limits, procs).await,
                 Err(e) => {
                     tracing::error!(error = %e, "cannot watch a slot's disk");
                     std::future::pending().await
