@@ -204,6 +204,7 @@ pub(crate) fn interrupt_token() -> Result<CancellationToken, CliError> {
             _ = term.recv() => {}
         }
         eprintln!("agentbox: interrupted again; leaving without waiting for the clean-up");
+        crate::up::terminate_started();
         std::process::exit(130);
     });
     Ok(token)

@@ -346,8 +346,11 @@ pub async fn run(
         Ok(done) => done,
         Err(e) => {
             // The run cannot be watched any more (the launcher failed to answer, or someone
-            // else removed it): stop it rather than leave a sandbox nobody delivers.
-            if let Err(stop) = d.launcher.delete_agent(&tid).await {
+            // else removed it): stop it rather than leave a sandbox nobody delivers. After a
+            // Ctrl-C the watch's own stop was that attempt.
+            if !cancel.is_cancelled()
+                && let Err(stop) = d.launcher.delete_agent(&tid).await
+            {
                 tracing::debug!(error = %stop, "stopping an unwatched run");
             }
             close_quietly(d, &tid).await;

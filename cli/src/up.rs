@@ -168,7 +168,32 @@ fn spawn(spec: &StackSpec, name: &'static str) -> Result<Running, CliError> {
     let child = cmd
         .spawn()
         .map_err(io(format!("starting {}", bin.display())))?;
+    if let Some(pid) = child.id() {
+        started().push(pid);
+    }
     Ok(Running { name, child })
+}
+
+/// The daemons started and not yet stopped: a second Ctrl-C exits at once, past every
+/// destructor (`kill_on_drop` included), and their own process groups keep the terminal's
+/// signal from them, so [`terminate_started`] stops them first.
+fn started() -> std::sync::MutexGuard<'static, Vec<u32>> {
+    static STARTED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+    STARTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// SIGTERM to every daemon started and not yet stopped (each stops what it runs).
+pub(crate) fn terminate_started() {
+    for pid in started().drain(..) {
+        if let Some(pid) = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
 }
 
 /// Runs the three daemons until interrupted; see the module docs.
@@ -294,11 +319,13 @@ async fn stop_all(running: &mut [Running]) {
         }
     }
     for r in running.iter_mut() {
+        let pid = r.child.id();
         if tokio::time::timeout(STOP_GRACE, r.child.wait())
             .await
             .is_err()
         {
             let _ = r.child.kill().await;
         }
+        started().retain(|p| Some(*p) != pid);
     }
 }

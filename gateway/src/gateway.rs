@@ -485,6 +485,8 @@ impl Gateway {
         if let Err(e) = self.sockets.remove(tid) {
             tracing::error!(%tid, error = %e, "cannot remove the socket of an open taken back");
         }
+        // The writer may have saved the open meanwhile: the state taken back is written too.
+        self.dirty.notify_one();
         tracing::warn!(%tid, "open taken back: the state could not be saved");
     }
 

@@ -204,9 +204,9 @@ impl LoopbackGuard {
         if self.lock().get(&addr).is_some_and(fresh) {
             return Ok(());
         }
+        // No pass for a family nobody listens on: the client may connect to whichever a local
+        // user binds just after the check (the config refuses `localhost` where it is checked).
         match check_owner(addr, self.expected) {
-            // `localhost` names both families; the one nobody listens on is no threat.
-            Err(LoopbackError::NoListener { .. }) if addr.is_ipv6() => Ok(()),
             Ok(()) => {
                 self.lock().insert(addr, Instant::now());
                 Ok(())

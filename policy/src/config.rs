@@ -1412,15 +1412,16 @@ fn http_url(s: &str) -> Result<url::Url, String> {
     Ok(u)
 }
 
-/// A URL whose listener the gateway checks before sending (the bridge's) names one address:
-/// `localhost` names both 127.0.0.1 and ::1, and the check of the family nobody listens on
-/// passes, while the client may connect to whichever a local user binds just after it.
+/// A URL whose listener the gateway checks before sending (the bridge's) is an IP address: a
+/// name may resolve to loopback addresses the check does not know (`localhost` names both
+/// 127.0.0.1 and ::1, and so may `localhost.` or an `/etc/hosts` alias), and the client may
+/// connect to whichever a local user binds.
 fn one_address(u: url::Url) -> Result<url::Url, String> {
     match u.host() {
-        Some(url::Host::Domain(d)) if d.eq_ignore_ascii_case("localhost") => Err(format!(
-            "{u} names both 127.0.0.1 and ::1; give the address the bridge listens on (e.g. http://127.0.0.1:8790)"
+        Some(url::Host::Ipv4(_) | url::Host::Ipv6(_)) => Ok(u),
+        Some(url::Host::Domain(_)) | None => Err(format!(
+            "{u} must name the bridge by its IP address (e.g. http://127.0.0.1:8790), not a name"
         )),
-        Some(url::Host::Domain(_) | url::Host::Ipv4(_) | url::Host::Ipv6(_)) | None => Ok(u),
     }
 }
 
@@ -1931,6 +1932,10 @@ mod tests {
                 ("[bridge]\nlisten = \"localhost\"", "bridge.listen"),
                 (
                     "[gateway]\nbridge_url = \"http://localhost:8790\"",
+                    "gateway.bridge_url",
+                ),
+                (
+                    "[gateway]\nbridge_url = \"http://localhost.:8790\"",
                     "gateway.bridge_url",
                 ),
                 ("[bridge]\ntoken_env = \"\"", "bridge.token_env"),

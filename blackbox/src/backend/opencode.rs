@@ -371,8 +371,6 @@ impl Opencode {
         }
     }
 
-    /// The session's messages from `prev` on, converted; retried once when opencode has not
-    /// stored the turn's answer yet.
     /// How many messages the session holds now.
     async fn message_count(&self, sid: &str) -> Result<usize, BackendError> {
         let data = self
@@ -387,6 +385,8 @@ impl Opencode {
         Ok(extract_messages(&data.unwrap_or(Value::Null))?.len())
     }
 
+    /// The session's messages from `prev` on, converted; retried once when opencode has not
+    /// stored the turn's answer yet.
     async fn fetch_outputs(
         &self,
         sid: &str,

@@ -339,8 +339,8 @@ impl Server {
             r = self.drive(&bound, &turn_id, &messages, &metadata) => Some(r),
         };
         // A turn that ran to its end waits for its model calls still in flight (a tool may
-        // have started one that outlives the agent), so its counts are whole; but no longer
-        // than a turn may take, and a cancel still ends it.
+        // have started one that outlives the agent), so its counts are whole; for at most
+        // the backend_timeout a turn has (of unpaused time), and a cancel still ends it.
         if matches!(outcome, Some(Ok(_))) {
             let limit = Some(bound.config.backend_timeout());
             outcome = tokio::select! {
@@ -350,6 +350,12 @@ impl Server {
                     if drained { outcome } else { Some(Err(Failure::Timeout)) }
                 }
             };
+            // A call that ended meanwhile may have been refused by the router.
+            if matches!(outcome, Some(Ok(_)))
+                && let Err(e) = agent::proxy_errors(&bound.proxy).await
+            {
+                outcome = Some(Err(Failure::Backend(e)));
+            }
         }
         let committed = matches!(outcome, Some(Ok(_)));
         // Whatever happened, the proxy's scope for this turn closes here.
